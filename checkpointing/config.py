@@ -1,0 +1,209 @@
+"""Checkpoint configuration (Flink's ``CheckpointConfig``) and where the metastore and storage live.
+
+Durations are written with a unit (``500ms``, ``30s``, ``5m``, ``1h``, ``2d``, ISO 8601 ``PT30S``)
+or given as ``timedelta``; a bare integer is milliseconds, as in Flink's configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from checkpointing.errors import ConfigError
+
+#: Flink's ``MINIMAL_CHECKPOINT_TIME``: a periodic interval below this disables periodic triggers.
+MINIMAL_CHECKPOINT_TIME = timedelta(milliseconds=10)
+#: Flink caps the min pause at one year to avoid overflows.
+MAX_MIN_PAUSE = timedelta(days=365)
+
+_UNITS = {
+    "ms": 0.001,
+    "milli": 0.001,
+    "millis": 0.001,
+    "millisecond": 0.001,
+    "milliseconds": 0.001,
+    "s": 1,
+    "sec": 1,
+    "secs": 1,
+    "second": 1,
+    "seconds": 1,
+    "m": 60,
+    "min": 60,
+    "mins": 60,
+    "minute": 60,
+    "minutes": 60,
+    "h": 3600,
+    "hour": 3600,
+    "hours": 3600,
+    "d": 86400,
+    "day": 86400,
+    "days": 86400,
+}
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$")
+
+
+def parse_duration(value: Any) -> timedelta:
+    """Parse ``30s``/``5 min``/``PT30S``/int milliseconds into a timedelta."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as '30s', got {value!r}")
+    if isinstance(value, int | float):
+        return timedelta(milliseconds=value)
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match and match.group(2).lower() in _UNITS:
+            return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2).lower()])
+        if value.strip().upper().startswith(("P", "-P")):
+            import pendulum
+
+            parsed = pendulum.parse(value.strip())
+            if isinstance(parsed, timedelta):
+                return parsed
+        if value.strip().lstrip("-").isdigit():
+            return timedelta(milliseconds=int(value))
+    raise ValueError(f"expected a duration such as '500ms', '30s', '5m' or 'PT1H', got {value!r}")
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+def format_duration(value: timedelta | None) -> str:
+    if value is None:
+        return "off"
+    total_ms = round(value.total_seconds() * 1000)
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if total_ms and total_ms % size == 0:
+            return f"{total_ms // size}{unit}"
+    return f"{total_ms}ms"
+
+
+class RetentionPolicy(StrEnum):
+    """What happens to completed checkpoints when the job terminates (externalized checkpoints)."""
+
+    NEVER_RETAIN = "never_retain"
+    RETAIN_ON_FAILURE = "retain_on_failure"
+    RETAIN_ON_CANCELLATION = "retain_on_cancellation"
+
+
+class CheckpointConfig(BaseModel):
+    """A job's checkpoint settings, validated.
+
+    :param interval: periodic trigger interval; ``None`` (or below 10 ms) disables periodic
+        checkpoints, manual checkpoints and savepoints still work.
+    :param timeout: a pending checkpoint older than this is aborted as expired.
+    :param min_pause: minimum time from the last *completion* to the next periodic trigger.
+    :param max_concurrent: cap on pending checkpoints; further non-forced requests are queued.
+    :param tolerable_failures: consecutive checkpoint failures tolerated before the job fails.
+    :param retained: how many completed checkpoints are kept; older ones are subsumed.
+    :param retention: what to keep when the job terminates.
+    :param prefer_checkpoint_for_recovery: on restore, prefer the latest checkpoint over a newer
+        savepoint.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interval: Duration | None = None
+    timeout: Duration = timedelta(minutes=10)
+    min_pause: Duration = timedelta(0)
+    max_concurrent: int = Field(default=1, ge=1)
+    tolerable_failures: int = Field(default=0, ge=0)
+    retained: int = Field(default=1, ge=1)
+    retention: RetentionPolicy = RetentionPolicy.RETAIN_ON_FAILURE
+    prefer_checkpoint_for_recovery: bool = False
+
+    @field_validator("interval")
+    @classmethod
+    def _interval_not_negative(cls, v: timedelta | None) -> timedelta | None:
+        if v is not None and v < timedelta(0):
+            raise ValueError("must not be negative (leave it out to disable periodic checkpoints)")
+        return v
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout_positive(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError("must be greater than 0")
+        return v
+
+    @field_validator("min_pause")
+    @classmethod
+    def _min_pause(cls, v: timedelta) -> timedelta:
+        if v < timedelta(0):
+            raise ValueError("must not be negative")
+        return min(v, MAX_MIN_PAUSE)
+
+    @classmethod
+    def parse(
+        cls, data: dict[str, Any] | None = None, *, source: str = "checkpoint"
+    ) -> CheckpointConfig:
+        """Validate ``data``; errors become one :class:`ConfigError` naming field and value."""
+        try:
+            return cls.model_validate(data or {})
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(exc, source)) from None
+
+    @property
+    def periodic_interval(self) -> timedelta | None:
+        """The effective periodic interval, as Flink derives it.
+
+        Below ``MINIMAL_CHECKPOINT_TIME`` periodic checkpointing is off; an interval smaller than
+        the min pause is raised to it (scheduling more often could never trigger).
+        """
+        if self.interval is None or self.interval < MINIMAL_CHECKPOINT_TIME:
+            return None
+        return max(self.interval, self.min_pause)
+
+
+def describe_validation_error(exc: ValidationError, source: str) -> str:
+    """One line per problem: ``source: field.path: message (got value)``."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        got = err.get("input")
+        shown = "" if err["type"] in ("missing",) else f" (got {got!r})"
+        lines.append(f"{source}: {loc}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Where things live: flags, then environment, then project-local defaults.
+
+ENV_METASTORE_URL = "CKPT_METASTORE_URL"
+ENV_STORAGE_URL = "CKPT_STORAGE_URL"
+ENV_HOME = "CKPT_HOME"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved locations of the metastore and checkpoint storage."""
+
+    metastore_url: str
+    storage_url: str
+    home: Path
+
+    @classmethod
+    def resolve(cls, metastore_url: str | None = None, storage_url: str | None = None) -> Settings:
+        """Flags win over ``CKPT_METASTORE_URL``/``CKPT_STORAGE_URL``, which win over defaults.
+
+        Defaults live under ``CKPT_HOME`` (default ``./.ckpt``): ``metastore.db`` (SQLite) and
+        ``checkpoints/`` (local storage).
+        """
+        home = Path(os.environ.get(ENV_HOME) or ".ckpt").expanduser().resolve()
+        metastore = metastore_url or os.environ.get(ENV_METASTORE_URL)
+        storage = storage_url or os.environ.get(ENV_STORAGE_URL)
+        return cls(
+            metastore_url=metastore or f"sqlite:///{home / 'metastore.db'}",
+            storage_url=storage or (home / "checkpoints").as_uri(),
+            home=home,
+        )

@@ -1,0 +1,118 @@
+"""The ``_metadata`` file of a completed checkpoint (Flink's ``CheckpointMetadata``).
+
+JSON, never pickle: it comes from shared storage. The file carries a SHA-256 of its canonical
+body, so a reader can tell a corrupt file from a valid one without the metastore; it is parsed and
+checked in full before anything is returned, so a corrupt file is reported with its path and never
+half-loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from checkpointing.errors import CorruptSnapshotError
+from checkpointing.storage import CheckpointStorage
+
+FORMAT = "ckpt-metadata"
+VERSION = 1
+
+
+class SubtaskStateHandle(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    subtask_index: int = Field(ge=0)
+    attempt_id: str
+    #: URL of the subtask's snapshot file; None for a stateless subtask
+    handle: str | None
+    size: int = Field(ge=0)
+    checksum: str | None
+
+
+class OperatorState(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    operator_id: str
+    parallelism: int = Field(ge=1)
+    max_parallelism: int = Field(ge=1)
+    subtasks: list[SubtaskStateHandle]
+
+
+class CheckpointMetadata(BaseModel):
+    """Everything needed to restore from a checkpoint without the metastore."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: str
+    checkpoint_id: int = Field(ge=1)
+    checkpoint_type: str
+    trigger_at: datetime
+    completed_at: datetime
+    operators: list[OperatorState]
+
+    @property
+    def state_size(self) -> int:
+        return sum(s.size for op in self.operators for s in op.subtasks)
+
+    def handles(self) -> list[SubtaskStateHandle]:
+        return [s for op in self.operators for s in op.subtasks if s.handle]
+
+    def to_bytes(self) -> bytes:
+        body = self.model_dump(mode="json")
+        return json.dumps(
+            {"format": FORMAT, "version": VERSION, "checksum": _digest(body), "body": body},
+            indent=1,
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str) -> CheckpointMetadata:
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptSnapshotError(path, f"not valid metadata JSON ({exc})") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise CorruptSnapshotError(path, f"not a {FORMAT} file")
+        if doc.get("version") != VERSION:
+            raise CorruptSnapshotError(path, f"unsupported metadata version {doc.get('version')!r}")
+        body = doc.get("body")
+        if not isinstance(body, dict) or doc.get("checksum") != _digest(body):
+            raise CorruptSnapshotError(path, "metadata checksum mismatch")
+        try:
+            return cls.model_validate(body)
+        except ValidationError as exc:
+            raise CorruptSnapshotError(
+                path, f"invalid metadata: {exc.errors()[0]['msg']}"
+            ) from None
+
+
+def _digest(body: dict[str, object]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def read_metadata(
+    storage: CheckpointStorage, url: str, checksum: str | None = None
+) -> CheckpointMetadata:
+    """Load and verify a ``_metadata`` file (and its file checksum, when the metastore has one)."""
+    data = storage.read_bytes(url, checksum=checksum)
+    return CheckpointMetadata.from_bytes(data, url)
+
+
+def verify_handles(
+    storage: CheckpointStorage, metadata: CheckpointMetadata, *, deep: bool = True
+) -> None:
+    """Check every state file exists with its recorded size, and (``deep``) its checksum."""
+    for h in metadata.handles():
+        assert h.handle is not None
+        if deep:
+            storage.read_bytes(h.handle, size=h.size, checksum=h.checksum)
+            continue
+        size = storage.size_of(h.handle)
+        if size is None:
+            raise CorruptSnapshotError(h.handle, "file is missing")
+        if size != h.size:
+            raise CorruptSnapshotError(h.handle, f"size {size} bytes, expected {h.size}")

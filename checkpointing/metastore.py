@@ -1,0 +1,164 @@
+"""Connection to the SQL metastore: SQLite (embedded default) or PostgreSQL.
+
+SQLite runs in WAL mode with a busy timeout, and every transaction starts with
+``BEGIN IMMEDIATE``: writers queue for the lock up front instead of failing with
+"database is locked" when a reader tries to upgrade. PostgreSQL uses psycopg 3.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from checkpointing.errors import ConfigError, MetastoreUnavailable, SchemaOutdated
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+SQLITE_BUSY_TIMEOUT_S = 60
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Parse ``url``; plain ``postgresql://`` means psycopg 3, the driver this project ships."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"metastore URL {url!r} is not a valid SQLAlchemy URL: {exc}") from None
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise ConfigError(
+            f"metastore URL {parsed.render_as_string(hide_password=True)!r}: "
+            "only sqlite:// and postgresql:// are supported"
+        )
+    return parsed
+
+
+class Metastore:
+    """An engine plus transaction helpers and schema checks."""
+
+    def __init__(self, url: str | URL, *, check_schema: bool = True, **engine_kwargs: Any) -> None:
+        self.url = normalize_url(url)
+        self.engine = _create_engine(self.url, **engine_kwargs)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        if check_schema:
+            self.check_schema()
+
+    @property
+    def display_url(self) -> str:
+        """The URL with any password masked: safe for logs and messages."""
+        return self.url.render_as_string(hide_password=True)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """One transaction: commit on success, roll back on error."""
+        try:
+            with self._sessions.begin() as session:
+                yield session
+        except OperationalError as exc:
+            if _is_connection_error(exc):
+                raise MetastoreUnavailable(
+                    f"cannot reach the metastore at {self.display_url}: {_first_line(exc)}"
+                ) from exc
+            raise
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # ---------------------------------------------------------------- schema
+
+    def current_revision(self) -> str | None:
+        try:
+            with self.engine.connect() as conn:
+                return MigrationContext.configure(conn).get_current_revision()
+        except (OperationalError, DBAPIError) as exc:
+            raise MetastoreUnavailable(
+                f"cannot reach the metastore at {self.display_url}: {_first_line(exc)}"
+            ) from exc
+
+    @staticmethod
+    def head_revision() -> str:
+        head = ScriptDirectory.from_config(_alembic_config(None)).get_current_head()
+        assert head is not None
+        return head
+
+    def check_schema(self) -> None:
+        """Refuse to work against a missing or older schema (``ckpt db upgrade`` fixes it)."""
+        current, head = self.current_revision(), self.head_revision()
+        if current != head:
+            state = (
+                "has no checkpointing schema" if current is None else f"is at revision {current}"
+            )
+            raise SchemaOutdated(
+                f"the metastore at {self.display_url} {state}, this version needs {head}: "
+                "run `ckpt db upgrade`"
+            )
+
+    def upgrade(self, revision: str = "head") -> tuple[str | None, str]:
+        """Create or migrate the schema; returns (before, after) revisions."""
+        before = self.current_revision()
+        with self.engine.begin() as conn:
+            cfg = _alembic_config(conn)
+            command.upgrade(cfg, revision)
+        return before, self.current_revision() or ""
+
+
+def _alembic_config(connection: Any) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def _create_engine(url: URL, **kwargs: Any) -> Engine:
+    if url.get_backend_name() == "sqlite":
+        if url.database and url.database != ":memory:":
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}
+        engine = create_engine(url, connect_args=connect_args, **kwargs)
+        _configure_sqlite(engine)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("connect_args", {"connect_timeout": 10})
+    return create_engine(url, **kwargs)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _is_connection_error(exc: DBAPIError) -> bool:
+    return bool(exc.connection_invalidated) or "connect" in str(exc.orig).lower()
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    return str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__

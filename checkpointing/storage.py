@@ -1,0 +1,433 @@
+"""Checkpoint storage: where snapshots and ``_metadata`` files live (Flink's ``CheckpointStorage``).
+
+Two backends behind one interface: the local filesystem (``file:///…``) and S3 through boto3
+(``s3://bucket/prefix``; boto3's standard credential chain; ``AWS_ENDPOINT_URL`` points it at
+MinIO or any S3-compatible endpoint). Layout under the base URL::
+
+    <base>/<job>/chk-<id>/_metadata        completed checkpoint's metadata
+    <base>/<job>/chk-<id>/<files>           task-owned (exclusive) state of that checkpoint
+    <base>/<job>/savepoints/savepoint-<id>/ savepoints (self-contained, never deleted by us)
+    <base>/<job>/shared/                    room for shared (incremental) state
+
+Every write is published atomically (temp file + rename; one S3 PUT or a completed multipart
+upload) and returns a SHA-256 checksum that reads verify. Every URL handed to a delete or read is
+checked to lie under the base (or an explicit savepoint target), so ids from shared storage or
+task processes cannot reach outside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from checkpointing.errors import (
+    ConfigError,
+    CorruptSnapshotError,
+    InvalidIdError,
+    OutcomeUnknownError,
+    StorageError,
+)
+from checkpointing.ids import validate_checkpoint_id, validate_id
+
+CHECKSUM_ALGO = "sha256"
+METADATA_FILE = "_metadata"
+
+
+def checksum_of(data: bytes) -> str:
+    return f"{CHECKSUM_ALGO}:{hashlib.sha256(data).hexdigest()}"
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    url: str
+    size: int
+    checksum: str
+
+
+class CheckpointStorage(ABC):
+    """Base URL plus the layout; backends implement the byte-level operations."""
+
+    scheme: str
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+
+    @staticmethod
+    def from_url(url: str) -> CheckpointStorage:
+        """``file:///abs/dir``, a plain absolute path, or ``s3://bucket/prefix``."""
+        if url.startswith("s3://"):
+            return S3CheckpointStorage(url)
+        if url.startswith("file://") or url.startswith("/"):
+            return FileSystemCheckpointStorage(url)
+        raise ConfigError(
+            f"storage URL {url!r}: expected file:///absolute/path or s3://bucket/prefix"
+        )
+
+    # ------------------------------------------------------------------ layout
+
+    def job_url(self, job_id: str) -> str:
+        return f"{self.base_url}/{validate_id(job_id, 'job id')}"
+
+    def checkpoint_url(self, job_id: str, checkpoint_id: int) -> str:
+        return f"{self.job_url(job_id)}/chk-{validate_checkpoint_id(checkpoint_id)}"
+
+    def savepoint_url(self, job_id: str, checkpoint_id: int) -> str:
+        return (
+            f"{self.job_url(job_id)}/savepoints/savepoint-{validate_checkpoint_id(checkpoint_id)}"
+        )
+
+    def shared_url(self, job_id: str) -> str:
+        return f"{self.job_url(job_id)}/shared"
+
+    def initialize_location_for_checkpoint(
+        self, job_id: str, checkpoint_id: int
+    ) -> StorageLocation:
+        location = StorageLocation(self, self.checkpoint_url(job_id, checkpoint_id))
+        self.make_dirs(location.url)
+        return location
+
+    def initialize_location_for_savepoint(
+        self, job_id: str, checkpoint_id: int, target: str | None = None
+    ) -> StorageLocation:
+        """A savepoint goes under the job's ``savepoints/`` or into ``target`` (a directory URL
+        of the same storage, which must not exist yet or be empty)."""
+        if target:
+            url = self.check_target(target)
+            url = f"{url}/savepoint-{validate_checkpoint_id(checkpoint_id)}"
+        else:
+            url = self.savepoint_url(job_id, checkpoint_id)
+        location = StorageLocation(self, url, extra_root=url)
+        self.make_dirs(url)
+        return location
+
+    def check_target(self, target: str) -> str:
+        """Validate a user-supplied directory URL (savepoint target): same scheme, normalised."""
+        target = target.rstrip("/")
+        other = CheckpointStorage.from_url(target)
+        if type(other) is not type(self):
+            raise InvalidIdError(
+                f"savepoint target {target!r} must use the job's storage ({self.scheme})"
+            )
+        _check_normalised(target)
+        return target
+
+    def location_for(self, url: str) -> StorageLocation:
+        """The location of an existing checkpoint or savepoint directory."""
+        url = url.rstrip("/")
+        _check_normalised(url)
+        return StorageLocation(self, url, extra_root=None if self.contains(url) else url)
+
+    def contains(self, url: str, root: str | None = None) -> bool:
+        root = (root or self.base_url).rstrip("/")
+        try:
+            _check_normalised(url)
+        except InvalidIdError:
+            return False
+        return url == root or url.startswith(root + "/")
+
+    def require_within(self, url: str, *roots: str | None) -> str:
+        """Refuse any URL outside the base and the given roots (e.g. a savepoint directory)."""
+        for root in (self.base_url, *roots):
+            if root and self.contains(url, root):
+                return url
+        raise InvalidIdError(f"{url!r} is outside checkpoint storage {self.base_url!r}")
+
+    # ------------------------------------------------------------------ bytes
+
+    def write_bytes(self, url: str, data: bytes, *, overwrite: bool = True) -> FileInfo:
+        """Publish ``data`` at ``url`` atomically; with ``overwrite=False`` an existing file is an
+        error (Flink's ``NO_OVERWRITE`` for metadata)."""
+        self._write(url, io.BytesIO(data), len(data), overwrite=overwrite)
+        return FileInfo(url, len(data), checksum_of(data))
+
+    def read_bytes(
+        self, url: str, *, checksum: str | None = None, size: int | None = None
+    ) -> bytes:
+        """Read a whole file; verify ``size`` and ``checksum`` when given."""
+        data = self._read(url)
+        if size is not None and len(data) != size:
+            raise CorruptSnapshotError(url, f"size {len(data)} bytes, expected {size}")
+        if checksum is not None and checksum_of(data) != checksum:
+            raise CorruptSnapshotError(url, "checksum mismatch")
+        return data
+
+    @abstractmethod
+    def _write(self, url: str, stream: IO[bytes], size: int, *, overwrite: bool) -> None: ...
+
+    @abstractmethod
+    def _read(self, url: str) -> bytes: ...
+
+    @abstractmethod
+    def size_of(self, url: str) -> int | None:
+        """Size in bytes, or None when the file does not exist."""
+
+    @abstractmethod
+    def make_dirs(self, url: str) -> None: ...
+
+    @abstractmethod
+    def delete(self, url: str) -> None:
+        """Delete one file; missing is fine."""
+
+    @abstractmethod
+    def delete_tree(self, url: str) -> None:
+        """Delete a directory and everything below it; missing is fine."""
+
+    @abstractmethod
+    def list_files(self, url: str) -> list[str]:
+        """URLs of the files below a directory URL (recursive), sorted."""
+
+    def exists(self, url: str) -> bool:
+        return self.size_of(url) is not None
+
+
+class StorageLocation:
+    """A checkpoint's or savepoint's directory (Flink's ``CheckpointStorageLocation``)."""
+
+    def __init__(self, storage: CheckpointStorage, url: str, extra_root: str | None = None) -> None:
+        self.storage = storage
+        self.url = url
+        self._extra_root = extra_root
+        storage.require_within(url, extra_root)
+
+    @property
+    def reference(self) -> str:
+        return self.url
+
+    @property
+    def metadata_url(self) -> str:
+        return f"{self.url}/{METADATA_FILE}"
+
+    def file_url(self, *parts: str) -> str:
+        """URL of a file inside this location; each part is a validated id."""
+        return "/".join([self.url, *(validate_id(p, "file name") for p in parts)])
+
+    def owns(self, url: str) -> bool:
+        return self.storage.contains(url, self.url)
+
+    def dispose_on_failure(self) -> None:
+        """Delete everything written for a checkpoint that will never complete."""
+        self.storage.delete_tree(self.url)
+
+
+def _check_normalised(url: str) -> None:
+    _scheme, sep, rest = url.partition("://")
+    path = rest if sep else url
+    if any(ord(c) < 32 or ord(c) == 127 for c in url):
+        raise InvalidIdError(f"{url!r} contains control characters")
+    parts = path.split("/")
+    if ".." in parts or "." in parts[1:] or "\\" in path:
+        raise InvalidIdError(f"{url!r} is not a normalised path (no '.', '..' or backslashes)")
+
+
+# ============================================================================ local filesystem
+
+
+class FileSystemCheckpointStorage(CheckpointStorage):
+    scheme = "file"
+
+    def __init__(self, base_url: str) -> None:
+        path = base_url.removeprefix("file://")
+        if not path.startswith("/"):
+            raise ConfigError(f"storage URL {base_url!r}: a file:// URL needs an absolute path")
+        path = os.path.normpath(path)
+        super().__init__("file://" + path)
+
+    def path_of(self, url: str) -> Path:
+        if not url.startswith("file://"):
+            raise InvalidIdError(f"{url!r} is not a file:// URL")
+        _check_normalised(url)
+        return Path(url.removeprefix("file://"))
+
+    def _write(self, url: str, stream: IO[bytes], size: int, *, overwrite: bool) -> None:
+        path = self.path_of(url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.inprogress")
+        try:
+            with open(tmp, "wb") as fh:
+                shutil.copyfileobj(stream, fh, 1 << 20)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if overwrite:
+                os.replace(tmp, path)
+            else:
+                try:
+                    os.link(tmp, path)  # fails if path exists: never clobber
+                except FileExistsError:
+                    raise StorageError(f"{url} already exists; refusing to overwrite") from None
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            raise StorageError(f"cannot write {url}: {exc}") from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _read(self, url: str) -> bytes:
+        try:
+            return self.path_of(url).read_bytes()
+        except FileNotFoundError:
+            raise CorruptSnapshotError(url, "file is missing") from None
+        except OSError as exc:
+            raise StorageError(f"cannot read {url}: {exc}") from exc
+
+    def size_of(self, url: str) -> int | None:
+        try:
+            return self.path_of(url).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def make_dirs(self, url: str) -> None:
+        self.path_of(url).mkdir(parents=True, exist_ok=True)
+
+    def delete(self, url: str) -> None:
+        self.path_of(url).unlink(missing_ok=True)
+
+    def delete_tree(self, url: str) -> None:
+        shutil.rmtree(self.path_of(url), ignore_errors=True)
+
+    def list_files(self, url: str) -> list[str]:
+        root = self.path_of(url)
+        if not root.is_dir():
+            return []
+        return sorted(
+            "file://" + str(p)
+            for p in root.rglob("*")
+            if p.is_file() and not p.name.endswith(".inprogress")
+        )
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ============================================================================ S3
+
+
+class S3CheckpointStorage(CheckpointStorage):
+    """S3 through boto3. Credentials and endpoint come from boto3's standard chain
+    (``AWS_ACCESS_KEY_ID``…, profiles, instance roles; ``AWS_ENDPOINT_URL`` for MinIO)."""
+
+    scheme = "s3"
+    #: above this size, a managed multipart upload (atomic once completed) replaces one PUT
+    MULTIPART_THRESHOLD = 64 << 20
+
+    def __init__(self, base_url: str, client: Any = None) -> None:
+        super().__init__(base_url)
+        bucket, _, _ = base_url.removeprefix("s3://").partition("/")
+        if not bucket:
+            raise ConfigError(f"storage URL {base_url!r}: expected s3://bucket/prefix")
+        self._client = client
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spark ships storage objects to executors: they build their own client there.
+        return {**self.__dict__, "_client": None}
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            self._client = boto3.client(
+                "s3", config=Config(retries={"mode": "standard", "max_attempts": 5})
+            )
+        return self._client
+
+    @staticmethod
+    def split(url: str) -> tuple[str, str]:
+        if not url.startswith("s3://"):
+            raise InvalidIdError(f"{url!r} is not an s3:// URL")
+        _check_normalised(url)
+        bucket, _, key = url.removeprefix("s3://").partition("/")
+        return bucket, key
+
+    def _write(self, url: str, stream: IO[bytes], size: int, *, overwrite: bool) -> None:
+        from botocore.exceptions import ClientError
+
+        bucket, key = self.split(url)
+        try:
+            if size > self.MULTIPART_THRESHOLD:
+                if not overwrite and self.exists(url):
+                    raise StorageError(f"{url} already exists; refusing to overwrite")
+                self.client.upload_fileobj(stream, bucket, key)
+            elif overwrite:
+                self.client.put_object(Bucket=bucket, Key=key, Body=stream.read())
+            else:
+                self.client.put_object(Bucket=bucket, Key=key, Body=stream.read(), IfNoneMatch="*")
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                raise StorageError(f"{url} already exists; refusing to overwrite") from None
+            raise StorageError(f"cannot write {url}: {code or exc}") from exc
+        except Exception as exc:
+            raise _classify_s3_error(url, exc) from exc
+
+    def _read(self, url: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        bucket, key = self.split(url)
+        try:
+            return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise CorruptSnapshotError(url, "file is missing") from None
+            raise StorageError(f"cannot read {url}: {exc}") from exc
+
+    def size_of(self, url: str) -> int | None:
+        from botocore.exceptions import ClientError
+
+        bucket, key = self.split(url)
+        try:
+            return int(self.client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise StorageError(f"cannot stat {url}: {exc}") from exc
+
+    def make_dirs(self, url: str) -> None:
+        """S3 has no directories."""
+
+    def delete(self, url: str) -> None:
+        bucket, key = self.split(url)
+        self.client.delete_object(Bucket=bucket, Key=key)
+
+    def delete_tree(self, url: str) -> None:
+        bucket, prefix = self.split(url.rstrip("/") + "/")
+        for keys in self._pages(bucket, prefix):
+            if keys:
+                self.client.delete_objects(
+                    Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True}
+                )
+
+    def list_files(self, url: str) -> list[str]:
+        bucket, prefix = self.split(url.rstrip("/") + "/")
+        return sorted(f"s3://{bucket}/{k}" for keys in self._pages(bucket, prefix) for k in keys)
+
+    def _pages(self, bucket: str, prefix: str) -> Iterator[list[str]]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            yield [obj["Key"] for obj in page.get("Contents", [])]
+
+
+def _classify_s3_error(url: str, exc: Exception) -> StorageError:
+    """A timeout or dropped connection *after* the request went out leaves the write's outcome
+    unknown; failures to connect at all are plain failures."""
+    from botocore.exceptions import ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
+
+    if isinstance(exc, StorageError):
+        return exc
+    if isinstance(exc, EndpointConnectionError):
+        return StorageError(f"cannot write {url}: {exc}")
+    if isinstance(exc, ReadTimeoutError | ConnectionClosedError):
+        return OutcomeUnknownError(f"write of {url} may or may not have happened: {exc}")
+    return StorageError(f"cannot write {url}: {exc}")

@@ -1,0 +1,5 @@
+from checkpointing.metastore import Metastore
+
+
+def test_metastore_fixture_is_migrated(metastore: Metastore) -> None:
+    assert metastore.current_revision() == Metastore.head_revision()
