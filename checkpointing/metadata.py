@@ -19,6 +19,7 @@ from checkpointing.storage import CheckpointStorage
 
 FORMAT = "ckpt-metadata"
 VERSION = 1
+_ENVELOPE = {"format", "version", "checksum", "body"}
 
 
 class SubtaskStateHandle(BaseModel):
@@ -72,12 +73,15 @@ class CheckpointMetadata(BaseModel):
     def from_bytes(cls, data: bytes, path: str) -> CheckpointMetadata:
         try:
             doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # JSON/Unicode errors, huge ints, deep nesting
             raise CorruptSnapshotError(path, f"not valid metadata JSON ({exc})") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise CorruptSnapshotError(path, f"not a {FORMAT} file")
-        if doc.get("version") != VERSION:
-            raise CorruptSnapshotError(path, f"unsupported metadata version {doc.get('version')!r}")
+        version = doc.get("version")
+        if type(version) is not int or version != VERSION:  # not True, not 1.0
+            raise CorruptSnapshotError(path, f"unsupported metadata version {version!r}")
+        if set(doc) != _ENVELOPE:
+            raise CorruptSnapshotError(path, f"unexpected fields {sorted(set(doc) - _ENVELOPE)}")
         body = doc.get("body")
         if not isinstance(body, dict) or doc.get("checksum") != _digest(body):
             raise CorruptSnapshotError(path, "metadata checksum mismatch")

@@ -12,8 +12,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
-
 from checkpointing import store
 from checkpointing.clock import Clock, SystemClock
 from checkpointing.errors import (
@@ -211,14 +209,3 @@ def record_restore(
         s.add(event)
         s.flush()
         return event.restore_id
-
-
-def restore_history(metastore: Metastore, job_id: str) -> list[RestoreEvent]:
-    with metastore.transaction() as s:
-        return list(
-            s.scalars(
-                select(RestoreEvent)
-                .where(RestoreEvent.job_id == job_id)
-                .order_by(RestoreEvent.restore_id.desc())
-            )
-        )

@@ -98,10 +98,13 @@ class CheckpointStorage(ABC):
         self, job_id: str, checkpoint_id: int, target: str | None = None
     ) -> StorageLocation:
         """A savepoint goes under the job's ``savepoints/`` or into ``target`` (a directory URL
-        of the same storage, which must not exist yet or be empty)."""
+        of the same storage; the ``savepoint-<id>`` directory in it must not exist yet or be
+        empty, so a failed savepoint never disposes of another job's files)."""
         if target:
             url = self.check_target(target)
             url = f"{url}/savepoint-{validate_checkpoint_id(checkpoint_id)}"
+            if self.list_files(url):
+                raise StorageError(f"savepoint directory {url} already exists and is not empty")
         else:
             url = self.savepoint_url(job_id, checkpoint_id)
         location = StorageLocation(self, url, extra_root=url)
@@ -117,7 +120,7 @@ class CheckpointStorage(ABC):
                 f"savepoint target {target!r} must use the job's storage ({self.scheme})"
             )
         _check_normalised(target)
-        return target
+        return other.base_url  # a plain absolute path becomes a file:// URL
 
     def location_for(self, url: str) -> StorageLocation:
         """The location of an existing checkpoint or savepoint directory."""

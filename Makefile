@@ -1,0 +1,61 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# They need only Python 3.11+, Java 17+ and make: uv is installed if missing, .venv is created
+# and the locked dependencies (uv.lock) are synced.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+UV_VERSION ?= 0.13.9
+TOOLS := .tools
+VENV := .venv
+UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
+PYTEST_ARGS ?=
+
+# never download a Python: use the machine's
+export UV_PYTHON_DOWNLOADS := never
+export UV_PYTHON := $(shell command -v $(PYTHON))
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+
+.PHONY: demo test lint format bench ddl check-python check-java clean
+
+demo: $(VENV)/.synced check-java ## the main job on embedded defaults
+	$(VENV)/bin/ckpt demo
+
+test: $(VENV)/.synced check-java lint ## the whole test suite (SQLite and PostgreSQL)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.synced
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check checkpointing tests bench
+
+format: $(VENV)/.synced
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format checkpointing tests bench
+
+bench: $(VENV)/.synced ## benchmark figures, written to bench/results/
+	$(VENV)/bin/python bench/ack_bench.py
+
+ddl: $(VENV)/.synced ## regenerate the reference DDL in sql/ from the models
+	$(VENV)/bin/ckpt db ddl --dialect postgresql > sql/postgresql.sql
+	$(VENV)/bin/ckpt db ddl --dialect sqlite > sql/sqlite.sql
+
+$(VENV)/.synced: pyproject.toml uv.lock | check-python $(UV)
+	$(UV) sync --frozen
+	@touch $@
+
+$(TOOLS)/bin/uv: | check-python
+	@echo "uv not found: installing uv $(UV_VERSION) into $(TOOLS)/"
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet "uv==$(UV_VERSION)"
+
+check-python:
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found: install Python 3.11 or newer (or run make PYTHON=/path/to/python3.11)" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: Python 3.11+ is required, $(PYTHON) is $$($(PYTHON) --version 2>&1)" >&2; exit 1; }
+
+check-java:
+	@java=$${JAVA_HOME:+$$JAVA_HOME/bin/}java; \
+	command -v $$java >/dev/null 2>&1 || { echo "error: Java 17+ is required (Spark 4 runs on the JVM) and no 'java' was found. Install a JDK/JRE 17+ (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME." >&2; exit 1; }; \
+	v=$$($$java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1); \
+	[ "$${v:-0}" -ge 17 ] || { echo "error: Java 17+ is required (Spark 4), found Java $${v:-unknown} at $$(command -v $$java). Install Java 17+ or set JAVA_HOME." >&2; exit 1; }
+
+clean:
+	rm -rf $(VENV) $(TOOLS) .ckpt .pytest_cache .ruff_cache

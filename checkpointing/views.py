@@ -1,0 +1,200 @@
+"""Read models of the metastore: what the CLI (and later the UI and REST API) show.
+
+Plain dicts with JSON-friendly values, so ``--json`` output and API responses are the same data.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+
+from checkpointing.errors import UnknownCheckpointError, UnknownJobError
+from checkpointing.ids import validate_checkpoint_id, validate_id
+from checkpointing.metastore import Metastore
+from checkpointing.models import (
+    Checkpoint,
+    CheckpointAck,
+    CheckpointRequest,
+    CheckpointTask,
+    Job,
+    RestoreEvent,
+)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _duration_ms(start: datetime | None, end: datetime | None) -> int | None:
+    return None if not start or not end else int((end - start).total_seconds() * 1000)
+
+
+def list_jobs(metastore: Metastore) -> list[dict[str, Any]]:
+    with metastore.transaction() as s:
+        counts: dict[str, dict[str, int]] = {}
+        for job_id, status, n in s.execute(
+            select(Checkpoint.job_id, Checkpoint.status, func.count()).group_by(
+                Checkpoint.job_id, Checkpoint.status
+            )
+        ):
+            counts.setdefault(job_id, {})[status] = n
+        return [
+            {
+                "job_id": j.job_id,
+                "status": j.status,
+                "storage_url": j.storage_url,
+                "checkpoints": counts.get(j.job_id, {}),
+                "last_completed_id": j.last_completed_id,
+                "last_completion_at": _iso(j.last_completion_at),
+                "consecutive_failures": j.consecutive_failures,
+                "periodic_scheduling": j.periodic_scheduling,
+                "failure_cause": j.failure_cause,
+            }
+            for j in s.scalars(select(Job).order_by(Job.job_id))
+        ]
+
+
+def _require_job(s: Any, job_id: str) -> Job:
+    job = s.get(Job, validate_id(job_id, "job id"))
+    if job is None:
+        raise UnknownJobError(f"unknown job {job_id!r} (see `ckpt jobs`)")
+    return job  # type: ignore[no-any-return]
+
+
+def checkpoint_summary(c: Checkpoint, acked: int) -> dict[str, Any]:
+    return {
+        "checkpoint_id": c.checkpoint_id,
+        "type": c.checkpoint_type,
+        "status": c.status,
+        "trigger_at": _iso(c.trigger_at),
+        "completed_at": _iso(c.completed_at),
+        "ended_at": _iso(c.ended_at),
+        "deadline_at": _iso(c.deadline_at),
+        "duration_ms": _duration_ms(c.trigger_at, c.completed_at or c.ended_at),
+        "acked_tasks": acked,
+        "num_tasks": c.num_tasks,
+        "state_size": c.state_size,
+        "failure_reason": c.failure_reason,
+        "failure_message": c.failure_message,
+        "storage_location": c.storage_location,
+        "metadata_path": c.metadata_path,
+        "periodic": c.periodic,
+        "forced": c.forced,
+    }
+
+
+def list_checkpoints(
+    metastore: Metastore,
+    job_id: str,
+    *,
+    status: str | None = None,
+    checkpoint_type: str | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[dict[str, Any]]:
+    """Newest first."""
+    with metastore.transaction() as s:
+        _require_job(s, job_id)
+        acked = (
+            select(func.count())
+            .where(
+                CheckpointAck.job_id == Checkpoint.job_id,
+                CheckpointAck.checkpoint_id == Checkpoint.checkpoint_id,
+            )
+            .scalar_subquery()
+        )
+        query = select(Checkpoint, acked).where(Checkpoint.job_id == job_id)
+        if status:
+            query = query.where(Checkpoint.status == status.upper())
+        if checkpoint_type:
+            query = query.where(Checkpoint.checkpoint_type == checkpoint_type.upper())
+        query = query.order_by(Checkpoint.checkpoint_id.desc()).offset(offset)
+        if limit:
+            query = query.limit(limit)
+        return [checkpoint_summary(c, n) for c, n in s.execute(query)]
+
+
+def checkpoint_detail(metastore: Metastore, job_id: str, checkpoint_id: int) -> dict[str, Any]:
+    """One checkpoint with its properties and, per operator subtask, its ack."""
+    checkpoint_id = validate_checkpoint_id(checkpoint_id)
+    with metastore.transaction() as s:
+        _require_job(s, job_id)
+        c = s.get(Checkpoint, (job_id, checkpoint_id))
+        if c is None:
+            raise UnknownCheckpointError(f"job {job_id} has no checkpoint {checkpoint_id}")
+        rows = s.execute(
+            select(CheckpointTask, CheckpointAck)
+            .outerjoin(
+                CheckpointAck,
+                (CheckpointAck.job_id == CheckpointTask.job_id)
+                & (CheckpointAck.checkpoint_id == CheckpointTask.checkpoint_id)
+                & (CheckpointAck.attempt_id == CheckpointTask.attempt_id),
+            )
+            .where(CheckpointTask.job_id == job_id, CheckpointTask.checkpoint_id == checkpoint_id)
+            .order_by(CheckpointTask.operator_id, CheckpointTask.subtask_index)
+        ).all()
+        tasks = [
+            {
+                "operator_id": t.operator_id,
+                "subtask_index": t.subtask_index,
+                "attempt_id": t.attempt_id,
+                "parallelism": t.parallelism,
+                "max_parallelism": t.max_parallelism,
+                "acked": a is not None,
+                "state_handle": a.state_handle if a else None,
+                "state_size": a.state_size if a else None,
+                "checksum": a.checksum if a else None,
+                "sync_ms": a.sync_ms if a else None,
+                "async_ms": a.async_ms if a else None,
+                "acked_at": _iso(a.acked_at) if a else None,
+            }
+            for t, a in rows
+        ]
+        request = s.get(CheckpointRequest, c.request_id) if c.request_id else None
+        detail = checkpoint_summary(c, sum(1 for t in tasks if t["acked"]))
+        detail.update(
+            job_id=job_id,
+            properties={
+                "forced": c.forced,
+                "discard_on_subsumed": c.discard_on_subsumed,
+                "discard_on_finished": c.discard_on_finished,
+                "discard_on_cancelled": c.discard_on_cancelled,
+                "discard_on_failed": c.discard_on_failed,
+                "discard_on_suspended": c.discard_on_suspended,
+            },
+            metadata_checksum=c.metadata_checksum,
+            notified_at=_iso(c.notified_at),
+            notify_error=c.notify_error,
+            request=None
+            if request is None
+            else {"request_id": request.request_id, "requested_by": request.requested_by},
+            tasks=tasks,
+        )
+        return detail
+
+
+def list_restores(metastore: Metastore, job_id: str) -> list[dict[str, Any]]:
+    with metastore.transaction() as s:
+        _require_job(s, job_id)
+        return [
+            {
+                "restore_id": r.restore_id,
+                "attempt": r.attempt,
+                "checkpoint_id": r.checkpoint_id,
+                "checkpoint_type": r.checkpoint_type,
+                "external_path": r.external_path,
+                "parallelism": r.parallelism,
+                "status": r.status,
+                "fallbacks": (r.fallbacks or {}).get("skipped", []),
+                "assignment": r.assignment,
+                "message": r.message,
+                "created_at": _iso(r.created_at),
+            }
+            for r in s.scalars(
+                select(RestoreEvent)
+                .where(RestoreEvent.job_id == job_id)
+                .order_by(RestoreEvent.restore_id.desc())
+            )
+        ]

@@ -1,0 +1,201 @@
+"""The ``ckpt`` command: real console script in a subprocess for exit codes and configuration,
+typer's runner for the rest. Every command runs against SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from checkpointing.cli import app
+from checkpointing.config import CheckpointConfig
+from checkpointing.coordinator import CheckpointCoordinator
+from checkpointing.metastore import Metastore
+from checkpointing.pending import TaskAck, TaskSpec
+from checkpointing.storage import FileSystemCheckpointStorage
+
+CKPT = str(Path(sys.executable).with_name("ckpt"))
+
+
+def run_ckpt(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [CKPT, *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=120,
+        check=False,
+    )
+
+
+def make_history(metastore: Metastore, storage: FileSystemCheckpointStorage) -> None:
+    """Job 'etl' with two completed checkpoints (one subsumed) and an aborted one."""
+    plan = [TaskSpec("agg", i, f"att-{i}", 2) for i in range(2)]
+    coord = CheckpointCoordinator(
+        "etl", metastore, storage, CheckpointConfig(retained=1), plan_provider=lambda: plan
+    )
+    for _ in range(2):
+        pending = coord.trigger_checkpoint()
+        loc = storage.location_for(pending.location)
+        acks = []
+        for t in plan:
+            info = storage.write_bytes(loc.file_url(f"agg-{t.subtask_index}"), b"x" * 10)
+            acks.append(TaskAck(t.attempt_id, info.url, info.size, info.checksum, 1, 2))
+        assert coord.receive_acknowledge(pending.checkpoint_id, acks).completed is not None
+    pending = coord.trigger_checkpoint()
+    coord.receive_decline(pending.checkpoint_id, "att-1", "out of disk")
+
+
+def test_list_show_jobs_tables_and_json(metastore: Metastore, tmp_path: Path) -> None:
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    make_history(metastore, storage)
+    url = metastore.url.render_as_string(hide_password=False)
+    runner = CliRunner()
+
+    result = runner.invoke(app, ["--metastore-url", url, "list", "etl", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [(r["checkpoint_id"], r["status"]) for r in rows] == [
+        (3, "ABORTED"),
+        (2, "COMPLETED"),
+        (1, "SUBSUMED"),
+    ]
+    assert rows[0]["failure_reason"] == "CHECKPOINT_DECLINED"
+    assert "out of disk" in rows[0]["failure_message"]
+    assert rows[1]["acked_tasks"] == rows[1]["num_tasks"] == 2
+    assert rows[1]["state_size"] == 20
+
+    result = runner.invoke(
+        app, ["--metastore-url", url, "list", "etl", "--status", "completed", "--json"]
+    )
+    assert [r["checkpoint_id"] for r in json.loads(result.stdout)] == [2]
+
+    result = runner.invoke(app, ["--metastore-url", url, "list", "etl"])
+    assert result.exit_code == 0
+    assert "COMPLETED" in result.stdout and "CHECKPOINT_DECLINED" in result.stdout
+
+    result = runner.invoke(app, ["--metastore-url", url, "show", "etl", "2", "--json"])
+    detail = json.loads(result.stdout)
+    assert detail["metadata_path"].endswith("/etl/chk-2/_metadata")
+    assert [
+        (t["operator_id"], t["subtask_index"], t["state_size"], t["async_ms"])
+        for t in detail["tasks"]
+    ] == [
+        ("agg", 0, 10, 2),
+        ("agg", 1, 10, 2),
+    ]
+    result = runner.invoke(app, ["--metastore-url", url, "show", "etl", "2"])
+    assert result.exit_code == 0 and "att-1" in result.stdout
+
+    result = runner.invoke(app, ["--metastore-url", url, "jobs", "--json"])
+    jobs = json.loads(result.stdout)
+    assert jobs[0]["job_id"] == "etl"
+    assert jobs[0]["checkpoints"] == {"COMPLETED": 1, "SUBSUMED": 1, "ABORTED": 1}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["list", "nope"], "unknown job 'nope'"),
+        (["show", "etl", "99"], "job etl has no checkpoint 99"),
+        (["show", "etl", "abc"], "invalid checkpoint id 'abc'"),
+        (["show", "../etc", "1"], "invalid job id '../etc'"),
+    ],
+)
+def test_unknown_ids_exit_non_zero(
+    metastore: Metastore, tmp_path: Path, args: list[str], message: str
+) -> None:
+    make_history(metastore, FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}"))
+    result = run_ckpt("--metastore-url", metastore.url.render_as_string(hide_password=False), *args)
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unmigrated_metastore_tells_to_upgrade_and_writes_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "fresh.db"
+    result = run_ckpt("--metastore-url", f"sqlite:///{db}", "jobs")
+    assert result.returncode == 3
+    assert "run `ckpt db upgrade`" in result.stderr
+    tables = sqlite3.connect(db).execute("select name from sqlite_master").fetchall()
+    assert tables == []
+
+    result = run_ckpt("--metastore-url", f"sqlite:///{db}", "db", "upgrade")
+    assert result.returncode == 0, result.stderr
+    assert "empty -> 0001" in result.stdout
+    result = run_ckpt("--metastore-url", f"sqlite:///{db}", "db", "upgrade")
+    assert "up to date" in result.stdout
+    assert run_ckpt("--metastore-url", f"sqlite:///{db}", "jobs").returncode == 0
+
+
+def test_unreachable_metastore_is_a_clear_error_without_secrets() -> None:
+    result = run_ckpt("--metastore-url", "postgresql://ckpt:s3cret@127.0.0.1:1/nowhere", "jobs")
+    assert result.returncode == 1
+    assert (
+        "cannot reach the metastore at postgresql+psycopg://ckpt:***@127.0.0.1:1/nowhere"
+        in result.stderr
+    )
+    assert "s3cret" not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_unsupported_metastore_url() -> None:
+    result = run_ckpt("--metastore-url", "mysql://127.0.0.1/x", "jobs")
+    assert result.returncode == 1
+    assert "only sqlite:// and postgresql:// are supported" in result.stderr
+
+
+def test_configuration_precedence_flag_env_default(tmp_path: Path) -> None:
+    home, env_db, flag_db = tmp_path / "home", tmp_path / "env.db", tmp_path / "flag.db"
+    env = {"CKPT_HOME": str(home)}
+    result = run_ckpt("db", "upgrade", env=env)
+    assert result.returncode == 0, result.stderr
+    assert (home / "metastore.db").exists()  # default: under CKPT_HOME
+
+    env["CKPT_METASTORE_URL"] = f"sqlite:///{env_db}"
+    assert run_ckpt("db", "upgrade", env=env).returncode == 0
+    assert env_db.exists()
+
+    assert (
+        run_ckpt("--metastore-url", f"sqlite:///{flag_db}", "db", "upgrade", env=env).returncode
+        == 0
+    )
+    assert flag_db.exists()
+
+
+def test_default_home_is_project_local(tmp_path: Path) -> None:
+    result = run_ckpt("db", "upgrade", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / ".ckpt" / "metastore.db").exists()
+
+
+def test_demo_runs_a_full_cycle_on_embedded_defaults(tmp_path: Path) -> None:
+    result = run_ckpt("demo", env={"CKPT_HOME": str(tmp_path / "home")})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok: restored from CHECKPOINT" in result.stdout
+    assert "SUBSUMED" in result.stdout and "SAVEPOINT" not in result.stderr
+    listing = run_ckpt("list", "demo-core", "--json", env={"CKPT_HOME": str(tmp_path / "home")})
+    rows = json.loads(listing.stdout)
+    statuses = {r["status"] for r in rows}
+    assert {"COMPLETED", "SUBSUMED", "ABORTED"} <= statuses
+    assert any(r["type"] == "SAVEPOINT" and r["status"] == "COMPLETED" for r in rows)
+    restores = json.loads(
+        run_ckpt(
+            "restores", "demo-core", "--json", env={"CKPT_HOME": str(tmp_path / "home")}
+        ).stdout
+    )
+    assert (
+        restores[0]["fallbacks"]
+        and restores[0]["checkpoint_id"] < restores[0]["fallbacks"][0]["checkpoint_id"]
+    )

@@ -1,0 +1,88 @@
+"""The reference DDL in sql/, the Alembic migrations and the models must describe one schema."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, text
+
+from checkpointing.errors import SchemaOutdated
+from checkpointing.metastore import Metastore, reference_ddl
+from checkpointing.models import Base
+
+SQL = Path(__file__).resolve().parent.parent / "sql"
+
+
+def _diff(url: str, schema: str | None = None) -> list[object]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if schema:
+                conn.execute(text(f'SET search_path TO "{schema}"'))
+            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            return list(compare_metadata(ctx, Base.metadata))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_reference_ddl_matches_models(dialect: str) -> None:
+    committed = (SQL / f"{dialect}.sql").read_text()
+    assert committed == reference_ddl(dialect), f"sql/{dialect}.sql is stale: run `make ddl`"
+
+
+def test_schema_revision_constant_is_the_alembic_head() -> None:
+    from alembic.script import ScriptDirectory
+
+    from checkpointing.metastore import _alembic_config
+
+    assert ScriptDirectory.from_config(_alembic_config(None)).get_current_head() == (
+        Metastore.head_revision()
+    )
+
+
+def test_migrations_match_models(metastore_url: str) -> None:
+    """After `ckpt db upgrade` the live schema equals the models (no autogenerate diff)."""
+    assert _diff(Metastore(metastore_url).url.render_as_string(hide_password=False)) == []
+
+
+def test_reference_ddl_creates_the_migrated_schema_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ddl.db'}"
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        conn.connection.driver_connection.executescript((SQL / "sqlite.sql").read_text())  # type: ignore[union-attr]
+    engine.dispose()
+    assert _diff(url) == []
+    Metastore(url).check_schema()  # the DDL's alembic_version stamp is the head revision
+
+
+def test_reference_ddl_creates_the_migrated_schema_postgresql(pg_url: str) -> None:
+    schema = f"ddl_{uuid.uuid4().hex[:8]}"
+    engine = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+            conn.execute(text(f'SET search_path TO "{schema}"'))
+            conn.exec_driver_sql((SQL / "postgresql.sql").read_text())
+        assert _diff(pg_url, schema) == []
+    finally:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        engine.dispose()
+
+
+def test_unmigrated_and_older_schemas_are_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    with pytest.raises(SchemaOutdated, match="run `ckpt db upgrade`"):
+        Metastore(url)
+    store = Metastore(url, check_schema=False)
+    assert store.upgrade() == (None, Metastore.head_revision())
+    Metastore(url).check_schema()
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0000'"))
+    with pytest.raises(SchemaOutdated, match=r"is at revision 0000.*run `ckpt db upgrade`"):
+        Metastore(url)
