@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 # never download a Python: use the machine's
 export UV_PYTHON_DOWNLOADS := never
-export UV_PYTHON := $(shell command -v $(PYTHON))
+export UV_PYTHON := $(shell $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null)
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 
 .PHONY: demo test lint format bench ddl check-python check-java clean
