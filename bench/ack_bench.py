@@ -261,13 +261,13 @@ def _single_writer(
         try:
             barrier.wait(timeout=120)
             success, completed = 0, 0
-            start = time.monotonic()
+            start, cpu = time.monotonic(), time.process_time()
             for ack in acks:
                 outcome = coord.receive_acknowledge(checkpoint_id, [ack])
                 success += outcome.results[ack.attempt_id] is AckResult.SUCCESS
                 completed += outcome.completed is not None
-            end = time.monotonic()
-            outbox.put((index, "done", (start, end, success, completed)))
+            end, cpu = time.monotonic(), time.process_time() - cpu
+            outbox.put((index, "done", (start, end, cpu, success, completed)))
         except Exception:
             outbox.put((index, "error", traceback.format_exc()))
     store.dispose()
@@ -291,6 +291,7 @@ def bench_single(url: str, workdir: Path, s: Settings) -> dict[str, Any]:
     for p in procs:
         p.start()
     rates: list[float] = []
+    client_cpu_ms: list[float] = []
     try:
         _collect(outbox, s.writers, "ready")
         for r in range(s.single_rounds):
@@ -300,7 +301,7 @@ def bench_single(url: str, workdir: Path, s: Settings) -> dict[str, Any]:
             for i, inbox in enumerate(inboxes):
                 inbox.put((cid, acks[i :: s.writers]))
             done = _collect(outbox, s.writers, "done")
-            starts, ends, success, completed = zip(*done, strict=True)
+            starts, ends, cpu, success, completed = zip(*done, strict=True)
             if sum(success) != s.tasks or sum(completed) != 1:
                 raise RuntimeError(
                     f"single: {sum(success)} SUCCESS, {sum(completed)} completions "
@@ -309,6 +310,7 @@ def bench_single(url: str, workdir: Path, s: Settings) -> dict[str, Any]:
             if status_of(store, job_id, cid) != (CheckpointStatus.COMPLETED, s.tasks):
                 raise RuntimeError(f"single: checkpoint {cid} not COMPLETED with all acks")
             rates.append(s.tasks / (max(ends) - min(starts)))
+            client_cpu_ms.append(sum(cpu) / s.tasks * 1000)
     finally:
         for inbox in inboxes:
             inbox.put(None)
@@ -320,6 +322,7 @@ def bench_single(url: str, workdir: Path, s: Settings) -> dict[str, Any]:
     return {
         "acks_per_s": statistics.median(rates),
         "acks_per_s_per_round": rates,
+        "client_cpu_ms_per_ack": statistics.median(client_cpu_ms),
         "writers": s.writers,
         "checkpoints": s.single_rounds,
         "acks": s.tasks * s.single_rounds,

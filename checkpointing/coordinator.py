@@ -206,6 +206,7 @@ class CheckpointCoordinator:
                 CheckpointFailureReason.CHECKPOINT_COORDINATOR_FAILOVER,
                 "the previous coordinator is gone",
                 now,
+                not_by=self.coordinator_id,
             )
         self._active = True
         self._dispose([a.storage_location for a in aborted])
@@ -385,7 +386,9 @@ class CheckpointCoordinator:
         with self._lock:
             self._precheck_local(periodic)
         with self.metastore.transaction() as s:
-            self._precheck(s, props, periodic, request_id)
+            refusal = self._precheck(s, props, periodic, request_id)
+        if refusal is not None:
+            raise refusal
 
         plan = tuple(tasks) if tasks is not None else self._plan()
         checkpoint_id = self._next_checkpoint_id()
@@ -401,25 +404,28 @@ class CheckpointCoordinator:
                 self._precheck_local(periodic)
             with self.metastore.transaction() as s:
                 s.get(Job, self.job_id, with_for_update=True)  # serialise concurrent triggers
-                self._precheck(s, props, periodic, request_id)
+                refusal = self._precheck(s, props, periodic, request_id)
                 deadline = now + self.config.timeout
-                pending.insert_pending(
-                    s,
-                    job_id=self.job_id,
-                    checkpoint_id=checkpoint_id,
-                    props=props,
-                    periodic=periodic,
-                    trigger_at=now,
-                    deadline_at=deadline,
-                    location=location.reference,
-                    tasks=plan,
-                    coordinator_id=self.coordinator_id,
-                    request_id=request_id,
-                )
-                if request_id is not None:
+                if refusal is None:
+                    pending.insert_pending(
+                        s,
+                        job_id=self.job_id,
+                        checkpoint_id=checkpoint_id,
+                        props=props,
+                        periodic=periodic,
+                        trigger_at=now,
+                        deadline_at=deadline,
+                        location=location.reference,
+                        tasks=plan,
+                        coordinator_id=self.coordinator_id,
+                        request_id=request_id,
+                    )
+                if refusal is None and request_id is not None:
                     decider.finish(
                         s, request_id, RequestStatus.TRIGGERED, now, checkpoint_id=checkpoint_id
                     )
+            if refusal is not None:
+                raise refusal
         except CheckpointException:
             if location is not None:
                 location.dispose_on_failure()
@@ -466,12 +472,15 @@ class CheckpointCoordinator:
 
     def _precheck(
         self, s: Session, props: CheckpointProperties, periodic: bool, request_id: int | None
-    ) -> None:
-        """Flink's ``preCheckBeforeTriggeringCheckpoint``: forced requests bypass the limits."""
+    ) -> CheckpointException | None:
+        """Flink's ``preCheckBeforeTriggeringCheckpoint``: forced requests bypass the limits.
+
+        Returns the refusal instead of raising it, so that the caller's transaction commits what
+        the check recorded (a request queued behind the pending checkpoints)."""
         if props.forced:
-            return
+            return None
         if decider.queued_non_forced(s, self.job_id, exclude=request_id) is not None:
-            raise CheckpointException(
+            return CheckpointException(
                 CheckpointFailureReason.ALREADY_QUEUED,
                 "another checkpoint request is queued already",
             )
@@ -493,7 +502,7 @@ class CheckpointCoordinator:
                     now=self.clock.now(),
                     periodic=periodic,
                 )
-            raise CheckpointException(
+            return CheckpointException(
                 CheckpointFailureReason.TOO_MANY_CONCURRENT_CHECKPOINTS,
                 f"{num_pending} pending, max_concurrent={self.config.max_concurrent}; "
                 "request queued",
@@ -504,10 +513,11 @@ class CheckpointCoordinator:
             if self.clock.now() < earliest:
                 if periodic and self.scheduler is not None:
                     self.scheduler.reschedule_at(earliest)
-                raise CheckpointException(
+                return CheckpointException(
                     CheckpointFailureReason.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
                     f"min pause not over until {earliest.isoformat()}",
                 )
+        return None
 
     def _plan(self) -> tuple[TaskSpec, ...]:
         plan = self.plan_provider() if self.plan_provider else None
@@ -664,8 +674,9 @@ class CheckpointCoordinator:
         return [a.checkpoint_id for a in aborted]
 
     def _discard_ack_state(self, checkpoint_id: int, acks: Sequence[TaskAck]) -> list[str]:
-        """Delete state files of UNKNOWN/DISCARDED acks — only inside this checkpoint's own
-        location, and never a file a recorded ack references."""
+        """Delete state files of UNKNOWN/DISCARDED acks — only inside the location of a checkpoint
+        that is pending or was aborted (never completed, never after a metadata write of unknown
+        outcome), never its ``_metadata``, and never a file a recorded ack references."""
         with self.metastore.transaction() as s:
             row = s.get(Checkpoint, (self.job_id, checkpoint_id))
             handles = [a.state_handle for a in acks if a.state_handle]
@@ -681,12 +692,14 @@ class CheckpointCoordinator:
                 if handles
                 else set()
             )
-        if row is None:
+        if row is None or row.status not in (CheckpointStatus.PENDING, CheckpointStatus.ABORTED):
             return []
+        if row.failure_reason == CheckpointFailureReason.FINALIZE_CHECKPOINT_FAILURE:
+            return []  # the metadata may exist: delete nothing (see complete_checkpoint)
         location = self.storage.location_for(row.storage_location)
         deleted = []
         for handle in handles:
-            if handle in referenced or not location.owns(handle):
+            if handle in referenced or handle == location.metadata_url or not location.owns(handle):
                 log.warning(
                     "job %s: not deleting %s (referenced or outside %s)",
                     self.job_id,

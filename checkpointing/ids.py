@@ -11,6 +11,8 @@ import re
 from checkpointing.errors import InvalidIdError
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_CHECKPOINT_ID = re.compile(r"[1-9][0-9]{0,18}", re.ASCII)
+_MAX_ID = 2**63 - 1
 
 
 def validate_id(value: object, field: str) -> str:
@@ -26,14 +28,9 @@ def validate_id(value: object, field: str) -> str:
 
 
 def validate_checkpoint_id(value: object, field: str = "checkpoint id") -> int:
-    """Checkpoint ids are positive integers (Flink's ``long``)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            value = int(str(value), 10)
-        except ValueError:
-            raise InvalidIdError(
-                f"invalid {field} {value!r}: expected a positive integer"
-            ) from None
-    if value < 1:
+    """Checkpoint ids are positive integers that fit a BIGINT (Flink's ``long``)."""
+    if isinstance(value, str) and _CHECKPOINT_ID.fullmatch(value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_ID:
         raise InvalidIdError(f"invalid {field} {value!r}: expected a positive integer")
     return value

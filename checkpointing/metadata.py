@@ -107,11 +107,21 @@ def read_metadata(
 
 
 def verify_handles(
-    storage: CheckpointStorage, metadata: CheckpointMetadata, *, deep: bool = True
+    storage: CheckpointStorage,
+    metadata: CheckpointMetadata,
+    *,
+    deep: bool = True,
+    roots: tuple[str, ...] = (),
 ) -> None:
-    """Check every state file exists with its recorded size, and (``deep``) its checksum."""
+    """Check every state file exists with its recorded size, and (``deep``) its checksum.
+
+    With ``roots``, every handle must lie under one of them (the checkpoint's directory, the
+    job's shared state): a ``_metadata`` from shared storage must not steer reads elsewhere.
+    """
     for h in metadata.handles():
         assert h.handle is not None
+        if roots and not any(storage.contains(h.handle, root) for root in roots):
+            raise CorruptSnapshotError(h.handle, "state handle outside the checkpoint's directory")
         if deep:
             storage.read_bytes(h.handle, size=h.size, checksum=h.checksum)
             continue

@@ -17,9 +17,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import cast
 
-from sqlalchemy import and_, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import (
+    BigInteger,
+    String,
+    Table,
+    and_,
+    bindparam,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
 from checkpointing.failure import CheckpointFailureReason
@@ -132,102 +144,217 @@ def insert_pending(
     ]
     for i in range(0, len(rows), _CHUNK):
         session.execute(insert(CheckpointTask), rows[i : i + _CHUNK])
+    if session.get_bind().dialect.name == "postgresql":
+        _ensure_planner_statistics(session)
+
+
+def _ensure_planner_statistics(session: Session) -> None:
+    """Analyze the task and ack tables if PostgreSQL has never done so (autovacuum off, or not
+    run yet on a new metastore).
+
+    Every ack insert runs a foreign-key check against ``ckpt_checkpoint_tasks``. Without
+    statistics the planner rates the (job, checkpoint, operator, subtask) key as good as the
+    primary key for that lookup and may pick it: each ack then scans every task of its
+    checkpoint, and a 1,024-task checkpoint acks ~10x slower. One ANALYZE, in the trigger
+    transaction so that it sees the plan just inserted, fixes that for good.
+    """
+    never_analyzed = session.scalar(
+        text("SELECT reltuples < 0 FROM pg_class WHERE oid = to_regclass(CAST(:table AS text))"),
+        {"table": _tasks.name},
+    )
+    if never_analyzed:
+        session.execute(text(f"ANALYZE {_tasks.name}, {_acks.name}"))
 
 
 def acknowledge(
     session: Session, job_id: str, checkpoint_id: int, acks: Sequence[TaskAck], now: datetime
 ) -> dict[str, AckResult]:
-    """Record a batch of acks in one transaction and classify each (Flink's ``acknowledgeTask``)."""
-    results: dict[str, AckResult] = {}
+    """Record a batch of acks in one transaction and classify each (Flink's ``acknowledgeTask``).
+
+    An attempt whose ack row this call inserted is SUCCESS, also when the batch repeats it;
+    a planned attempt whose row was already there (or is inserted by a racing caller) is
+    DUPLICATE. On PostgreSQL it takes two round trips: lock + plan lookup, then one insert of
+    the whole batch from arrays.
+    """
     unique: dict[str, TaskAck] = {}
     for ack in acks:
-        if ack.attempt_id in unique:
-            results[ack.attempt_id] = AckResult.DUPLICATE
-        unique[ack.attempt_id] = unique.get(ack.attempt_id, ack)
+        unique.setdefault(ack.attempt_id, ack)  # the first of repeated acks is the one recorded
     attempts = list(unique)
+    postgres = session.get_bind().dialect.name == "postgresql"
 
-    row = session.execute(
-        select(Checkpoint.status, Checkpoint.deadline_at)
-        .where(Checkpoint.job_id == job_id, Checkpoint.checkpoint_id == checkpoint_id)
-        .with_for_update(read=True)
-    ).one_or_none()
+    row, planned = (_lock_and_plan_pg if postgres else _lock_and_plan)(
+        session, job_id, checkpoint_id, attempts
+    )
     if row is None:
-        return {a: results.get(a, AckResult.UNKNOWN) for a in attempts}
+        return dict.fromkeys(attempts, AckResult.UNKNOWN)
     status, deadline = row
-    planned = _existing(session, CheckpointTask, job_id, checkpoint_id, attempts)
 
     if status == CheckpointStatus.ABORTED or (
         status == CheckpointStatus.PENDING and deadline <= now
     ):
-        return {a: AckResult.DISCARDED for a in attempts}
+        return dict.fromkeys(attempts, AckResult.DISCARDED)
     if status != CheckpointStatus.PENDING:  # completed (or later): every planned task had acked
         return {a: AckResult.DUPLICATE if a in planned else AckResult.UNKNOWN for a in attempts}
 
-    rows = [
-        {
-            "job_id": job_id,
-            "checkpoint_id": checkpoint_id,
-            "attempt_id": a.attempt_id,
-            "state_handle": a.state_handle,
-            "state_size": a.state_size,
-            "checksum": a.checksum,
-            "sync_ms": a.sync_ms,
-            "async_ms": a.async_ms,
-            "acked_at": now,
-        }
-        for a in unique.values()
-        if a.attempt_id in planned
-    ]
-    inserted: set[str] = set()
-    stmt_factory = (
-        postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-    )
-    for i in range(0, len(rows), _CHUNK):
-        stmt = (
-            stmt_factory(CheckpointAck)
-            .on_conflict_do_nothing(index_elements=["job_id", "checkpoint_id", "attempt_id"])
-            .returning(CheckpointAck.attempt_id)
+    # a fixed insertion order: two batches sharing attempts cannot deadlock on each other's
+    # not-yet-committed rows
+    to_insert = sorted((unique[a] for a in attempts if a in planned), key=lambda a: a.attempt_id)
+    inserted = (
+        (_insert_acks_pg if postgres else _insert_acks)(
+            session, job_id, checkpoint_id, to_insert, now
         )
-        inserted.update(session.scalars(stmt, rows[i : i + _CHUNK]).all())
+        if to_insert
+        else set()
+    )
+    results: dict[str, AckResult] = {}
     for a in attempts:
         if a not in planned:
             results[a] = AckResult.UNKNOWN
-        elif a in inserted and a not in results:
+        elif a in inserted:
             results[a] = AckResult.SUCCESS
         else:
             results[a] = AckResult.DUPLICATE
     return results
 
 
-def _existing(
-    session: Session, model: type, job_id: str, checkpoint_id: int, attempts: list[str]
-) -> set[str]:
-    found: set[str] = set()
+_checkpoints = cast(Table, Checkpoint.__table__)
+_tasks = cast(Table, CheckpointTask.__table__)
+_acks = cast(Table, CheckpointAck.__table__)
+
+_ACK_COLUMNS = ("state_handle", "state_size", "checksum", "sync_ms", "async_ms")
+
+
+def _lock_and_plan(
+    session: Session, job_id: str, checkpoint_id: int, attempts: list[str]
+) -> tuple[tuple[str, datetime] | None, set[str]]:
+    """The checkpoint's (status, deadline), read ``FOR SHARE``, and which attempts it plans."""
+    row = session.execute(
+        select(_checkpoints.c.status, _checkpoints.c.deadline_at)
+        .where(_checkpoints.c.job_id == job_id, _checkpoints.c.checkpoint_id == checkpoint_id)
+        .with_for_update(read=True)
+    ).one_or_none()
+    if row is None:
+        return None, set()
+    planned: set[str] = set()
     for i in range(0, len(attempts), _CHUNK):
-        found.update(
+        planned.update(
             session.scalars(
-                select(model.attempt_id).where(  # type: ignore[attr-defined]
-                    model.job_id == job_id,  # type: ignore[attr-defined]
-                    model.checkpoint_id == checkpoint_id,  # type: ignore[attr-defined]
-                    model.attempt_id.in_(attempts[i : i + _CHUNK]),  # type: ignore[attr-defined]
+                select(_tasks.c.attempt_id).where(
+                    _tasks.c.job_id == job_id,
+                    _tasks.c.checkpoint_id == checkpoint_id,
+                    _tasks.c.attempt_id.in_(attempts[i : i + _CHUNK]),
                 )
             )
         )
-    return found
+    return (row[0], row[1]), planned
+
+
+#: PostgreSQL: the share lock on the checkpoint row and the plan lookup in one statement; the
+#: row comes back once per planned attempt of the batch (once with NULL when there is none).
+_PG_LOCK_AND_PLAN = (
+    text(
+        """
+        SELECT c.status, c.deadline_at, t.attempt_id
+        FROM ckpt_checkpoints AS c
+        LEFT JOIN ckpt_checkpoint_tasks AS t
+          ON t.job_id = c.job_id
+         AND t.checkpoint_id = c.checkpoint_id
+         AND t.attempt_id = ANY(CAST(:attempts AS varchar[]))
+        WHERE c.job_id = :job_id AND c.checkpoint_id = :checkpoint_id
+        FOR SHARE OF c
+        """
+    )
+    .bindparams(bindparam("job_id", type_=String), bindparam("checkpoint_id", type_=BigInteger))
+    .columns(_checkpoints.c.status, _checkpoints.c.deadline_at, _tasks.c.attempt_id)
+)
+
+
+def _lock_and_plan_pg(
+    session: Session, job_id: str, checkpoint_id: int, attempts: list[str]
+) -> tuple[tuple[str, datetime] | None, set[str]]:
+    rows = session.execute(
+        _PG_LOCK_AND_PLAN,
+        {"job_id": job_id, "checkpoint_id": checkpoint_id, "attempts": attempts},
+    ).all()
+    if not rows:
+        return None, set()
+    return (rows[0][0], rows[0][1]), {r[2] for r in rows if r[2] is not None}
+
+
+def _insert_acks(
+    session: Session, job_id: str, checkpoint_id: int, acks: list[TaskAck], now: datetime
+) -> set[str]:
+    """``INSERT ... ON CONFLICT DO NOTHING RETURNING``: the attempts whose rows were inserted."""
+    rows = [
+        {
+            "job_id": job_id,
+            "checkpoint_id": checkpoint_id,
+            "attempt_id": a.attempt_id,
+            **{c: getattr(a, c) for c in _ACK_COLUMNS},
+            "acked_at": now,
+        }
+        for a in acks
+    ]
+    stmt = (
+        sqlite.insert(_acks)
+        .on_conflict_do_nothing(index_elements=["job_id", "checkpoint_id", "attempt_id"])
+        .returning(_acks.c.attempt_id)
+    )
+    inserted: set[str] = set()
+    for i in range(0, len(rows), _CHUNK):
+        inserted.update(session.scalars(stmt, rows[i : i + _CHUNK]))
+    return inserted
+
+
+#: PostgreSQL: the whole batch as one statement over arrays (a handful of parameters however
+#: large the batch), rows inserted in array order.
+_PG_INSERT_ACKS = text(
+    """
+    INSERT INTO ckpt_checkpoint_acks
+        (job_id, checkpoint_id, attempt_id, state_handle, state_size, checksum,
+         sync_ms, async_ms, acked_at)
+    SELECT CAST(:job_id AS varchar), CAST(:checkpoint_id AS bigint), a.attempt_id,
+           a.state_handle, a.state_size, a.checksum, a.sync_ms, a.async_ms,
+           CAST(:acked_at AS timestamptz)
+    FROM unnest(
+        CAST(:attempt_id AS varchar[]), CAST(:state_handle AS varchar[]),
+        CAST(:state_size AS bigint[]), CAST(:checksum AS varchar[]),
+        CAST(:sync_ms AS integer[]), CAST(:async_ms AS integer[])
+    ) WITH ORDINALITY AS a(attempt_id, state_handle, state_size, checksum, sync_ms, async_ms, n)
+    ORDER BY a.n
+    ON CONFLICT (job_id, checkpoint_id, attempt_id) DO NOTHING
+    RETURNING attempt_id
+    """
+).bindparams(bindparam("acked_at", type_=_acks.c.acked_at.type))
+
+
+def _insert_acks_pg(
+    session: Session, job_id: str, checkpoint_id: int, acks: list[TaskAck], now: datetime
+) -> set[str]:
+    params: dict[str, object] = {
+        "job_id": job_id,
+        "checkpoint_id": checkpoint_id,
+        "acked_at": now,
+        "attempt_id": [a.attempt_id for a in acks],
+        **{c: [getattr(a, c) for a in acks] for c in _ACK_COLUMNS},
+    }
+    return set(session.scalars(_PG_INSERT_ACKS, params))
 
 
 def remaining_tasks(session: Session, job_id: str, checkpoint_id: int) -> int:
-    """Tasks not yet acknowledged (read after the ack's commit, see the module docstring)."""
-    num_tasks = session.scalar(
-        select(Checkpoint.num_tasks).where(
-            Checkpoint.job_id == job_id, Checkpoint.checkpoint_id == checkpoint_id
+    """Tasks not yet acknowledged (read after the ack's commit, see the module docstring).
+    One statement: the plan size and the ack count come from the same snapshot."""
+    num_tasks, acked = session.execute(
+        select(
+            select(_checkpoints.c.num_tasks)
+            .where(_checkpoints.c.job_id == job_id, _checkpoints.c.checkpoint_id == checkpoint_id)
+            .scalar_subquery(),
+            select(func.count())
+            .select_from(_acks)
+            .where(_acks.c.job_id == job_id, _acks.c.checkpoint_id == checkpoint_id)
+            .scalar_subquery(),
         )
-    )
-    acked = session.scalar(
-        select(func.count()).where(
-            CheckpointAck.job_id == job_id, CheckpointAck.checkpoint_id == checkpoint_id
-        )
-    )
+    ).one()
     return int(num_tasks or 0) - int(acked or 0)
 
 
@@ -265,6 +392,7 @@ def abort(
     below_id: int | None = None,
     overdue: bool = False,
     include_savepoints: bool = True,
+    not_by: str | None = None,
 ) -> list[AbortedCheckpoint]:
     """Abort PENDING checkpoints matching the filters; return what was aborted (the caller
     disposes their locations after commit and fails their requests)."""
@@ -277,6 +405,8 @@ def abort(
         conds.append(Checkpoint.deadline_at <= now)
     if not include_savepoints:
         conds.append(Checkpoint.checkpoint_type == CheckpointType.CHECKPOINT)
+    if not_by is not None:  # only other coordinators' checkpoints
+        conds.append((Checkpoint.coordinator_id != not_by) | Checkpoint.coordinator_id.is_(None))
     rows = session.execute(
         update(Checkpoint)
         .where(and_(*conds))

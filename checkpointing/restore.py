@@ -149,7 +149,7 @@ def load_external(storage: CheckpointStorage, path: str, *, deep: bool = True) -
     url = path if path.endswith("/" + METADATA_FILE) else f"{path}/{METADATA_FILE}"
     storage.check_target(url)
     metadata = read_metadata(storage, url)
-    verify_handles(storage, metadata, deep=deep)
+    verify_handles(storage, metadata, deep=deep, roots=(url.rsplit("/", 1)[0],))
     return RestoreDecision(
         metadata.job_id, metadata.checkpoint_id, metadata.checkpoint_type, url, metadata
     )
@@ -171,7 +171,9 @@ def _verified(
             path,
             f"belongs to {metadata.job_id}/{metadata.checkpoint_id}, not {job_id}/{checkpoint_id}",
         )
-    verify_handles(storage, metadata, deep=deep)
+    directory = path.rsplit("/", 1)[0]
+    roots = (directory, storage.shared_url(job_id))
+    verify_handles(storage, metadata, deep=deep, roots=roots)
     return metadata
 
 

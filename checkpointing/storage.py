@@ -244,8 +244,8 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         super().__init__("file://" + path)
 
     def path_of(self, url: str) -> Path:
-        if not url.startswith("file://"):
-            raise InvalidIdError(f"{url!r} is not a file:// URL")
+        if not url.startswith("file:///"):
+            raise InvalidIdError(f"{url!r} is not a file:// URL with an absolute path")
         _check_normalised(url)
         return Path(url.removeprefix("file://"))
 
@@ -299,10 +299,13 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         if not root.is_dir():
             return []
         return sorted(
-            "file://" + str(p)
-            for p in root.rglob("*")
-            if p.is_file() and not p.name.endswith(".inprogress")
+            "file://" + str(p) for p in root.rglob("*") if p.is_file() and not _is_temp(p.name)
         )
+
+
+def _is_temp(name: str) -> bool:
+    """In-progress writes: ``.<name>.<uuid>.inprogress`` (ids never start with a dot)."""
+    return name.startswith(".") and name.endswith(".inprogress")
 
 
 def _fsync_dir(path: Path) -> None:

@@ -13,6 +13,7 @@ from checkpointing.metadata import read_metadata
 from checkpointing.metastore import Metastore
 from checkpointing.pending import AckResult, TaskAck
 from checkpointing.properties import CheckpointStatus
+from checkpointing.restore import find_latest_valid
 from checkpointing.storage import FileSystemCheckpointStorage
 from tests.helpers import (
     JOB,
@@ -160,6 +161,23 @@ def test_rejected_acks_never_delete_files_outside_the_location_or_referenced_by_
     assert all(_exists(storage, f or "") for f in done_files)
     assert _exists(storage, shared.url)
     assert read_metadata(storage, done.metadata_path).checkpoint_id == done.checkpoint_id
+
+
+def test_a_rejected_ack_never_deletes_a_completed_checkpoints_metadata(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
+) -> None:
+    coord = new_coordinator(metastore, storage, clock)
+    done = complete(coord)
+
+    # a stale or buggy task names the checkpoint's own _metadata as its state
+    outcome = coord.receive_acknowledge(
+        done.checkpoint_id, [TaskAck(OLD_ATTEMPTS[0].attempt_id, done.metadata_path, 1)]
+    )
+
+    assert outcome.results == {OLD_ATTEMPTS[0].attempt_id: AckResult.UNKNOWN}
+    assert outcome.deleted_handles == []
+    assert _exists(storage, done.metadata_path)
+    assert find_latest_valid(metastore, storage, JOB).checkpoint_id == done.checkpoint_id
 
 
 def test_a_batch_of_acks_is_classified_per_task_and_completes(

@@ -39,14 +39,14 @@ def test_first_periodic_trigger_comes_after_a_random_delay_in_min_pause_to_inter
     coord = new_coordinator(metastore, storage, clock, interval="60s", min_pause="20s", seed=7)
     expected = random.Random(7)
     delays = []
-    for _ in range(20):
+    for _ in range(10):
         first = coord.start_scheduler()
         delay = first - clock.now()
         assert delay == timedelta(seconds=expected.uniform(20, 60))
         assert timedelta(seconds=20) <= delay <= timedelta(seconds=60)
         delays.append(delay)
         coord.stop_scheduler()
-    assert len(set(delays)) == 20  # spread, not a constant
+    assert len(set(delays)) == 10  # spread, not a constant
 
     first = coord.start_scheduler()
     assert coord.run_once() is None
