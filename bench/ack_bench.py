@@ -39,7 +39,7 @@ import traceback
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from importlib import metadata as importlib_metadata
 from multiprocessing.synchronize import Barrier
@@ -384,7 +384,9 @@ def machine_info(pg_admin_url: str | None) -> dict[str, Any]:
         "packages": {
             p: importlib_metadata.version(p) for p in ("sqlalchemy", "psycopg", "alembic")
         },
-        "git_commit": _git_commit(),
+        "git_commit": _git("rev-parse", "HEAD"),
+        # measured code differs from that commit (uncommitted changes in the work tree)
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
     }
     if pg_admin_url:
         try:
@@ -398,6 +400,13 @@ def machine_info(pg_admin_url: str | None) -> dict[str, Any]:
         except Exception as exc:
             info["postgresql"] = f"unavailable: {exc}"
     return info
+
+
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def _cpu_model() -> str:
@@ -420,10 +429,10 @@ def _memory_gb() -> float | None:
     return None
 
 
-def _git_commit() -> str | None:
+def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
+            ["git", *args],
             cwd=Path(__file__).resolve().parent,
             capture_output=True,
             text=True,
@@ -484,6 +493,17 @@ def print_summary(report: dict[str, Any]) -> None:
         f">= {TARGETS['single_acks_per_s_min']:,}",
         "single",
     )
+    sweeps = sorted({w for b in backends for w in results[b]["single"].get("sweep", {})}, key=int)
+    for w in sweeps:
+        row(
+            f"  single acks/s ({w} processes)",
+            [
+                f"{results[b]['single']['sweep'][w]['acks_per_s']:,.0f}"
+                if w in results[b]["single"].get("sweep", {})
+                else ""
+                for b in backends
+            ],
+        )
     row(
         "last ack -> COMPLETED median (ms)",
         [f"{results[b]['completion']['ms']['median']:.1f}" for b in backends],
@@ -498,7 +518,8 @@ def print_summary(report: dict[str, Any]) -> None:
     m = report["machine"]
     console.print(
         f"[dim]{m['cpu_count']} CPUs ({m['cpu_model']}), Python {m['python']}, "
-        f"SQLite {m['sqlite']}, PostgreSQL {m.get('postgresql', 'n/a')}[/dim]"
+        f"SQLite {m['sqlite']}, PostgreSQL {m.get('postgresql', 'n/a')}; "
+        f"load {m['loadavg_1m_before']} -> {m['loadavg_1m_after']}[/dim]"
     )
 
 
@@ -531,6 +552,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=1024, help="tasks per checkpoint")
     parser.add_argument("--batch", type=int, default=256, help="acks per batched call")
     parser.add_argument("--writers", type=int, default=16, help="single-ack writer processes")
+    parser.add_argument(
+        "--sweep-writers",
+        type=lambda v: [int(x) for x in v.split(",") if x],
+        default=[],
+        metavar="N,N,...",
+        help="also measure single acks with these writer counts (informational)",
+    )
     parser.add_argument("--rounds", type=int, help="checkpoints per throughput figure")
     parser.add_argument("--runs", type=int, help="completion-latency runs")
     parser.add_argument("--output", type=Path, default=RESULTS, help="JSON results file")
@@ -543,6 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     backends = args.backend or list(BACKENDS)
     results: dict[str, Any] = {}
     started = datetime.now(UTC)
+    load_before = _loadavg()
     for backend in backends:
         workdir = Path(tempfile.mkdtemp(prefix=f"ckpt-bench-{backend}-"))
         try:
@@ -551,6 +580,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 batched = bench_batched(url, workdir, settings)
                 console.print(f"[bold]{backend}[/bold]: {settings.writers} single-ack writers ...")
                 single = bench_single(url, workdir, settings)
+                sweep = {}
+                for writers in args.sweep_writers:
+                    console.print(f"[bold]{backend}[/bold]: {writers} single-ack writers ...")
+                    sweep[str(writers)] = bench_single(
+                        url, workdir, replace(settings, writers=writers)
+                    )
+                if sweep:
+                    single["sweep"] = sweep
                 console.print(f"[bold]{backend}[/bold]: last ack -> COMPLETED latency ...")
                 completion = bench_completion(url, workdir, settings)
             results[backend] = {"batched": batched, "single": single, "completion": completion}
@@ -569,7 +606,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "single_rounds": settings.single_rounds,
             "completion_runs": settings.completion_runs,
         },
-        "machine": machine_info(args.pg_admin_url if "postgresql" in backends else None),
+        "machine": {
+            **machine_info(args.pg_admin_url if "postgresql" in backends else None),
+            # other work on the machine skews the figures: the 1-minute load around the run
+            "loadavg_1m_before": load_before,
+            "loadavg_1m_after": _loadavg(),
+        },
         "targets": TARGETS,
         "results": results,
         "meets_targets": verdicts(results),

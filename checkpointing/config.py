@@ -162,11 +162,11 @@ class CheckpointConfig(BaseModel):
         return max(self.interval, self.min_pause)
 
 
-def describe_validation_error(exc: ValidationError, source: str) -> str:
+def describe_validation_error(exc: ValidationError, source: str, prefix: str = "") -> str:
     """One line per problem: ``source: field.path: message (got value)``."""
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        loc = prefix + ".".join(str(p) for p in err["loc"]) or "(root)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field"

@@ -328,6 +328,7 @@ class CheckpointCoordinator:
         triggered = None
         try:
             self.expire_overdue()
+            self.complete_fully_acknowledged()
             self.process_requests()
             self.notify_pending_completions()
             if self.scheduler is not None and self.scheduler.due(self.clock.now()):
@@ -612,8 +613,15 @@ class CheckpointCoordinator:
         for a in acks:
             validate_id(a.attempt_id, "attempt id")
         now = self.clock.now()
-        with self.metastore.transaction() as s:
-            results = pending.acknowledge(s, self.job_id, checkpoint_id, acks, now)
+        remaining = None
+        with self.metastore.session() as s:
+            with s.begin():
+                results = pending.acknowledge(s, self.job_id, checkpoint_id, acks, now)
+            # SUCCESS: maybe ours was the last ack. DUPLICATE: maybe the last acker died before
+            # completing and this is the task's retry; either way, count after the commit.
+            if {AckResult.SUCCESS, AckResult.DUPLICATE} & set(results.values()):
+                with s.begin():
+                    remaining = pending.remaining_tasks(s, self.job_id, checkpoint_id)
         outcome = AckOutcome(results)
         rejected = [
             a for a in acks if results.get(a.attempt_id) in (AckResult.UNKNOWN, AckResult.DISCARDED)
@@ -622,11 +630,8 @@ class CheckpointCoordinator:
             outcome.deleted_handles = self._discard_ack_state(checkpoint_id, rejected)
             if any(results[a.attempt_id] is AckResult.DISCARDED for a in rejected):
                 self.expire_overdue()
-        if AckResult.SUCCESS in results.values():
-            with self.metastore.transaction() as s:
-                remaining = pending.remaining_tasks(s, self.job_id, checkpoint_id)
-            if remaining == 0:
-                outcome.completed = self.complete_checkpoint(checkpoint_id)
+        if remaining == 0:
+            outcome.completed = self.complete_checkpoint(checkpoint_id)
         return outcome
 
     def acknowledge_task(self, checkpoint_id: int, ack: TaskAck) -> AckResult:
@@ -680,11 +685,14 @@ class CheckpointCoordinator:
         with self.metastore.transaction() as s:
             row = s.get(Checkpoint, (self.job_id, checkpoint_id))
             handles = [a.state_handle for a in acks if a.state_handle]
+            # exclusive state lives in its own checkpoint's directory (shared state under
+            # shared/ is never deleted here), so only this checkpoint's acks can reference it
             referenced = (
                 set(
                     s.scalars(
                         select(CheckpointAck.state_handle).where(
                             CheckpointAck.job_id == self.job_id,
+                            CheckpointAck.checkpoint_id == checkpoint_id,
                             CheckpointAck.state_handle.in_(handles),
                         )
                     )
@@ -847,6 +855,30 @@ class CheckpointCoordinator:
         if self._active:
             self.process_requests()
         return completed
+
+    def complete_fully_acknowledged(self) -> list[int]:
+        """Complete PENDING checkpoints that have every ack but were never completed (the
+        process that committed the last ack died before claiming completion)."""
+        acked = (
+            select(func.count())
+            .where(
+                CheckpointAck.job_id == Checkpoint.job_id,
+                CheckpointAck.checkpoint_id == Checkpoint.checkpoint_id,
+            )
+            .scalar_subquery()
+        )
+        with self.metastore.transaction() as s:
+            ids = s.scalars(
+                select(Checkpoint.checkpoint_id)
+                .where(
+                    Checkpoint.job_id == self.job_id,
+                    Checkpoint.status == CheckpointStatus.PENDING,
+                    Checkpoint.completing_by.is_(None),
+                    Checkpoint.num_tasks == acked,
+                )
+                .order_by(Checkpoint.checkpoint_id)
+            ).all()
+        return [i for i in ids if self.complete_checkpoint(i) is not None]
 
     def _abort_finalize(self, checkpoint_id: int, message: str, *, dispose: bool) -> None:
         with self.metastore.transaction() as s:

@@ -20,11 +20,11 @@ from enum import StrEnum
 from typing import cast
 
 from sqlalchemy import (
-    BigInteger,
     String,
     Table,
     and_,
     bindparam,
+    column,
     func,
     insert,
     select,
@@ -149,21 +149,26 @@ def insert_pending(
 
 
 def _ensure_planner_statistics(session: Session) -> None:
-    """Analyze the task and ack tables if PostgreSQL has never done so (autovacuum off, or not
-    run yet on a new metastore).
+    """Analyze the checkpoint, task and ack tables if PostgreSQL never has (autovacuum off, or
+    not run yet on a new metastore).
 
-    Every ack insert runs a foreign-key check against ``ckpt_checkpoint_tasks``. Without
-    statistics the planner rates the (job, checkpoint, operator, subtask) key as good as the
-    primary key for that lookup and may pick it: each ack then scans every task of its
-    checkpoint, and a 1,024-task checkpoint acks ~10x slower. One ANALYZE, in the trigger
-    transaction so that it sees the plan just inserted, fixes that for good.
+    Without statistics the planner rates a key that only shares the (job, checkpoint) prefix as
+    good as the primary key: the foreign-key check of every ack insert may then scan every task
+    of its checkpoint through the (job, checkpoint, operator, subtask) key (a 1,024-task
+    checkpoint acks ~10x slower, and worse as acks accumulate), and the checkpoint row lookup
+    every job's checkpoints through (job, status). One ANALYZE, in the trigger transaction so
+    that it sees the plan just inserted, fixes that for good.
     """
+    tables = [t.name for t in (_checkpoints, _tasks, _acks)]
     never_analyzed = session.scalar(
-        text("SELECT reltuples < 0 FROM pg_class WHERE oid = to_regclass(CAST(:table AS text))"),
-        {"table": _tasks.name},
+        text(
+            "SELECT coalesce(bool_or(reltuples < 0), false) FROM pg_class "
+            "WHERE oid = ANY(CAST(ARRAY[:t0, :t1, :t2] AS regclass[]))"
+        ),
+        {"t0": tables[0], "t1": tables[1], "t2": tables[2]},
     )
     if never_analyzed:
-        session.execute(text(f"ANALYZE {_tasks.name}, {_acks.name}"))
+        session.execute(text(f"ANALYZE {', '.join(tables)}"))
 
 
 def acknowledge(
@@ -171,41 +176,29 @@ def acknowledge(
 ) -> dict[str, AckResult]:
     """Record a batch of acks in one transaction and classify each (Flink's ``acknowledgeTask``).
 
-    An attempt whose ack row this call inserted is SUCCESS, also when the batch repeats it;
-    a planned attempt whose row was already there (or is inserted by a racing caller) is
-    DUPLICATE. On PostgreSQL it takes two round trips: lock + plan lookup, then one insert of
-    the whole batch from arrays.
+    An attempt whose ack row this call inserted is SUCCESS, also when the batch repeats it (the
+    first of the repeated acks is recorded); a planned attempt whose row was already there, or
+    is inserted by a racing caller, is DUPLICATE. On PostgreSQL this is one statement.
     """
     unique: dict[str, TaskAck] = {}
     for ack in acks:
-        unique.setdefault(ack.attempt_id, ack)  # the first of repeated acks is the one recorded
+        unique.setdefault(ack.attempt_id, ack)
     attempts = list(unique)
-    postgres = session.get_bind().dialect.name == "postgresql"
+    # a fixed insertion order: two batches sharing attempts cannot deadlock on each other's
+    # not-yet-committed rows
+    ordered = [unique[a] for a in sorted(attempts)]
+    record = _record_pg if session.get_bind().dialect.name == "postgresql" else _record
+    row, planned, inserted = record(session, job_id, checkpoint_id, ordered, now)
 
-    row, planned = (_lock_and_plan_pg if postgres else _lock_and_plan)(
-        session, job_id, checkpoint_id, attempts
-    )
     if row is None:
         return dict.fromkeys(attempts, AckResult.UNKNOWN)
     status, deadline = row
-
     if status == CheckpointStatus.ABORTED or (
         status == CheckpointStatus.PENDING and deadline <= now
     ):
         return dict.fromkeys(attempts, AckResult.DISCARDED)
     if status != CheckpointStatus.PENDING:  # completed (or later): every planned task had acked
         return {a: AckResult.DUPLICATE if a in planned else AckResult.UNKNOWN for a in attempts}
-
-    # a fixed insertion order: two batches sharing attempts cannot deadlock on each other's
-    # not-yet-committed rows
-    to_insert = sorted((unique[a] for a in attempts if a in planned), key=lambda a: a.attempt_id)
-    inserted = (
-        (_insert_acks_pg if postgres else _insert_acks)(
-            session, job_id, checkpoint_id, to_insert, now
-        )
-        if to_insert
-        else set()
-    )
     results: dict[str, AckResult] = {}
     for a in attempts:
         if a not in planned:
@@ -223,18 +216,24 @@ _acks = cast(Table, CheckpointAck.__table__)
 
 _ACK_COLUMNS = ("state_handle", "state_size", "checksum", "sync_ms", "async_ms")
 
+#: (status, deadline) of the checkpoint, or None; planned attempts; attempts whose ack was inserted
+_Recorded = tuple[tuple[str, datetime] | None, set[str], set[str]]
 
-def _lock_and_plan(
-    session: Session, job_id: str, checkpoint_id: int, attempts: list[str]
-) -> tuple[tuple[str, datetime] | None, set[str]]:
-    """The checkpoint's (status, deadline), read ``FOR SHARE``, and which attempts it plans."""
+
+def _record(
+    session: Session, job_id: str, checkpoint_id: int, acks: list[TaskAck], now: datetime
+) -> _Recorded:
+    """Read the checkpoint row ``FOR SHARE`` (SQLite: the transaction already holds the write
+    lock), look up which attempts it plans, and — if it is PENDING and not overdue — insert
+    their acks with ``ON CONFLICT DO NOTHING ... RETURNING``."""
     row = session.execute(
         select(_checkpoints.c.status, _checkpoints.c.deadline_at)
         .where(_checkpoints.c.job_id == job_id, _checkpoints.c.checkpoint_id == checkpoint_id)
         .with_for_update(read=True)
     ).one_or_none()
     if row is None:
-        return None, set()
+        return None, set(), set()
+    attempts = [a.attempt_id for a in acks]
     planned: set[str] = set()
     for i in range(0, len(attempts), _CHUNK):
         planned.update(
@@ -246,45 +245,8 @@ def _lock_and_plan(
                 )
             )
         )
-    return (row[0], row[1]), planned
-
-
-#: PostgreSQL: the share lock on the checkpoint row and the plan lookup in one statement; the
-#: row comes back once per planned attempt of the batch (once with NULL when there is none).
-_PG_LOCK_AND_PLAN = (
-    text(
-        """
-        SELECT c.status, c.deadline_at, t.attempt_id
-        FROM ckpt_checkpoints AS c
-        LEFT JOIN ckpt_checkpoint_tasks AS t
-          ON t.job_id = c.job_id
-         AND t.checkpoint_id = c.checkpoint_id
-         AND t.attempt_id = ANY(CAST(:attempts AS varchar[]))
-        WHERE c.job_id = :job_id AND c.checkpoint_id = :checkpoint_id
-        FOR SHARE OF c
-        """
-    )
-    .bindparams(bindparam("job_id", type_=String), bindparam("checkpoint_id", type_=BigInteger))
-    .columns(_checkpoints.c.status, _checkpoints.c.deadline_at, _tasks.c.attempt_id)
-)
-
-
-def _lock_and_plan_pg(
-    session: Session, job_id: str, checkpoint_id: int, attempts: list[str]
-) -> tuple[tuple[str, datetime] | None, set[str]]:
-    rows = session.execute(
-        _PG_LOCK_AND_PLAN,
-        {"job_id": job_id, "checkpoint_id": checkpoint_id, "attempts": attempts},
-    ).all()
-    if not rows:
-        return None, set()
-    return (rows[0][0], rows[0][1]), {r[2] for r in rows if r[2] is not None}
-
-
-def _insert_acks(
-    session: Session, job_id: str, checkpoint_id: int, acks: list[TaskAck], now: datetime
-) -> set[str]:
-    """``INSERT ... ON CONFLICT DO NOTHING RETURNING``: the attempts whose rows were inserted."""
+    status, deadline = row
+    inserted: set[str] = set()
     rows = [
         {
             "job_id": job_id,
@@ -294,66 +256,129 @@ def _insert_acks(
             "acked_at": now,
         }
         for a in acks
+        if a.attempt_id in planned
     ]
-    stmt = (
-        sqlite.insert(_acks)
-        .on_conflict_do_nothing(index_elements=["job_id", "checkpoint_id", "attempt_id"])
-        .returning(_acks.c.attempt_id)
+    if status == CheckpointStatus.PENDING and deadline > now and rows:
+        stmt = (
+            sqlite.insert(_acks)
+            .on_conflict_do_nothing(index_elements=["job_id", "checkpoint_id", "attempt_id"])
+            .returning(_acks.c.attempt_id)
+        )
+        for i in range(0, len(rows), _CHUNK):
+            inserted.update(session.scalars(stmt, rows[i : i + _CHUNK]))
+    return (status, deadline), planned, inserted
+
+
+#: PostgreSQL: ``_record`` in one statement, the batch passed as arrays (a handful of parameters
+#: however large the batch). ``cp`` takes the share lock: the insert's one-time filter on it runs
+#: before any row is inserted, and under READ COMMITTED a concurrent abort or completion is
+#: waited for and its committed row version is the one seen. Rows are inserted in array order.
+#: The result is tagged rows, no join (whose plan would hinge on statistics): ``c`` the
+#: checkpoint's status and deadline (absent: no such checkpoint), ``p`` each planned attempt of
+#: the batch, ``i`` each attempt whose ack was inserted.
+_PG_RECORD = (
+    text(
+        """
+        WITH cp AS MATERIALIZED (
+            SELECT status, deadline_at
+            FROM ckpt_checkpoints
+            WHERE job_id = :job_id AND checkpoint_id = :checkpoint_id
+            FOR SHARE
+        ),
+        planned AS MATERIALIZED (
+            SELECT attempt_id
+            FROM ckpt_checkpoint_tasks
+            WHERE job_id = :job_id AND checkpoint_id = :checkpoint_id
+              AND attempt_id = ANY(CAST(:attempt_id AS varchar[]))
+        ),
+        ins AS (
+            INSERT INTO ckpt_checkpoint_acks
+                (job_id, checkpoint_id, attempt_id, state_handle, state_size, checksum,
+                 sync_ms, async_ms, acked_at)
+            SELECT :job_id, :checkpoint_id, a.attempt_id, a.state_handle, a.state_size,
+                   a.checksum, a.sync_ms, a.async_ms, :now
+            FROM unnest(
+                CAST(:attempt_id AS varchar[]), CAST(:state_handle AS varchar[]),
+                CAST(:state_size AS bigint[]), CAST(:checksum AS varchar[]),
+                CAST(:sync_ms AS integer[]), CAST(:async_ms AS integer[])
+            ) WITH ORDINALITY
+                AS a(attempt_id, state_handle, state_size, checksum, sync_ms, async_ms, n)
+            WHERE a.attempt_id IN (SELECT attempt_id FROM planned)
+              AND EXISTS (
+                  SELECT FROM cp WHERE cp.status = :pending AND cp.deadline_at > :now
+              )
+            ORDER BY a.n
+            ON CONFLICT (job_id, checkpoint_id, attempt_id) DO NOTHING
+            RETURNING attempt_id
+        )
+        SELECT 'c' AS tag, CAST(status AS varchar) AS value, deadline_at FROM cp
+        UNION ALL
+        SELECT 'p', CAST(attempt_id AS varchar), NULL FROM planned
+        UNION ALL
+        SELECT 'i', CAST(attempt_id AS varchar), NULL FROM ins
+        """
     )
-    inserted: set[str] = set()
-    for i in range(0, len(rows), _CHUNK):
-        inserted.update(session.scalars(stmt, rows[i : i + _CHUNK]))
-    return inserted
+    .bindparams(
+        bindparam("job_id", type_=_checkpoints.c.job_id.type),
+        bindparam("checkpoint_id", type_=_checkpoints.c.checkpoint_id.type),
+        bindparam("now", type_=_checkpoints.c.deadline_at.type),
+        bindparam("pending", type_=_checkpoints.c.status.type),
+    )
+    .columns(
+        column("tag", String),
+        column("value", String),
+        column("deadline_at", _checkpoints.c.deadline_at.type),
+    )
+)
 
 
-#: PostgreSQL: the whole batch as one statement over arrays (a handful of parameters however
-#: large the batch), rows inserted in array order.
-_PG_INSERT_ACKS = text(
-    """
-    INSERT INTO ckpt_checkpoint_acks
-        (job_id, checkpoint_id, attempt_id, state_handle, state_size, checksum,
-         sync_ms, async_ms, acked_at)
-    SELECT CAST(:job_id AS varchar), CAST(:checkpoint_id AS bigint), a.attempt_id,
-           a.state_handle, a.state_size, a.checksum, a.sync_ms, a.async_ms,
-           CAST(:acked_at AS timestamptz)
-    FROM unnest(
-        CAST(:attempt_id AS varchar[]), CAST(:state_handle AS varchar[]),
-        CAST(:state_size AS bigint[]), CAST(:checksum AS varchar[]),
-        CAST(:sync_ms AS integer[]), CAST(:async_ms AS integer[])
-    ) WITH ORDINALITY AS a(attempt_id, state_handle, state_size, checksum, sync_ms, async_ms, n)
-    ORDER BY a.n
-    ON CONFLICT (job_id, checkpoint_id, attempt_id) DO NOTHING
-    RETURNING attempt_id
-    """
-).bindparams(bindparam("acked_at", type_=_acks.c.acked_at.type))
-
-
-def _insert_acks_pg(
+def _record_pg(
     session: Session, job_id: str, checkpoint_id: int, acks: list[TaskAck], now: datetime
-) -> set[str]:
+) -> _Recorded:
     params: dict[str, object] = {
         "job_id": job_id,
         "checkpoint_id": checkpoint_id,
-        "acked_at": now,
+        "now": now,
+        "pending": CheckpointStatus.PENDING.value,
         "attempt_id": [a.attempt_id for a in acks],
         **{c: [getattr(a, c) for a in acks] for c in _ACK_COLUMNS},
     }
-    return set(session.scalars(_PG_INSERT_ACKS, params))
+    row: tuple[str, datetime] | None = None
+    planned: set[str] = set()
+    inserted: set[str] = set()
+    for tag, value, deadline in session.execute(_PG_RECORD, params):
+        if tag == "c":
+            row = (value, deadline)
+        elif tag == "p":
+            planned.add(value)
+        else:
+            inserted.add(value)
+    return row, planned, inserted
+
+
+#: built once: this runs after every successful ack call
+_REMAINING = select(
+    select(_checkpoints.c.num_tasks)
+    .where(
+        _checkpoints.c.job_id == bindparam("job_id"),
+        _checkpoints.c.checkpoint_id == bindparam("checkpoint_id"),
+    )
+    .scalar_subquery(),
+    select(func.count())
+    .select_from(_acks)
+    .where(
+        _acks.c.job_id == bindparam("job_id"),
+        _acks.c.checkpoint_id == bindparam("checkpoint_id"),
+    )
+    .scalar_subquery(),
+)
 
 
 def remaining_tasks(session: Session, job_id: str, checkpoint_id: int) -> int:
     """Tasks not yet acknowledged (read after the ack's commit, see the module docstring).
     One statement: the plan size and the ack count come from the same snapshot."""
     num_tasks, acked = session.execute(
-        select(
-            select(_checkpoints.c.num_tasks)
-            .where(_checkpoints.c.job_id == job_id, _checkpoints.c.checkpoint_id == checkpoint_id)
-            .scalar_subquery(),
-            select(func.count())
-            .select_from(_acks)
-            .where(_acks.c.job_id == job_id, _acks.c.checkpoint_id == checkpoint_id)
-            .scalar_subquery(),
-        )
+        _REMAINING, {"job_id": job_id, "checkpoint_id": checkpoint_id}
     ).one()
     return int(num_tasks or 0) - int(acked or 0)
 

@@ -369,3 +369,46 @@ def test_run_once_expires_and_an_ack_past_the_deadline_is_discarded(
         )
         assert not location_exists(storage, p.location)
     assert job_row(metastore).consecutive_failures == 3
+
+
+def _last_acker_dies_before_completing(
+    metastore: Metastore, coord: CheckpointCoordinator, clock: ManualClock
+) -> tuple[int, list[TaskAck]]:
+    """Every ack committed, as by a process that died right after its commit."""
+    from checkpointing import pending as pending_rows
+
+    pending = coord.trigger_checkpoint()
+    acks = [snapshot(coord.storage, pending, t) for t in pending.tasks]
+    with metastore.transaction() as s:
+        results = pending_rows.acknowledge(s, JOB, pending.checkpoint_id, acks, clock.now())
+    assert set(results.values()) == {AckResult.SUCCESS}
+    assert checkpoint_row(metastore, pending.checkpoint_id).status == CheckpointStatus.PENDING
+    return pending.checkpoint_id, acks
+
+
+def test_a_retried_last_ack_completes_a_checkpoint_whose_acker_died(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
+) -> None:
+    coord = new_coordinator(metastore, storage, clock)
+    checkpoint_id, acks = _last_acker_dies_before_completing(metastore, coord, clock)
+
+    outcome = coord.receive_acknowledge(checkpoint_id, acks[-1:])  # the task retries its ack
+
+    assert outcome.results == {acks[-1].attempt_id: AckResult.DUPLICATE}
+    assert outcome.completed is not None and outcome.completed.checkpoint_id == checkpoint_id
+    assert checkpoint_row(metastore, checkpoint_id).status == CheckpointStatus.COMPLETED
+
+
+def test_the_coordinator_loop_completes_fully_acknowledged_checkpoints(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
+) -> None:
+    coord = new_coordinator(metastore, storage, clock)
+    checkpoint_id, _ = _last_acker_dies_before_completing(metastore, coord, clock)
+    partial = coord.trigger_checkpoint(forced=True)  # not fully acked: must stay pending
+    coord.receive_acknowledge(partial.checkpoint_id, [snapshot(storage, partial, partial.tasks[0])])
+
+    coord.run_once()
+
+    assert checkpoint_row(metastore, checkpoint_id).status == CheckpointStatus.COMPLETED
+    assert read_metadata(storage, checkpoint_row(metastore, checkpoint_id).metadata_path or "")
+    assert checkpoint_row(metastore, partial.checkpoint_id).status == CheckpointStatus.PENDING

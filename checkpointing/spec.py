@@ -1,0 +1,219 @@
+"""The declarative pipeline spec (``PIPELINE.yaml``) run by ``ckpt run``.
+
+A source → one keyed aggregation stage → a sink, with the job's checkpoint configuration. The
+format is documented in ``docs/pipeline-spec.md``. Every problem is reported with the file and
+the field (``routes.yaml: checkpoint.retained: …``); unknown or mistyped fields are errors, with
+a suggestion when a known field is close.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from checkpointing.config import CheckpointConfig, describe_validation_error
+from checkpointing.errors import ConfigError
+from checkpointing.ids import validate_id
+from checkpointing.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_AGG = re.compile(r"^\s*(count|sum|min|max|avg)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)?\s*\)\s*$")
+
+
+class SpecError(ConfigError):
+    """A pipeline spec is invalid; the message names the file and the field."""
+
+
+class SourceFormat(StrEnum):
+    PARQUET = "parquet"
+    CSV = "csv"
+    JSON = "json"
+
+
+class Aggregation(BaseModel):
+    """``count()``, ``count(col)``, ``sum(col)``, ``min(col)``, ``max(col)``, ``avg(col)`` —
+    SQL semantics: nulls are ignored, and an aggregate over only nulls is null (count: 0)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    function: Literal["count", "sum", "min", "max", "avg"]
+    column: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> Aggregation:
+        match = _AGG.match(text) if isinstance(text, str) else None
+        if not match:
+            raise ValueError(
+                f"{text!r} is not an aggregation: use count(), count(col), sum(col), min(col), "
+                "max(col) or avg(col)"
+            )
+        function, column = match.group(1), match.group(2)
+        if function != "count" and column is None:
+            raise ValueError(f"{function}() needs a column, e.g. {function}(amount)")
+        return cls(function=function, column=column)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        return f"{self.function}({self.column or ''})"
+
+
+class SourceSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: SourceFormat
+    #: a glob of input files, relative to the spec file's directory unless absolute or a URL
+    path: str
+    splits_per_epoch: int = Field(default=1, ge=1)
+    #: CSV only: does the first line hold column names
+    header: bool = True
+
+
+class SinkSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    format: Literal["parquet"] = "parquet"
+
+
+class CheckpointSpec(BaseModel):
+    """The job's checkpoint settings: those of :class:`CheckpointConfig` plus ``every_epochs``
+    (checkpoint at every N-th epoch boundary, instead of or as well as a time ``interval``)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    every_epochs: int | None = Field(default=None, ge=1)
+
+    def config(self) -> CheckpointConfig:
+        return CheckpointConfig.model_validate(self.model_extra or {})
+
+
+class PipelineSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: str
+    source: SourceSpec
+    key: list[str]
+    aggregations: dict[str, Aggregation]
+    sink: SinkSpec
+    parallelism: int = Field(default=2, ge=1)
+    max_parallelism: int = Field(
+        default=DEFAULT_MAX_PARALLELISM, ge=1, le=UPPER_BOUND_MAX_PARALLELISM
+    )
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    storage: str | None = None
+    #: where the spec was loaded from (set by :func:`load_spec`, not part of the file)
+    spec_path: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("job")
+    @classmethod
+    def _job_id(cls, v: str) -> str:
+        return validate_id(v, "job")
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _key_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("key")
+    @classmethod
+    def _key_columns(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("needs at least one key column")
+        for name in v:
+            if not _IDENT.match(name):
+                raise ValueError(f"{name!r} is not a column name")
+        if len(set(v)) != len(v):
+            raise ValueError("key columns repeat")
+        return v
+
+    @field_validator("aggregations", mode="before")
+    @classmethod
+    def _parse_aggregations(cls, v: Any) -> Any:
+        if not isinstance(v, dict) or not v:
+            raise ValueError("needs at least one aggregation, e.g. {flights: count()}")
+        out = {}
+        for name, text in v.items():
+            if not isinstance(name, str) or not _IDENT.match(name):
+                raise ValueError(f"{name!r} is not a valid output column name")
+            out[name] = text if isinstance(text, Aggregation) else Aggregation.parse(text)
+        return out
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PipelineSpec:
+        if self.parallelism > self.max_parallelism:
+            raise ValueError(
+                f"parallelism {self.parallelism} exceeds max_parallelism {self.max_parallelism}"
+            )
+        clash = set(self.key) & set(self.aggregations)
+        if clash:
+            raise ValueError(f"aggregation names clash with key columns: {sorted(clash)}")
+        return self
+
+    def resolve(self, path: str) -> str:
+        """A path of the spec, relative to the spec file's directory."""
+        if "://" in path or Path(path).is_absolute() or self.spec_path is None:
+            return path
+        return str((self.spec_path.parent / path).resolve())
+
+
+def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineSpec:
+    """Read and validate a pipeline spec; :class:`SpecError` names the file and the field."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such pipeline spec") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: a pipeline spec is a mapping (job:, source:, key:, …)")
+    raw = {**raw, **(overrides or {})}
+    try:
+        spec = PipelineSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(_with_suggestions(describe_validation_error(exc, str(path)))) from None
+    try:
+        _check_checkpoint_fields(raw.get("checkpoint"))
+        spec.checkpoint.config()
+    except ValidationError as exc:
+        raise SpecError(describe_validation_error(exc, str(path), prefix="checkpoint.")) from None
+    except ValueError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    return spec.model_copy(update={"spec_path": path.resolve()})
+
+
+def _check_checkpoint_fields(section: Any) -> None:
+    if not isinstance(section, dict):
+        return
+    known = set(CheckpointConfig.model_fields) | {"every_epochs"}
+    for name in section:
+        if name not in known:
+            hint = difflib.get_close_matches(str(name), sorted(known), n=1)
+            more = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ValueError(f"checkpoint.{name}: unknown field{more}")
+
+
+def _with_suggestions(message: str) -> str:
+    """Add "did you mean" to unknown-field lines."""
+    lines = []
+    for line in message.splitlines():
+        if ": unknown field" in line:
+            loc = line.split(": ")[1]
+            parts = loc.split(".")
+            model: Any = PipelineSpec
+            for p in parts[:-1]:
+                field = model.model_fields.get(p)
+                model = getattr(field, "annotation", None) if field else None
+            if model is not None and hasattr(model, "model_fields"):
+                hint = difflib.get_close_matches(parts[-1], list(model.model_fields), n=1)
+                if hint:
+                    line = line.replace(
+                        ": unknown field", f": unknown field (did you mean {hint[0]!r}?)", 1
+                    )
+        lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""The pipeline spec: valid files load; every mistake names the file and the field."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from checkpointing.spec import Aggregation, SpecError, load_spec
+
+VALID = """
+job: routes
+source:
+  format: parquet
+  path: data/*.parquet
+  splits_per_epoch: 4
+key: [origin, dest]
+aggregations:
+  flights: count()
+  with_delay: count(dep_delay)
+  distance: sum(distance)
+  min_delay: min(dep_delay)
+  max_delay: max(dep_delay)
+  avg_delay: avg(arr_delay)
+sink:
+  path: out/routes
+parallelism: 4
+max_parallelism: 64
+checkpoint:
+  every_epochs: 1
+  timeout: 5m
+  retained: 3
+  retention: retain_on_cancellation
+storage: s3://bucket/checkpoints
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_valid_spec_loads(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, VALID))
+    assert spec.job == "routes"
+    assert spec.key == ["origin", "dest"]
+    assert spec.aggregations["flights"] == Aggregation(function="count", column=None)
+    assert str(spec.aggregations["avg_delay"]) == "avg(arr_delay)"
+    assert spec.checkpoint.every_epochs == 1
+    config = spec.checkpoint.config()
+    assert (config.timeout, config.retained) == (timedelta(minutes=5), 3)
+    assert spec.resolve(spec.source.path) == str(tmp_path / "data" / "*.parquet")
+    assert spec.resolve("s3://b/x") == "s3://b/x"
+
+
+def test_a_single_key_column_may_be_a_string(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, VALID.replace("key: [origin, dest]", "key: origin")))
+    assert spec.key == ["origin"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (
+            "parallelism: 4",
+            "paralelism: 4",
+            "paralelism: unknown field (did you mean 'parallelism'?)",
+        ),
+        (
+            "  splits_per_epoch: 4",
+            "  split_per_epoch: 4",
+            "source.split_per_epoch: unknown field (did you mean 'splits_per_epoch'?)",
+        ),
+        (
+            "  retained: 3",
+            "  retaind: 3",
+            "checkpoint.retaind: unknown field (did you mean 'retained'?)",
+        ),
+        (
+            "  retained: 3",
+            "  retained: 0",
+            "checkpoint.retained: Input should be greater than or equal to 1 (got 0)",
+        ),
+        ("  timeout: 5m", "  timeout: 0s", "checkpoint.timeout: must be greater than 0"),
+        ("retain_on_cancellation", "keep_forever", "checkpoint.retention: Input should be"),
+        (
+            "  format: parquet\n  path",
+            "  format: avro\n  path",
+            "source.format: Input should be 'parquet', 'csv' or 'json'",
+        ),
+        (
+            "sum(distance)",
+            "total(distance)",
+            "aggregations: 'total(distance)' is not an aggregation",
+        ),
+        ("sum(distance)", "sum()", "sum() needs a column"),
+        ("parallelism: 4", "parallelism: 100", "parallelism 100 exceeds max_parallelism 64"),
+        ("job: routes", "job: ../routes", "invalid job '../routes'"),
+        ("key: [origin, dest]", "key: []", "key: needs at least one key column"),
+        ("  flights: count()", "  origin: count()", "clash with key columns: ['origin']"),
+    ],
+)
+def test_mistakes_name_the_file_and_the_field(
+    tmp_path: Path, old: str, new: str, expected: str
+) -> None:
+    assert old in VALID
+    path = write(tmp_path, VALID.replace(old, new, 1))
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    assert str(path) in str(err.value)
+    assert expected in str(err.value)
+
+
+def test_missing_required_sections(tmp_path: Path) -> None:
+    path = write(tmp_path, "job: x\n")
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    for field in ("source: Field required", "key: Field required", "sink: Field required"):
+        assert f"{path}: {field}" in str(err.value)
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="no such pipeline spec"):
+        load_spec(tmp_path / "nope.yaml")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(write(tmp_path, "job: [unclosed"))
+    with pytest.raises(SpecError, match="a pipeline spec is a mapping"):
+        load_spec(write(tmp_path, "- a\n- b\n"))
+    # YAML tags that would construct Python objects are refused, never executed
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(write(tmp_path, "job: !!python/object/apply:os.system ['true']\n"))
