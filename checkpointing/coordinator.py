@@ -614,7 +614,8 @@ class CheckpointCoordinator:
             validate_id(a.attempt_id, "attempt id")
         now = self.clock.now()
         remaining = None
-        with self.metastore.session() as s:
+        # on PostgreSQL both steps are single statements: run them as their own transactions
+        with self.metastore.session(autocommit=True) as s:
             with s.begin():
                 results = pending.acknowledge(s, self.job_id, checkpoint_id, acks, now)
             # SUCCESS: maybe ours was the last ack. DUPLICATE: maybe the last acker died before

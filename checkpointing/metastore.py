@@ -78,12 +78,19 @@ class Metastore:
             raise
 
     @contextmanager
-    def session(self) -> Iterator[Session]:
+    def session(self, *, autocommit: bool = False) -> Iterator[Session]:
         """A session on one pooled connection, for several short transactions in a row
-        (``with session.begin(): …``): one checkout and one liveness check instead of one each."""
+        (``with session.begin(): …``): one checkout and one liveness check instead of one each.
+
+        ``autocommit`` (PostgreSQL only; ignored on SQLite, whose writers need ``BEGIN
+        IMMEDIATE``): each statement is its own transaction, saving the BEGIN and COMMIT round
+        trips — only for callers whose every transaction is a single statement."""
         try:
-            with self.engine.connect() as conn, Session(bind=conn, expire_on_commit=False) as s:
-                yield s
+            with self.engine.connect() as conn:
+                if autocommit and self.dialect == "postgresql":
+                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                with Session(bind=conn, expire_on_commit=False) as s:
+                    yield s
         except OperationalError as exc:
             if _is_connection_error(exc):
                 raise MetastoreUnavailable(
