@@ -136,6 +136,7 @@ class CheckpointCoordinator:
             PeriodicScheduler(interval, self.config.min_pause, scheduler_rng) if interval else None
         )
         self._lock = threading.RLock()
+        self._notifying: set[int] = set()
         self._shutdown = False
         self._active = False
         self._thread: threading.Thread | None = None
@@ -901,8 +902,28 @@ class CheckpointCoordinator:
 
     # ================================================================ notifications
 
-    def _notify(self, completed: CompletedCheckpoint) -> bool:
-        """Run every completion listener, each retried; success is recorded so it runs once."""
+    def _notify(self, completed: CompletedCheckpoint, *, recheck: bool = False) -> bool:
+        """Run every completion listener, each retried; success is recorded so it runs once.
+
+        One notification per checkpoint at a time in this process (the completing thread and
+        the loop's retry must not both commit); ``recheck``: skip it if it succeeded since the
+        caller looked. Listeners must still be idempotent: a restore may commit again."""
+        with self._lock:
+            if completed.checkpoint_id in self._notifying:
+                return False
+            self._notifying.add(completed.checkpoint_id)
+        try:
+            if recheck:
+                with self.metastore.transaction() as s:
+                    row = s.get(Checkpoint, (self.job_id, completed.checkpoint_id))
+                    if row is None or row.notified_at is not None:
+                        return row is not None
+            return self._run_listeners(completed)
+        finally:
+            with self._lock:
+                self._notifying.discard(completed.checkpoint_id)
+
+    def _run_listeners(self, completed: CompletedCheckpoint) -> bool:
         errors = []
         for listener in self.completion_listeners:
             try:
@@ -964,7 +985,7 @@ class CheckpointCoordinator:
                 row.state_size,
                 metadata,
             )
-            if self._notify(completed):
+            if self._notify(completed, recheck=True):
                 done.append(row.checkpoint_id)
         return done
 

@@ -345,3 +345,27 @@ def test_a_checkpoint_completes_after_a_slow_ack_within_the_timeout(
     pending = coord.trigger_checkpoint()
     clock.advance(timedelta(seconds=59, milliseconds=999))
     assert ack_all(coord, pending).completed is not None
+
+
+def test_a_notification_in_flight_is_not_run_again_by_the_loop(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
+) -> None:
+    """The completing thread runs the hooks while the coordinator loop looks for unnotified
+    checkpoints: the loop must not commit the same checkpoint a second time."""
+    calls: list[int] = []
+    retried: list[list[int]] = []
+
+    def sink_commit(c: CompletedCheckpoint) -> None:
+        calls.append(c.checkpoint_id)
+        if len(calls) == 1:  # while this hook runs, notified_at is still NULL
+            assert checkpoint_row(metastore, c.checkpoint_id).notified_at is None
+            retried.append(coord.notify_pending_completions())
+
+    coord = new_coordinator(metastore, storage, clock, listeners=[sink_commit])
+    complete(coord)
+
+    assert calls == [1]
+    assert retried == [[]]
+    assert checkpoint_row(metastore, 1).notified_at == clock.now()
+    assert coord.notify_pending_completions() == []
+    assert calls == [1]
