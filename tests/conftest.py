@@ -131,3 +131,21 @@ def s3_bucket(s3_env: str) -> str:
     name = f"ckpt-{uuid.uuid4().hex[:10]}"
     boto3.client("s3").create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """A real local Spark session (the installed pyspark, with its own jars)."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("ckpt-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()
