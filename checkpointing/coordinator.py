@@ -861,14 +861,7 @@ class CheckpointCoordinator:
     def complete_fully_acknowledged(self) -> list[int]:
         """Complete PENDING checkpoints that have every ack but were never completed (the
         process that committed the last ack died before claiming completion)."""
-        acked = (
-            select(func.count())
-            .where(
-                CheckpointAck.job_id == Checkpoint.job_id,
-                CheckpointAck.checkpoint_id == Checkpoint.checkpoint_id,
-            )
-            .scalar_subquery()
-        )
+        acked = pending.acked_count()
         with self.metastore.transaction() as s:
             ids = s.scalars(
                 select(Checkpoint.checkpoint_id)

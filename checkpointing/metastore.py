@@ -67,15 +67,8 @@ class Metastore:
     @contextmanager
     def transaction(self) -> Iterator[Session]:
         """One transaction: commit on success, roll back on error."""
-        try:
-            with self._sessions.begin() as session:
-                yield session
-        except OperationalError as exc:
-            if _is_connection_error(exc):
-                raise MetastoreUnavailable(
-                    f"cannot reach the metastore at {self.display_url}: {_first_line(exc)}"
-                ) from exc
-            raise
+        with self._unavailable_is_clear(), self._sessions.begin() as session:
+            yield session
 
     @contextmanager
     def session(self, *, autocommit: bool = False) -> Iterator[Session]:
@@ -85,12 +78,17 @@ class Metastore:
         ``autocommit`` (PostgreSQL only; ignored on SQLite, whose writers need ``BEGIN
         IMMEDIATE``): each statement is its own transaction, saving the BEGIN and COMMIT round
         trips — only for callers whose every transaction is a single statement."""
+        with self._unavailable_is_clear(), self.engine.connect() as conn:
+            if autocommit and self.dialect == "postgresql":
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            with Session(bind=conn, expire_on_commit=False) as s:
+                yield s
+
+    @contextmanager
+    def _unavailable_is_clear(self) -> Iterator[None]:
+        """A lost or refused connection becomes :class:`MetastoreUnavailable` (URL masked)."""
         try:
-            with self.engine.connect() as conn:
-                if autocommit and self.dialect == "postgresql":
-                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-                with Session(bind=conn, expire_on_commit=False) as s:
-                    yield s
+            yield
         except OperationalError as exc:
             if _is_connection_error(exc):
                 raise MetastoreUnavailable(

@@ -33,6 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.selectable import ScalarSelect
 
 from checkpointing.failure import CheckpointFailureReason
 from checkpointing.ids import validate_id
@@ -372,6 +373,18 @@ _REMAINING = select(
     )
     .scalar_subquery(),
 )
+
+
+def acked_count() -> ScalarSelect[int]:
+    """Correlated subquery: the number of acks of the enclosing query's checkpoint row."""
+    return (
+        select(func.count())
+        .where(
+            CheckpointAck.job_id == Checkpoint.job_id,
+            CheckpointAck.checkpoint_id == Checkpoint.checkpoint_id,
+        )
+        .scalar_subquery()
+    )
 
 
 def remaining_tasks(session: Session, job_id: str, checkpoint_id: int) -> int:

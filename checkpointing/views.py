@@ -21,6 +21,7 @@ from checkpointing.models import (
     Job,
     RestoreEvent,
 )
+from checkpointing.pending import acked_count
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -97,15 +98,7 @@ def list_checkpoints(
     """Newest first."""
     with metastore.transaction() as s:
         _require_job(s, job_id)
-        acked = (
-            select(func.count())
-            .where(
-                CheckpointAck.job_id == Checkpoint.job_id,
-                CheckpointAck.checkpoint_id == Checkpoint.checkpoint_id,
-            )
-            .scalar_subquery()
-        )
-        query = select(Checkpoint, acked).where(Checkpoint.job_id == job_id)
+        query = select(Checkpoint, acked_count()).where(Checkpoint.job_id == job_id)
         if status:
             query = query.where(Checkpoint.status == status.upper())
         if checkpoint_type:
