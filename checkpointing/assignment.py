@@ -34,6 +34,7 @@ from checkpointing.keygroups import (
     KeyGroupRange,
     key_group_range,
 )
+from checkpointing.metadata import CheckpointMetadata
 
 ListStateMode = Literal["split", "union"]
 LIST_STATE_MODES: tuple[str, ...] = ("split", "union")
@@ -534,3 +535,21 @@ def _fmt_range(r: KeyGroupRange) -> str:
 
 def _range_dict(r: KeyGroupRange) -> dict[str, int]:
     return {"start": r.start, "end": r.end}
+
+
+def snapshots_from_metadata(metadata: CheckpointMetadata) -> list[OperatorSnapshot]:
+    """The operators' state as recorded in a checkpoint's ``_metadata`` (no state file is
+    opened): keyed handles with their key-group ranges and sizes, and list-state items."""
+    snapshots = []
+    for op in metadata.operators:
+        keyed = [
+            KeyedStateHandle(s.handle, KeyGroupRange(*s.key_groups), s.group_bytes or {})
+            for s in op.subtasks
+            if s.handle and s.key_groups is not None
+        ]
+        has_lists = any(s.list_state is not None for s in op.subtasks)
+        lists = [list(s.list_state or []) for s in op.subtasks] if has_lists else None
+        snapshots.append(
+            OperatorSnapshot(op.operator_id, op.parallelism, op.max_parallelism, keyed, lists)
+        )
+    return snapshots

@@ -1082,6 +1082,7 @@ def _build_metadata(
                         handle=acks[t.attempt_id].state_handle,
                         size=acks[t.attempt_id].state_size,
                         checksum=acks[t.attempt_id].checksum,
+                        **(acks[t.attempt_id].state_meta or {}),
                     )
                     for t in subtasks
                 ],

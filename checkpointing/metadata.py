@@ -11,20 +11,49 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from checkpointing.errors import CorruptSnapshotError
 from checkpointing.storage import CheckpointStorage
 
 FORMAT = "ckpt-metadata"
-VERSION = 1
+VERSION = 2
+#: versions this code reads (1: before state descriptors; their fields default to None)
+READABLE_VERSIONS = (1, 2)
 _ENVELOPE = {"format", "version", "checksum", "body"}
 
 
-class SubtaskStateHandle(BaseModel):
+class StateDescriptor(BaseModel):
+    """What a state file holds, sent with the task's ack and kept in ``_metadata``, so that a
+    restore can be planned without opening the files."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: keyed state: the inclusive key-group range the file covers, and bytes per non-empty group
+    key_groups: tuple[int, int] | None = None
+    group_bytes: dict[int, int] | None = None
+    #: operator list state (e.g. source splits), redistributed round-robin on rescale
+    list_state: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StateDescriptor:
+        if self.key_groups is not None:
+            start, end = self.key_groups
+            if start < 0 or end < start - 1:
+                raise ValueError(f"key_groups {list(self.key_groups)} is not a range")
+            outside = [g for g in self.group_bytes or {} if not start <= g <= end]
+            if outside:
+                raise ValueError(f"group_bytes has key groups {outside[:5]} outside the range")
+        elif self.group_bytes:
+            raise ValueError("group_bytes needs key_groups")
+        if any(n < 0 for n in (self.group_bytes or {}).values()):
+            raise ValueError("group_bytes must not be negative")
+        return self
+
+
+class SubtaskStateHandle(StateDescriptor):
     subtask_index: int = Field(ge=0)
     attempt_id: str
     #: URL of the subtask's snapshot file; None for a stateless subtask
@@ -78,7 +107,7 @@ class CheckpointMetadata(BaseModel):
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise CorruptSnapshotError(path, f"not a {FORMAT} file")
         version = doc.get("version")
-        if type(version) is not int or version != VERSION:  # not True, not 1.0
+        if type(version) is not int or version not in READABLE_VERSIONS:  # not True, not 1.0
             raise CorruptSnapshotError(path, f"unsupported metadata version {version!r}")
         if set(doc) != _ENVELOPE:
             raise CorruptSnapshotError(path, f"unexpected fields {sorted(set(doc) - _ENVELOPE)}")

@@ -180,6 +180,9 @@ class CheckpointAck(Base):
     sync_ms: Mapped[int] = mapped_column(Integer, default=0)
     async_ms: Mapped[int] = mapped_column(Integer, default=0)
     acked_at: Mapped[datetime]
+    #: what the state file holds, for restore without reading it: keyed state's key-group range
+    #: and bytes per group, or operator list state's items (see ``metadata.SubtaskStateHandle``)
+    state_meta: Mapped[dict[str, Any] | None]
 
 
 class CheckpointRequest(Base):

@@ -13,11 +13,12 @@ Everything here runs inside the caller's transaction. The rules that make concur
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import cast
+from typing import Any, cast
 
 from sqlalchemy import (
     String,
@@ -37,6 +38,7 @@ from sqlalchemy.sql.selectable import ScalarSelect
 
 from checkpointing.failure import CheckpointFailureReason
 from checkpointing.ids import validate_id
+from checkpointing.metadata import StateDescriptor
 from checkpointing.models import Checkpoint, CheckpointAck, CheckpointRequest, CheckpointTask
 from checkpointing.properties import (
     CheckpointProperties,
@@ -83,6 +85,13 @@ class TaskAck:
     checksum: str | None = None
     sync_ms: int = 0
     async_ms: int = 0
+    #: JSON description of the state file (``{"key_groups": [start, end], "group_bytes":
+    #: {group: bytes}}`` for keyed state, ``{"list_state": [items]}`` for operator list state)
+    state_meta: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.state_meta is not None:  # refuse a bad descriptor now, not at completion
+            StateDescriptor.model_validate(self.state_meta)
 
 
 class AckResult(StrEnum):
@@ -215,7 +224,7 @@ _checkpoints = cast(Table, Checkpoint.__table__)
 _tasks = cast(Table, CheckpointTask.__table__)
 _acks = cast(Table, CheckpointAck.__table__)
 
-_ACK_COLUMNS = ("state_handle", "state_size", "checksum", "sync_ms", "async_ms")
+_ACK_COLUMNS = ("state_handle", "state_size", "checksum", "sync_ms", "async_ms", "state_meta")
 
 #: (status, deadline) of the checkpoint, or None; planned attempts; attempts whose ack was inserted
 _Recorded = tuple[tuple[str, datetime] | None, set[str], set[str]]
@@ -295,15 +304,17 @@ _PG_RECORD = (
         ins AS (
             INSERT INTO ckpt_checkpoint_acks
                 (job_id, checkpoint_id, attempt_id, state_handle, state_size, checksum,
-                 sync_ms, async_ms, acked_at)
+                 sync_ms, async_ms, state_meta, acked_at)
             SELECT :job_id, :checkpoint_id, a.attempt_id, a.state_handle, a.state_size,
-                   a.checksum, a.sync_ms, a.async_ms, :now
+                   a.checksum, a.sync_ms, a.async_ms, CAST(a.state_meta AS jsonb), :now
             FROM unnest(
                 CAST(:attempt_id AS varchar[]), CAST(:state_handle AS varchar[]),
                 CAST(:state_size AS bigint[]), CAST(:checksum AS varchar[]),
-                CAST(:sync_ms AS integer[]), CAST(:async_ms AS integer[])
+                CAST(:sync_ms AS integer[]), CAST(:async_ms AS integer[]),
+                CAST(:state_meta AS text[])
             ) WITH ORDINALITY
-                AS a(attempt_id, state_handle, state_size, checksum, sync_ms, async_ms, n)
+                AS a(attempt_id, state_handle, state_size, checksum, sync_ms, async_ms,
+                     state_meta, n)
             WHERE a.attempt_id IN (SELECT attempt_id FROM planned)
               AND EXISTS (
                   SELECT FROM cp WHERE cp.status = :pending AND cp.deadline_at > :now
@@ -343,6 +354,7 @@ def _record_pg(
         "pending": CheckpointStatus.PENDING.value,
         "attempt_id": [a.attempt_id for a in acks],
         **{c: [getattr(a, c) for a in acks] for c in _ACK_COLUMNS},
+        "state_meta": [None if a.state_meta is None else json.dumps(a.state_meta) for a in acks],
     }
     row: tuple[str, datetime] | None = None
     planned: set[str] = set()

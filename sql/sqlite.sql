@@ -1,4 +1,4 @@
--- Reference DDL of the checkpoint metastore for sqlite, revision 0001.
+-- Reference DDL of the checkpoint metastore for sqlite, revision 0002.
 -- Generated from checkpointing/models.py by `make ddl`; `ckpt db upgrade` (Alembic) is
 -- the supported way to create or migrate a metastore. A test fails when they drift.
 
@@ -123,6 +123,7 @@ CREATE TABLE ckpt_checkpoint_acks (
 	sync_ms INTEGER NOT NULL,
 	async_ms INTEGER NOT NULL,
 	acked_at DATETIME NOT NULL,
+	state_meta JSON,
 	PRIMARY KEY (job_id, checkpoint_id, attempt_id),
 	FOREIGN KEY(job_id, checkpoint_id, attempt_id) REFERENCES ckpt_checkpoint_tasks (job_id, checkpoint_id, attempt_id) ON DELETE CASCADE
 );
@@ -131,4 +132,4 @@ CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL,
 	CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
 );
-INSERT INTO alembic_version (version_num) VALUES ('0001');
+INSERT INTO alembic_version (version_num) VALUES ('0002');

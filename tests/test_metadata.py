@@ -118,7 +118,7 @@ def test_to_bytes_format(storage: FileSystemCheckpointStorage) -> None:
     doc = envelope(metadata)
     assert set(doc) == {"format", "version", "checksum", "body"}
     assert doc["format"] == "ckpt-metadata"
-    assert doc["version"] == 1
+    assert doc["version"] == 2
     assert doc["checksum"] == canonical_digest(doc["body"])
     assert doc["body"]["job_id"] == JOB
     assert doc["body"]["checkpoint_id"] == 3
@@ -235,7 +235,7 @@ CORRUPTIONS: dict[str, Callable[[bytes], bytes]] = {
     "deeply-nested": lambda d: b"[" * 100_000,
     "wrong-format": _edit_doc(_set("format", "flink-metadata")),
     "missing-format": _edit_doc(_drop("format")),
-    "version-2": _edit_doc(_set("version", 2)),
+    "version-3": _edit_doc(_set("version", 3)),
     "version-0": _edit_doc(_set("version", 0)),
     "version-string": _edit_doc(_set("version", "1")),
     "version-true": _edit_doc(_set("version", True)),

@@ -86,3 +86,28 @@ def test_unmigrated_and_older_schemas_are_refused(tmp_path: Path) -> None:
         conn.execute(text("UPDATE alembic_version SET version_num = '0000'"))
     with pytest.raises(SchemaOutdated, match=r"is at revision 0000.*run `ckpt db upgrade`"):
         Metastore(url)
+
+
+def test_upgrade_from_0001_keeps_the_data(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    store = Metastore(url, check_schema=False)
+    store.upgrade("0001")
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO ckpt_jobs (job_id, status, storage_url, timeout_ms, min_pause_ms,"
+                " max_concurrent, tolerable_failures, retained, retention,"
+                " prefer_checkpoint_for_recovery, next_checkpoint_id, periodic_scheduling,"
+                " consecutive_failures, created_at, updated_at) VALUES ('old-job', 'RUNNING',"
+                " 'file:///tmp/x', 600000, 0, 1, 0, 1, 'retain_on_failure', 0, 7, 0, 0,"
+                " '2026-01-01 00:00:00', '2026-01-01 00:00:00')"
+            )
+        )
+    with pytest.raises(SchemaOutdated, match="is at revision 0001"):
+        Metastore(url)
+    assert store.upgrade() == ("0001", Metastore.head_revision())
+    from checkpointing.views import list_jobs
+
+    [job] = list_jobs(Metastore(url))
+    assert (job["job_id"], job["status"]) == ("old-job", "RUNNING")
+    assert _diff(url) == []
