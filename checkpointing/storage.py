@@ -24,6 +24,7 @@ import shutil
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -289,10 +290,18 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         self.path_of(url).mkdir(parents=True, exist_ok=True)
 
     def delete(self, url: str) -> None:
-        self.path_of(url).unlink(missing_ok=True)
+        try:
+            self.path_of(url).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot delete {url}: {exc}") from exc
 
     def delete_tree(self, url: str) -> None:
-        shutil.rmtree(self.path_of(url), ignore_errors=True)
+        try:
+            shutil.rmtree(self.path_of(url))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # e.g. permissions: say so, never leave it silently half-deleted
+            raise StorageError(f"cannot delete {url}: {exc}") from exc
 
     def list_files(self, url: str) -> list[str]:
         root = self.path_of(url)
@@ -379,50 +388,74 @@ class S3CheckpointStorage(CheckpointStorage):
             raise _classify_s3_error(url, exc) from exc
 
     def _read(self, url: str) -> bytes:
-        from botocore.exceptions import ClientError
-
         bucket, key = self.split(url)
-        try:
-            return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise CorruptSnapshotError(url, "file is missing") from None
-            raise StorageError(f"cannot read {url}: {exc}") from exc
+        with _s3_errors("read", url, missing=CorruptSnapshotError(url, "file is missing")):
+            return bytes(self.client.get_object(Bucket=bucket, Key=key)["Body"].read())
 
     def size_of(self, url: str) -> int | None:
-        from botocore.exceptions import ClientError
-
         bucket, key = self.split(url)
-        try:
+        with _s3_errors("stat", url, missing=None):
             return int(self.client.head_object(Bucket=bucket, Key=key)["ContentLength"])
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                return None
-            raise StorageError(f"cannot stat {url}: {exc}") from exc
+        return None  # missing
 
     def make_dirs(self, url: str) -> None:
         """S3 has no directories."""
 
     def delete(self, url: str) -> None:
         bucket, key = self.split(url)
-        self.client.delete_object(Bucket=bucket, Key=key)
+        with _s3_errors("delete", url):
+            self.client.delete_object(Bucket=bucket, Key=key)
 
     def delete_tree(self, url: str) -> None:
         bucket, prefix = self.split(url.rstrip("/") + "/")
-        for keys in self._pages(bucket, prefix):
-            if keys:
-                self.client.delete_objects(
+        with _s3_errors("delete", url):
+            for keys in self._pages(bucket, prefix):
+                if not keys:
+                    continue
+                response = self.client.delete_objects(
                     Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True}
                 )
+                failed = response.get("Errors") or []
+                if failed:
+                    first = failed[0]
+                    raise StorageError(
+                        f"cannot delete {len(failed)} object(s) under {url}, e.g. "
+                        f"s3://{bucket}/{first.get('Key')}: {first.get('Code')}"
+                    )
 
     def list_files(self, url: str) -> list[str]:
         bucket, prefix = self.split(url.rstrip("/") + "/")
-        return sorted(f"s3://{bucket}/{k}" for keys in self._pages(bucket, prefix) for k in keys)
+        with _s3_errors("list", url):
+            keys = [k for page in self._pages(bucket, prefix) for k in page]
+        return sorted(f"s3://{bucket}/{k}" for k in keys)
 
     def _pages(self, bucket: str, prefix: str) -> Iterator[list[str]]:
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
             yield [obj["Key"] for obj in page.get("Contents", [])]
+
+
+_MISSING = ("NoSuchKey", "404", "NotFound")
+_RAISE = object()
+
+
+@contextmanager
+def _s3_errors(action: str, url: str, missing: object = _RAISE) -> Iterator[None]:
+    """botocore errors become :class:`StorageError` naming the URL; a missing object raises
+    ``missing`` when it is an exception, or is swallowed when it is None."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in _MISSING and missing is not _RAISE:
+            if isinstance(missing, BaseException):
+                raise missing from None
+            return
+        raise StorageError(f"cannot {action} {url}: {code or exc}") from exc
+    except BotoCoreError as exc:
+        raise StorageError(f"cannot {action} {url}: {exc}") from exc
 
 
 def _classify_s3_error(url: str, exc: Exception) -> StorageError:

@@ -780,3 +780,41 @@ def test_local_storage_pickles(storage: FileSystemCheckpointStorage) -> None:
     restored = pickle.loads(pickle.dumps(storage))
     assert restored.base_url == storage.base_url
     assert restored.read_bytes(info.url, checksum=info.checksum) == b"1"
+
+
+def test_s3_unreachable_endpoint_is_a_storage_error_naming_the_url(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Connection failures never leak as raw botocore exceptions."""
+    import boto3
+    from botocore.config import Config
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    client = boto3.client(
+        "s3",
+        endpoint_url="http://127.0.0.1:9",
+        region_name="us-east-1",
+        config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=1),
+    )
+    storage = S3CheckpointStorage("s3://nowhere/base", client=client)
+    url = "s3://nowhere/base/job/chk-1/f"
+    for call in (
+        lambda: storage.read_bytes(url),
+        lambda: storage.size_of(url),
+        lambda: storage.delete(url),
+        lambda: storage.delete_tree("s3://nowhere/base/job"),
+        lambda: storage.list_files("s3://nowhere/base/job"),
+        lambda: storage.write_bytes(url, b"x"),
+    ):
+        with pytest.raises(StorageError, match="s3://nowhere/base/job"):
+            call()
+
+
+def test_local_delete_failures_are_reported(tmp_path: Path) -> None:
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path}")
+    blocker = tmp_path / "job"
+    blocker.write_text("a file where a directory is expected")
+    with pytest.raises(StorageError, match="cannot delete"):
+        storage.delete_tree(f"file://{blocker}/chk-1")
+    storage.delete_tree(f"file://{tmp_path}/missing")  # missing is fine
