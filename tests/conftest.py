@@ -135,17 +135,11 @@ def s3_bucket(s3_env: str) -> str:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    """A real local Spark session (the installed pyspark, with its own jars)."""
-    from pyspark.sql import SparkSession
+    """A real local Spark session (the installed pyspark, with its own jars), configured as the
+    runtime configures its own."""
+    from checkpointing.spark.runtime import spark_session
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("ckpt-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
+    session = spark_session("ckpt-tests")
+    session.conf.set("spark.sql.shuffle.partitions", "4")
     yield session
     session.stop()

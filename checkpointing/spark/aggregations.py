@@ -1,0 +1,283 @@
+"""Keyed aggregations as mergeable partial aggregates, in Spark SQL column expressions only.
+
+The runtime keeps per-key state as *partial aggregates* (one row per key) and folds each epoch's
+input into it:
+
+    delta = epoch.groupBy(*key).agg(*plan.partials())
+    state = plan.merge(state, delta, key)
+    result = plan.final(state)
+
+Partial columns, per aggregation ``name``:
+
+=============  ======================================  ========================================
+aggregation    partial columns                         merge
+=============  ======================================  ========================================
+count()        ``__cnt_<name>`` (long)                 add (null counts as 0)
+count(c)       ``__cnt_<name>`` (long)                 add (null counts as 0)
+sum(c)         ``__sum_<name>`` (long/double/decimal)  add, ignoring nulls (null + null = null)
+min(c)/max(c)  ``__min_<name>``/``__max_<name>``       least/greatest, ignoring nulls
+avg(c)         ``__sum_<name>``, ``__cnt_<name>``      as sum and count
+=============  ======================================  ========================================
+
+:meth:`AggregationPlan.final` turns them into SQL results: counts are longs (0, never null),
+sum/min/max are null when a key has no non-null value, avg is ``sum / count`` as a double (null
+when the count is 0). Everything runs in the JVM: no Python UDFs, nothing per record in Python.
+
+Null key values are one key, as in ``groupBy``: the merge joins null-safely (``<=>``). With
+Spark's default ANSI mode an overflowing integer sum fails the query, in the epoch's aggregate and
+in the merge alike, instead of wrapping around. NaN is a value to Spark, not a null: it is counted,
+it is the largest double for min/max, and it makes sum and avg NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import reduce
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from checkpointing.spec import Aggregation
+
+_MAX_DECIMAL_PRECISION = 38
+
+
+def _col(name: str) -> Column:
+    """A column by its exact name (dots or spaces in it are not struct paths)."""
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def sum_type(input_type: T.DataType) -> T.DataType:
+    """The type Spark's ``sum`` gives a column of ``input_type``: integers → long, float and
+    double → double, ``decimal(p, s)`` → ``decimal(min(38, p + 10), s)``."""
+    if isinstance(input_type, T.IntegralType):
+        return T.LongType()
+    if isinstance(input_type, T.FloatType | T.DoubleType):
+        return T.DoubleType()
+    if isinstance(input_type, T.DecimalType):
+        return T.DecimalType(
+            min(_MAX_DECIMAL_PRECISION, input_type.precision + 10), input_type.scale
+        )
+    raise ValueError(f"sum of a {input_type.simpleString()} column")
+
+
+class _Partial:
+    """One partial column: its name, the aggregation it belongs to, and its kind."""
+
+    __slots__ = ("aggregation", "column", "kind", "name", "output")
+
+    def __init__(self, kind: str, output: str, aggregation: Aggregation) -> None:
+        self.kind = kind  # "cnt", "sum", "min" or "max"
+        self.output = output
+        self.aggregation = aggregation
+        self.column = aggregation.column
+        self.name = f"__{kind}_{output}"
+
+
+class AggregationPlan:
+    """The partial-aggregate form of a keyed aggregation stage (see the module docstring).
+
+    ``aggregations`` maps output column names to :class:`~checkpointing.spec.Aggregation` (or its
+    text, ``"avg(dep_delay)"``). Given ``input_schema``, the plan is checked against it here;
+    otherwise when :meth:`partials`, :meth:`state_schema` or :meth:`empty_state` get a schema.
+    """
+
+    def __init__(
+        self,
+        key: Sequence[str],
+        aggregations: Mapping[str, Aggregation | str],
+        input_schema: T.StructType | None = None,
+    ) -> None:
+        if isinstance(key, str):
+            key = [key]
+        self.key: list[str] = list(key)
+        if not self.key:
+            raise ValueError("an aggregation plan needs at least one key column")
+        if len(set(self.key)) != len(self.key):
+            raise ValueError(f"key columns repeat: {self.key}")
+        if not aggregations:
+            raise ValueError("an aggregation plan needs at least one aggregation")
+        self.aggregations: dict[str, Aggregation] = {
+            name: agg if isinstance(agg, Aggregation) else Aggregation.parse(agg)
+            for name, agg in aggregations.items()
+        }
+        clash = set(self.key) & set(self.aggregations)
+        if clash:
+            raise ValueError(f"aggregation names clash with key columns: {sorted(clash)}")
+
+        self._partials: list[_Partial] = []
+        for name, agg in self.aggregations.items():
+            kinds = {"count": ["cnt"], "sum": ["sum"], "min": ["min"], "max": ["max"]}
+            for kind in kinds.get(agg.function, ["sum", "cnt"]):  # avg: sum and count
+                self._partials.append(_Partial(kind, name, agg))
+        self.partial_columns: list[str] = [p.name for p in self._partials]
+        clash = set(self.key) & set(self.partial_columns)
+        if clash:
+            raise ValueError(f"key columns clash with partial-aggregate columns: {sorted(clash)}")
+        self.input_schema = input_schema
+        if input_schema is not None:
+            self.check(input_schema)
+
+    def __repr__(self) -> str:
+        aggs = ", ".join(f"{name}={agg}" for name, agg in self.aggregations.items())
+        return f"AggregationPlan(key={self.key}, {aggs})"
+
+    # -- validation and types --------------------------------------------------------------------
+
+    def check(self, input_schema: T.StructType) -> None:
+        """Refuse a plan the input cannot feed: a missing key or aggregated column, or sum/avg
+        of a non-numeric column. Messages name the aggregation and the column."""
+        fields = {f.name: f.dataType for f in input_schema.fields}
+        for name in self.key:
+            if name not in fields:
+                raise ValueError(f"key: column {name!r} is not in the input ({sorted(fields)})")
+        for name, agg in self.aggregations.items():
+            if agg.column is None:
+                continue
+            if agg.column not in fields:
+                raise ValueError(
+                    f"aggregation {name} = {agg}: column {agg.column!r} is not in the input "
+                    f"({sorted(fields)})"
+                )
+            data_type = fields[agg.column]
+            if agg.function in ("sum", "avg") and not isinstance(data_type, T.NumericType):
+                raise ValueError(
+                    f"aggregation {name} = {agg}: column {agg.column!r} has type "
+                    f"{data_type.simpleString()}; {agg.function} needs a numeric column"
+                )
+            if agg.function in ("min", "max") and isinstance(data_type, T.MapType | T.VariantType):
+                raise ValueError(
+                    f"aggregation {name} = {agg}: column {agg.column!r} has type "
+                    f"{data_type.simpleString()}, which has no order for {agg.function}"
+                )
+
+    def _schema(self, input_schema: T.StructType | None) -> T.StructType | None:
+        schema = input_schema if input_schema is not None else self.input_schema
+        if schema is not None and schema is not self.input_schema:
+            self.check(schema)
+        return schema
+
+    def _partial_type(self, partial: _Partial, input_schema: T.StructType) -> T.DataType:
+        if partial.kind == "cnt":
+            return T.LongType()
+        assert partial.column is not None
+        input_type = input_schema[partial.column].dataType
+        return sum_type(input_type) if partial.kind == "sum" else input_type
+
+    def partial_fields(self, input_schema: T.StructType | None = None) -> list[T.StructField]:
+        """The partial columns' fields, typed from the input as :meth:`partials` computes them:
+        counts long (not nullable), sums as :func:`sum_type`, min/max the input column's type."""
+        schema = self._schema(input_schema)
+        if schema is None:
+            raise ValueError("the partial columns' types need the input schema")
+        return [
+            T.StructField(p.name, self._partial_type(p, schema), p.kind != "cnt")
+            for p in self._partials
+        ]
+
+    def state_schema(
+        self,
+        input_schema: T.StructType | None = None,
+        extra_fields: Sequence[T.StructField] = (),
+    ) -> T.StructType:
+        """The state's schema: the key columns (as in the input), ``extra_fields`` (passthrough
+        columns such as a key group), then :meth:`partial_fields` — the column order
+        :meth:`merge` returns when ``on`` is the key plus the extra columns."""
+        schema = self._schema(input_schema)
+        if schema is None:
+            raise ValueError("the state schema needs the input schema")
+        keys = [schema[name] for name in self.key]
+        return T.StructType([*keys, *extra_fields, *self.partial_fields(schema)])
+
+    def empty_state(
+        self,
+        spark: Any,
+        input_schema: T.StructType | None = None,
+        extra_fields: Sequence[T.StructField] = (),
+    ) -> DataFrame:
+        """A state with no keys yet, of :meth:`state_schema`."""
+        return spark.createDataFrame([], self.state_schema(input_schema, extra_fields))
+
+    # -- the three steps ---------------------------------------------------------------------------
+
+    def partials(self, input_schema: T.StructType | None = None) -> list[Column]:
+        """Aggregate expressions over raw input rows, for
+        ``df.groupBy(*key).agg(*plan.partials())``. With an input schema (here or given to the
+        plan) they are checked against it and cast to exactly the :meth:`partial_fields` types."""
+        schema = self._schema(input_schema)
+        out = []
+        for p in self._partials:
+            if p.kind == "cnt":
+                expr = F.count(F.lit(1)) if p.column is None else F.count(_col(p.column))
+            else:
+                assert p.column is not None
+                fn = {"sum": F.sum, "min": F.min, "max": F.max}[p.kind]
+                expr = fn(_col(p.column))
+            if schema is not None:
+                expr = expr.cast(self._partial_type(p, schema))
+            out.append(expr.alias(p.name))
+        return out
+
+    def merge(self, state: DataFrame, delta: DataFrame, on: Sequence[str]) -> DataFrame:
+        """Fold ``delta`` (partial aggregates of new input) into ``state``: a full outer join on
+        ``on`` — null-safe, so null key values match each other as ``groupBy`` groups them —
+        combining the partials per key. Returns ``on`` + :attr:`partial_columns`, typed as in
+        ``state``. Either side may lack keys of the other, or be empty."""
+        on = [on] if isinstance(on, str) else list(on)
+        if len(set(on)) != len(on):
+            raise ValueError(f"merge: columns in `on` repeat: {on}")
+        missing_key = [k for k in self.key if k not in on]
+        if missing_key:
+            raise ValueError(f"merge: `on` {on} lacks key columns {missing_key}")
+        columns = on + self.partial_columns
+        for side, df in (("state", state), ("delta", delta)):
+            missing = [c for c in columns if c not in df.columns]
+            if missing:
+                raise ValueError(f"merge: the {side} lacks columns {missing}")
+
+        types = {f.name: f.dataType for f in state.schema.fields}
+        # distinct names on each side: no ambiguity, even when both derive from one DataFrame
+        s = state.select([_col(c).alias(f"__s{i}") for i, c in enumerate(columns)])
+        d = delta.select([_col(c).alias(f"__d{i}") for i, c in enumerate(columns)])
+        condition = reduce(
+            lambda a, b: a & b,
+            [F.col(f"__s{i}").eqNullSafe(F.col(f"__d{i}")) for i in range(len(on))],
+        )
+        joined = s.join(d, on=condition, how="full_outer")
+
+        out = []
+        for i, name in enumerate(columns):
+            sv, dv = F.col(f"__s{i}"), F.col(f"__d{i}")
+            if i < len(on):
+                # an unmatched side's key is null; a matched pair is equal (or both null)
+                expr = F.coalesce(sv, dv)
+            else:
+                kind = self._partials[i - len(on)].kind
+                if kind == "cnt":
+                    expr = F.coalesce(sv, F.lit(0)) + F.coalesce(dv, F.lit(0))
+                elif kind == "sum":
+                    expr = F.coalesce(sv + dv, sv, dv)
+                elif kind == "min":
+                    expr = F.least(sv, dv)  # least/greatest skip nulls
+                else:
+                    expr = F.greatest(sv, dv)
+            out.append(expr.cast(types[name]).alias(name))
+        return joined.select(out)
+
+    def final(self, state: DataFrame, extra: Sequence[str] = ()) -> DataFrame:
+        """The result per key: key columns, ``extra`` passthrough columns, then one column per
+        aggregation with SQL semantics (see the module docstring)."""
+        partial = {(p.output, p.kind): _col(p.name) for p in self._partials}
+        out = [_col(c) for c in [*self.key, *extra]]
+        for name, agg in self.aggregations.items():
+            if agg.function == "count":
+                expr = F.coalesce(partial[name, "cnt"], F.lit(0)).cast("long")
+            elif agg.function == "avg":
+                count = partial[name, "cnt"]
+                expr = F.when(count > 0, partial[name, "sum"].cast("double") / count.cast("double"))
+            else:
+                expr = partial[name, agg.function]
+            out.append(expr.alias(name))
+        return state.select(out)

@@ -1,0 +1,513 @@
+"""The Spark runtime: runs a :class:`~checkpointing.spec.PipelineSpec` in epochs, checkpointing at
+epoch boundaries, and resumes from the latest checkpoint with the same or another parallelism.
+
+Operators (Flink's words): ``source`` — the input splits still to read (operator list state, dealt
+round-robin over its subtasks on restore); ``aggregate`` — per-key partial aggregates (keyed state,
+``max_parallelism`` key groups, subtask ``i`` owns Flink's contiguous range); ``sink`` — the
+two-phase-commit sink's staged epochs (list state). Each epoch: read its splits, pre-aggregate
+them, merge into the state (which stays partitioned by subtask between epochs), stage the changed
+rows in the sink. At a boundary with a triggered checkpoint (the barrier: the epoch boundary is
+global, so alignment is free), every aggregate subtask writes its snapshot from the executor and
+the driver acknowledges them in one batch per operator; the completion notification commits the
+sink's staged epochs.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from sqlalchemy import select
+
+from checkpointing import restore
+from checkpointing.assignment import plan_restore, snapshots_from_metadata
+from checkpointing.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from checkpointing.failure import CheckpointException
+from checkpointing.keygroups import KeyGroupRange, key_group_range
+from checkpointing.metadata import CheckpointMetadata
+from checkpointing.metastore import Metastore
+from checkpointing.models import Checkpoint, CheckpointTask
+from checkpointing.pending import TaskAck, TaskSpec
+from checkpointing.properties import CheckpointStatus, JobStatus
+from checkpointing.snapshot import read_keyed_snapshot, write_keyed_snapshot
+from checkpointing.spark.aggregations import AggregationPlan
+from checkpointing.spark.keys import check_key_columns, key_group_column
+from checkpointing.spark.sink import TwoPhaseCommitSink
+from checkpointing.spec import PipelineSpec, SpecError
+from checkpointing.storage import CheckpointStorage
+
+log = logging.getLogger(__name__)
+
+SOURCE, AGGREGATE, SINK = "source", "aggregate", "sink"
+KEY_GROUP, SUBTASK = "__key_group", "__subtask"
+
+
+class SimulatedCrash(RuntimeError):
+    """Raised by the ``crash_after_epochs`` test hook: the job dies between two epochs."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """:param restore: ``latest`` (resume if the job has checkpoints), ``none``, a checkpoint id,
+        or a savepoint/checkpoint path.
+    :param parallelism: override the spec's parallelism (a rescaled restore).
+    :param attempt: this execution attempt's id (default: random).
+    :param crash_after_epochs: test hook — raise :class:`SimulatedCrash` after this many epochs
+        of this attempt.
+    """
+
+    restore: str = "latest"
+    parallelism: int | None = None
+    attempt: str | None = None
+    crash_after_epochs: int | None = None
+    allow_non_restored_state: bool = False
+
+
+@dataclass
+class RunResult:
+    job_id: str
+    epochs_total: int
+    epochs_run: list[int] = field(default_factory=list)
+    restored_from: int | None = None
+    checkpoints: list[int] = field(default_factory=list)
+    final_path: str | None = None
+
+
+def spark_session(app_name: str = "ckpt", master: str = "local[2]") -> SparkSession:
+    """A Spark session whose Python workers run this interpreter (they need pyarrow and this
+    package), keeping partitioning of cached state across joins on a subset of the keys."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.requireAllClusterKeysForCoPartition", "false")
+        .getOrCreate()
+    )
+
+
+class PipelineRun:
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        spark: SparkSession,
+        metastore: Metastore,
+        storage: CheckpointStorage,
+        options: RunOptions | None = None,
+        *,
+        on_epoch: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.spark = spark
+        self.metastore = metastore
+        self.storage = storage
+        self.options = options or RunOptions()
+        self.on_epoch = on_epoch
+        self.parallelism = self.options.parallelism or spec.parallelism
+        self.max_parallelism = spec.max_parallelism
+        if self.parallelism > self.max_parallelism:
+            raise SpecError(
+                f"parallelism {self.parallelism} exceeds max_parallelism {self.max_parallelism}"
+            )
+        self.attempt = self.options.attempt or f"a{uuid.uuid4().hex[:10]}"
+        self.epochs = self._epochs()
+        self.aggregation = AggregationPlan(spec.key, spec.aggregations)
+        self.sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path))
+        self.plan = [
+            TaskSpec(op, i, f"{self.attempt}-{op}-{i}", self.parallelism, self.max_parallelism)
+            for op in (SOURCE, AGGREGATE, SINK)
+            for i in range(self.parallelism)
+        ]
+        self.coordinator = CheckpointCoordinator(
+            spec.job,
+            metastore,
+            storage,
+            spec.checkpoint.config(),
+            plan_provider=lambda: self.plan,
+            completion_listeners=[self._commit_sink],
+        )
+        self.state: DataFrame | None = None
+        self.input_schema: T.StructType | None = None
+        self.next_epoch = 0
+        #: the last epoch covered by a completed checkpoint (its sink epochs are committed)
+        self.covered_epoch = -1
+        self.result = RunResult(spec.job, len(self.epochs))
+
+    # ------------------------------------------------------------------ input
+
+    def _epochs(self) -> list[list[str]]:
+        pattern = self.spec.resolve(self.spec.source.path)
+        files = sorted(glob.glob(pattern.removeprefix("file://")))
+        if not files:
+            raise SpecError(f"source.path: {pattern!r} matches no files")
+        n = self.spec.source.splits_per_epoch
+        return [files[i : i + n] for i in range(0, len(files), n)]
+
+    def _read(self, files: Sequence[str]) -> DataFrame:
+        reader = self.spark.read.format(self.spec.source.format.value)
+        if self.spec.source.format.value == "csv":
+            reader = reader.options(header=self.spec.source.header, inferSchema=True)
+            reader = reader.option("mode", "FAILFAST")
+        if self.input_schema is not None:
+            reader = reader.schema(self.input_schema)
+        df = reader.load(list(files))
+        if self.input_schema is None:
+            check_key_columns(df, self.spec.key)
+            self.aggregation.state_schema(df.schema)  # validates the aggregated columns
+            self.input_schema = df.schema
+        return df
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> RunResult:
+        self.coordinator.activate()
+        self.coordinator.job_status_changed(JobStatus.RUNNING)
+        self._restore()
+        crash_at = self.options.crash_after_epochs
+        try:
+            for epoch in range(self.next_epoch, len(self.epochs)):
+                started = time.monotonic()
+                self._process(epoch)
+                self.next_epoch = epoch + 1
+                self.result.epochs_run.append(epoch)
+                self._barrier(epoch)
+                if self.on_epoch:
+                    self.on_epoch(epoch, int((time.monotonic() - started) * 1000))
+                if crash_at is not None and len(self.result.epochs_run) >= crash_at:
+                    raise SimulatedCrash(f"crash injected after epoch {epoch}")
+            self._finish()
+        except BaseException:
+            self.coordinator.stop_background()
+            self.coordinator.failover(f"attempt {self.attempt} failed")
+            raise
+        return self.result
+
+    def _process(self, epoch: int) -> None:
+        df = self._read(self.epochs[epoch])
+        on = [SUBTASK, KEY_GROUP, *self.spec.key]
+        delta = (
+            df.groupBy(*self.spec.key)
+            .agg(*self.aggregation.partials(self.input_schema))
+            .withColumn(KEY_GROUP, key_group_column(self.spec.key, self.max_parallelism))
+            .withColumn(SUBTASK, self._subtask_column())
+            .repartition(self.parallelism, SUBTASK)
+        )
+        state = self.state if self.state is not None else self._empty_state()
+        merged = self.aggregation.merge(state, delta, on).localCheckpoint(eager=True)
+        changed = merged.join(delta.select(*on), on=on, how="left_semi")
+        self.sink.stage(epoch, self.aggregation.final(changed))
+        self.state = merged
+
+    def _subtask_column(self) -> Any:
+        return (F.col(KEY_GROUP) * F.lit(self.parallelism) / F.lit(self.max_parallelism)).cast(
+            "int"
+        )
+
+    def _empty_state(self) -> DataFrame:
+        assert self.input_schema is not None
+        return self.aggregation.empty_state(
+            self.spark,
+            self.input_schema,
+            extra_fields=[
+                T.StructField(SUBTASK, T.IntegerType()),
+                T.StructField(KEY_GROUP, T.IntegerType()),
+            ],
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _barrier(self, epoch: int, *, force: bool = False) -> None:
+        """The epoch boundary: trigger what is due, then snapshot every pending checkpoint that
+        waits for this attempt's tasks."""
+        every = self.spec.checkpoint.every_epochs
+        due = force or (every is not None and (epoch + 1) % every == 0)
+        if due:
+            try:
+                self.coordinator.trigger_checkpoint(forced=force)
+            except CheckpointException as exc:
+                log.info("job %s: no checkpoint after epoch %d: %s", self.spec.job, epoch, exc)
+        self.coordinator.run_once()  # queued requests (savepoints), expiry, notifications
+        for checkpoint_id, location in self._pending_for_this_attempt():
+            self._snapshot(checkpoint_id, location, epoch)
+
+    def _pending_for_this_attempt(self) -> list[tuple[int, str]]:
+        with self.metastore.transaction() as s:
+            rows = s.execute(
+                select(Checkpoint.checkpoint_id, Checkpoint.storage_location)
+                .join(
+                    CheckpointTask,
+                    (CheckpointTask.job_id == Checkpoint.job_id)
+                    & (CheckpointTask.checkpoint_id == Checkpoint.checkpoint_id),
+                )
+                .where(
+                    Checkpoint.job_id == self.spec.job,
+                    Checkpoint.status == CheckpointStatus.PENDING,
+                    CheckpointTask.attempt_id == self.plan[0].attempt_id,
+                )
+                .order_by(Checkpoint.checkpoint_id)
+            ).all()
+        return [(r[0], r[1]) for r in rows]
+
+    def _snapshot(self, checkpoint_id: int, location_url: str, epoch: int) -> None:
+        assert self.state is not None
+        started = time.monotonic()
+        storage, parallelism, max_parallelism = self.storage, self.parallelism, self.max_parallelism
+
+        def writer(table: pa.Table) -> pa.Table:  # annotated: Spark infers the UDF type from it
+            return _write_subtask_snapshot(
+                storage, location_url, parallelism, max_parallelism, table
+            )
+
+        written = {
+            row["subtask"]: row
+            for row in self.state.groupBy(SUBTASK).applyInArrow(writer, _WRITTEN_SCHEMA).collect()
+        }
+        acks = []
+        for task in (t for t in self.plan if t.operator_id == AGGREGATE):
+            r = key_group_range(self.max_parallelism, self.parallelism, task.subtask_index)
+            row = written.get(task.subtask_index)
+            meta: dict[str, Any] = {"key_groups": [r.start, r.end], "group_bytes": {}}
+            if row is None:  # no keys in this subtask's key groups
+                acks.append(TaskAck(task.attempt_id, state_meta=meta))
+                continue
+            meta["group_bytes"] = dict(zip(row["groups"], row["group_bytes"], strict=True))
+            acks.append(
+                TaskAck(
+                    task.attempt_id,
+                    row["url"],
+                    row["size"],
+                    row["checksum"],
+                    row["sync_ms"],
+                    row["async_ms"],
+                    state_meta=meta,
+                )
+            )
+        remaining = [
+            {"path": path, "epoch": e}
+            for e in range(epoch + 1, len(self.epochs))
+            for path in self.epochs[e]
+        ]
+        staged = [{"epoch": e} for e in self.sink.staged_epochs() if e <= epoch]
+        acks_by_op = {
+            AGGREGATE: acks,
+            SOURCE: _list_acks(self.plan, SOURCE, remaining),
+            SINK: _list_acks(self.plan, SINK, staged),
+        }
+        for op in (SOURCE, SINK, AGGREGATE):  # one batch per stage
+            outcome = self.coordinator.receive_acknowledge(checkpoint_id, acks_by_op[op])
+            if outcome.completed is not None:
+                self.result.checkpoints.append(checkpoint_id)
+        log.info(
+            "job %s: snapshot for checkpoint %d after epoch %d in %d ms",
+            self.spec.job,
+            checkpoint_id,
+            epoch,
+            (time.monotonic() - started) * 1000,
+        )
+
+    def _commit_sink(self, completed: CompletedCheckpoint) -> None:
+        """The completion notification: commit the epochs the checkpoint covers."""
+        covered = through_epoch(completed.metadata, len(self.epochs))
+        self.sink.commit(covered)
+        self.covered_epoch = max(self.covered_epoch, covered)
+
+    def _finish(self) -> None:
+        """All epochs done: a last checkpoint covers everything (its notification commits the
+        last epochs), then the final table is published atomically and the job finishes."""
+        last = len(self.epochs) - 1
+        if self.covered_epoch < last:
+            self._barrier(last, force=True)
+        self.coordinator.notify_pending_completions()
+        if self.covered_epoch < last:
+            raise RuntimeError(
+                f"job {self.spec.job}: the final checkpoint did not complete; see `ckpt list`"
+            )
+        state = self.state if self.state is not None else self._empty_state()
+        token = f"{self.spec.job}-{self.attempt}"
+        self.result.final_path = self.sink.publish_final(self.aggregation.final(state), token)
+        self.coordinator.shutdown(JobStatus.FINISHED)
+
+    # ------------------------------------------------------------------ restore
+
+    def _restore(self) -> None:
+        choice = self.options.restore
+        if choice == "none":
+            decision = restore.RestoreDecision(self.spec.job, None, None, None, None)
+            if self.sink.committed_epochs():
+                raise SpecError(
+                    f"sink.path: {self.sink.path} holds committed output of an earlier run; "
+                    "use --restore latest to resume it, or a new sink path"
+                )
+        elif choice == "latest":
+            decision = restore.find_latest_valid(self.metastore, self.storage, self.spec.job)
+        elif choice.isdigit():
+            decision = restore.load_checkpoint(
+                self.metastore, self.storage, self.spec.job, int(choice)
+            )
+        else:
+            decision = restore.load_external(self.storage, choice)
+        log.info("%s", decision.describe())
+        assignment = None
+        if decision.metadata is not None:
+            assignment = self._load_state(decision.metadata)
+            self.result.restored_from = decision.checkpoint_id
+        committed, discarded = self.sink.recover(
+            None if decision.metadata is None else self.next_epoch - 1
+        )
+        if committed or discarded:
+            log.info("sink: committed %s, discarded %s on restore", committed, discarded)
+        restore.record_restore(
+            self.metastore,
+            decision,
+            attempt=self.attempt,
+            parallelism=self.parallelism,
+            assignment=assignment,
+        )
+
+    def _load_state(self, metadata: CheckpointMetadata) -> dict[str, Any]:
+        plan = plan_restore(
+            snapshots_from_metadata(metadata),
+            [SOURCE, AGGREGATE, SINK],
+            new_parallelism=self.parallelism,
+            max_parallelism=self.max_parallelism,
+            allow_non_restored_state=self.options.allow_non_restored_state,
+        )
+        self.covered_epoch = through_epoch(metadata, len(self.epochs))
+        self.next_epoch = self.covered_epoch + 1
+        self._read(self.epochs[0])  # sets the input schema, which defines the state schema
+        checksums = {h.handle: h.checksum for h in metadata.handles()}
+        reads = [
+            (s.subtask_index, r.url, checksums.get(r.url), r.key_groups.start, r.key_groups.end)
+            for s in plan.operator(AGGREGATE).subtasks
+            for r in s.reads
+        ]
+        empty = self._empty_state()
+        if reads:
+            tasks = self.spark.createDataFrame(
+                reads, "subtask int, url string, checksum string, start int, end int"
+            ).repartition(max(1, len(reads)))
+            reader = partial(_read_subtask_snapshots, self.storage, empty.schema.names)
+            loaded = tasks.mapInArrow(reader, empty.schema)
+            self.state = loaded.repartition(self.parallelism, SUBTASK).localCheckpoint(eager=True)
+        else:
+            self.state = empty
+        return plan.to_dict()
+
+
+def through_epoch(metadata: CheckpointMetadata, num_epochs: int) -> int:
+    """The last epoch a checkpoint covers: one before the first split still to read."""
+    for op in metadata.operators:
+        if op.operator_id == SOURCE:
+            remaining = [int(item["epoch"]) for s in op.subtasks for item in (s.list_state or [])]
+            return (min(remaining) if remaining else num_epochs) - 1
+    raise ValueError("checkpoint has no source state")
+
+
+def _list_acks(
+    plan: Sequence[TaskSpec], operator: str, items: list[dict[str, Any]]
+) -> list[TaskAck]:
+    tasks = [t for t in plan if t.operator_id == operator]
+    dealt: list[list[dict[str, Any]]] = [[] for _ in tasks]
+    for i, item in enumerate(items):
+        dealt[i % len(tasks)].append(item)
+    return [
+        TaskAck(t.attempt_id, state_meta={"list_state": d})
+        for t, d in zip(tasks, dealt, strict=True)
+    ]
+
+
+_WRITTEN_SCHEMA = T.StructType(
+    [
+        T.StructField("subtask", T.IntegerType()),
+        T.StructField("url", T.StringType()),
+        T.StructField("size", T.LongType()),
+        T.StructField("checksum", T.StringType()),
+        T.StructField("sync_ms", T.IntegerType()),
+        T.StructField("async_ms", T.IntegerType()),
+        T.StructField("groups", T.ArrayType(T.IntegerType())),
+        T.StructField("group_bytes", T.ArrayType(T.LongType())),
+    ]
+)
+
+
+def _write_subtask_snapshot(
+    storage: CheckpointStorage,
+    location_url: str,
+    parallelism: int,
+    max_parallelism: int,
+    table: pa.Table,
+) -> pa.Table:
+    """Runs on an executor: one aggregate subtask's state → its snapshot file."""
+    from checkpointing.snapshot import read_snapshot_info
+
+    started = time.monotonic()
+    subtask = int(table.column(SUBTASK)[0].as_py())
+    state = table.drop_columns([SUBTASK]).rename_columns(
+        ["key_group" if c == KEY_GROUP else c for c in table.drop_columns([SUBTASK]).column_names]
+    )
+    key_groups = key_group_range(max_parallelism, parallelism, subtask)
+    data = write_keyed_snapshot(
+        state, operator_id=AGGREGATE, key_groups=key_groups, max_parallelism=max_parallelism
+    )
+    sync_ms = int((time.monotonic() - started) * 1000)
+    location = storage.location_for(location_url)
+    info = storage.write_bytes(location.file_url(f"{AGGREGATE}-{subtask}.arrow"), data)
+    groups = read_snapshot_info(data).groups
+    return pa.table(
+        {
+            "subtask": [subtask],
+            "url": [info.url],
+            "size": [info.size],
+            "checksum": [info.checksum],
+            "sync_ms": [sync_ms],
+            "async_ms": [int((time.monotonic() - started) * 1000) - sync_ms],
+            "groups": [sorted(groups)],
+            "group_bytes": [[groups[g].nbytes for g in sorted(groups)]],
+        },
+        schema=pa.schema(
+            [
+                ("subtask", pa.int32()),
+                ("url", pa.string()),
+                ("size", pa.int64()),
+                ("checksum", pa.string()),
+                ("sync_ms", pa.int32()),
+                ("async_ms", pa.int32()),
+                ("groups", pa.list_(pa.int32())),
+                ("group_bytes", pa.list_(pa.int64())),
+            ]
+        ),
+    )
+
+
+def _read_subtask_snapshots(
+    storage: CheckpointStorage, columns: list[str], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """Runs on an executor: read just the assigned key groups of each old snapshot file."""
+    for batch in batches:
+        for row in batch.to_pylist():
+            data = storage.read_bytes(row["url"], checksum=row["checksum"])
+            table = read_keyed_snapshot(
+                data, KeyGroupRange(row["start"], row["end"]), path=row["url"]
+            )
+            table = table.append_column(
+                SUBTASK, pa.array([row["subtask"]] * table.num_rows, pa.int32())
+            )
+            table = table.rename_columns(
+                [KEY_GROUP if c == "key_group" else c for c in table.column_names]
+            ).select(columns)
+            yield from table.to_batches()
