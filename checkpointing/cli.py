@@ -327,6 +327,90 @@ def restores_cmd(
     out.print(table if rows else "no restores")
 
 
+# ------------------------------------------------------------------------------------ run
+
+
+@app.command("run")
+@handles_errors
+def run_cmd(
+    pipeline: Annotated[Path, typer.Argument(help="The pipeline spec (YAML).")],
+    restore: Annotated[
+        str, typer.Option(help="latest (resume when there are checkpoints), none, an id, a path")
+    ] = "latest",
+    parallelism: Annotated[
+        int | None, typer.Option(min=1, help="Override the spec's parallelism (rescale).")
+    ] = None,
+    master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[2]",
+    attempt: Annotated[str | None, typer.Option(help="Execution attempt id.")] = None,
+) -> None:
+    """Run a pipeline: epochs with checkpoints, resuming from the latest checkpoint."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from checkpointing.ids import validate_id
+    from checkpointing.spec import load_spec
+    from checkpointing.storage import CheckpointStorage
+
+    spec = load_spec(pipeline)
+    if attempt is not None:
+        validate_id(attempt, "attempt")
+    settings = state.settings
+    storage = CheckpointStorage.from_url(
+        state.storage_url or (spec.storage and spec.resolve(spec.storage)) or settings.storage_url
+    )
+    metastore = state.metastore()
+    from checkpointing.spark.runtime import PipelineRun, RunOptions, spark_session
+
+    spark = spark_session(f"ckpt-{spec.job}", master)
+    options = RunOptions(restore=restore, parallelism=parallelism, attempt=attempt)
+    interactive = out.is_terminal
+    progress = Progress(
+        TextColumn(f"[bold]{spec.job}[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("epochs  {task.fields[rate]}  last checkpoint {task.fields[checkpoint]}"),
+        console=out,
+        disable=not interactive,
+    )
+    task = progress.add_task("epochs", total=None, rate="-", checkpoint="-")
+    holder: dict[str, Any] = {}
+
+    def on_epoch(epoch: int, millis: int) -> None:
+        run = holder["run"]
+        done = run.next_epoch
+        last = run.result.checkpoints[-1] if run.result.checkpoints else "-"
+        progress.update(
+            task, total=run.result.epochs_total, completed=done,
+            rate=f"{millis / 1000:.1f} s/epoch", checkpoint=last,
+        )  # fmt: skip
+        if not interactive:
+            out.print(
+                f"job {spec.job}: epoch {epoch + 1}/{run.result.epochs_total} done in "
+                f"{millis} ms; last completed checkpoint {last}"
+            )
+
+    try:
+        with progress:
+            holder["run"] = PipelineRun(spec, spark, metastore, storage, options, on_epoch=on_epoch)
+            result = holder["run"].run()
+    except CheckpointingError:
+        raise
+    except Exception as exc:  # Spark errors: one line here, the details are in the log
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        err.print(f"[red]error:[/red] job {spec.job} failed: {first}")
+        raise typer.Exit(EXIT_ERROR) from None
+    finally:
+        spark.stop()
+    source = (
+        f"restored from checkpoint {result.restored_from}"
+        if result.restored_from is not None
+        else "started empty"
+    )
+    out.print(
+        f"job {spec.job} finished: {len(result.epochs_run)} of {result.epochs_total} epochs run "
+        f"({source}); checkpoints {result.checkpoints}; final table {result.final_path}"
+    )
+
+
 # ------------------------------------------------------------------------------------ data
 
 
