@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -177,9 +177,9 @@ class PipelineRun:
     def run(self) -> RunResult:
         self.coordinator.activate()
         self.coordinator.job_status_changed(JobStatus.RUNNING)
-        self._restore()
         crash_at = self.options.crash_after_epochs
         try:
+            self._restore()
             for epoch in range(self.next_epoch, len(self.epochs)):
                 started = time.monotonic()
                 self._process(epoch)
@@ -361,6 +361,8 @@ class PipelineRun:
             )
         else:
             decision = restore.load_external(self.storage, choice)
+            # recorded under this job, not the savepoint's (which may be unknown to this metastore)
+            decision = replace(decision, job_id=self.spec.job)
         log.info("%s", decision.describe())
         assignment = None
         if decision.metadata is not None:

@@ -1,0 +1,405 @@
+"""The Spark runtime under failures, on real local Spark: a corrupt newest snapshot (fallback to
+the previous checkpoint), bad inputs (no files, a malformed CSV row, an unusable key column),
+refused and explicit restore choices, and a savepoint requested by another coordinator while the
+job runs, then restored by path into a fresh job. Every recovered run's output must equal that of
+a run that never failed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from sqlalchemy import select
+
+from checkpointing import datasets, restore, views
+from checkpointing.coordinator import CheckpointCoordinator
+from checkpointing.metastore import Metastore
+from checkpointing.models import Checkpoint, CheckpointRequest
+from checkpointing.properties import CheckpointType
+from checkpointing.spec import PipelineSpec, SpecError, load_spec
+from checkpointing.storage import FileSystemCheckpointStorage
+
+AGGS = {
+    "n": ("count", None),
+    "n_amount": ("count", "amount"),
+    "total": ("sum", "amount"),
+    "avg_amount": ("avg", "amount"),
+    "max_q": ("max", "quantity"),
+    "min_q": ("min", "quantity"),
+}
+EPOCHS = 6
+
+sqlite_only = pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)
+
+
+# ---------------------------------------------------------------- helpers (as test_spark_runtime)
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("events")
+    datasets.generate_events(data, events=6_000, keys=300, files=EPOCHS, seed=3)
+    return data
+
+
+def make_spec(
+    tmp_path: Path,
+    name: str,
+    source: str,
+    *,
+    sink: Path | None = None,
+    **overrides: Any,
+) -> PipelineSpec:
+    """A spec for job ``name`` over ``source`` (the YAML of the source mapping)."""
+    spec = tmp_path / f"{name}.yaml"
+    aggs = "\n".join(f"  {k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
+    spec.write_text(
+        f"""
+job: {name}
+source: {source}
+key: user
+aggregations:
+{aggs}
+sink: {{path: {sink or tmp_path / (name + "-out")}}}
+parallelism: 3
+max_parallelism: 16
+checkpoint: {{every_epochs: 1, retained: 2}}
+"""
+    )
+    return load_spec(spec, overrides)
+
+
+def events_spec(tmp_path: Path, events: Path, name: str, **overrides: Any) -> PipelineSpec:
+    source = f'{{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}'
+    return make_spec(tmp_path, name, source, **overrides)
+
+
+def run(
+    spark: Any,
+    spec: PipelineSpec,
+    metastore: Metastore,
+    storage: Any,
+    *,
+    on_epoch: Any = None,
+    **options: Any,
+) -> Any:
+    from checkpointing.spark.runtime import PipelineRun, RunOptions
+
+    return PipelineRun(
+        spec, spark, metastore, storage, RunOptions(**options), on_epoch=on_epoch
+    ).run()
+
+
+def sink_of(spec: PipelineSpec) -> Any:
+    from checkpointing.spark.sink import TwoPhaseCommitSink
+
+    return TwoPhaseCommitSink(spec.resolve(spec.sink.path))
+
+
+def tables(spark: Any, spec: PipelineSpec) -> tuple[pd.DataFrame, pd.DataFrame]:
+    sink = sink_of(spec)
+    final = sink.read_final(spark).toPandas().sort_values("user").reset_index(drop=True)
+    changelog = sink.read_changelog(spark).toPandas()
+    changelog = changelog.sort_values(["epoch", "user"]).reset_index(drop=True)
+    return final, changelog
+
+
+def assert_matches_pandas(final: pd.DataFrame, frames: list[pd.DataFrame]) -> None:
+    expected = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
+    pd.testing.assert_frame_equal(
+        final[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
+    )
+
+
+def completed_ids(metastore: Metastore, job: str, kind: str | None = None) -> list[int]:
+    """Completed checkpoint (or ``kind``) ids, oldest first."""
+    rows = views.list_checkpoints(metastore, job, status="COMPLETED", checkpoint_type=kind)
+    return sorted(r["checkpoint_id"] for r in rows)
+
+
+@pytest.fixture(scope="module")
+def reference(spark: Any, events: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One crash-free run for the module (own SQLite metastore), checked against pandas."""
+    tmp_path = tmp_path_factory.mktemp("reference")
+    url = f"sqlite:///{tmp_path / 'metastore.db'}"
+    Metastore(url, check_schema=False).upgrade()
+    spec = events_spec(tmp_path, events, "reference")
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    result = run(spark, spec, Metastore(url), storage)
+    assert result.epochs_run == list(range(EPOCHS))
+    assert result.restored_from is None
+    final, changelog = tables(spark, spec)
+    assert_matches_pandas(final, [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))])
+    assert sorted(changelog.epoch.unique()) == list(range(EPOCHS))
+    return final, changelog
+
+
+def assert_equals_reference(spark: Any, spec: PipelineSpec, reference: Any) -> None:
+    final, changelog = tables(spark, spec)
+    pd.testing.assert_frame_equal(final, reference[0])
+    pd.testing.assert_frame_equal(changelog, reference[1])
+
+
+# ---------------------------------------------------------------- 1. corrupt newest snapshot
+
+
+def test_corrupt_newest_snapshot_falls_back_to_the_previous_checkpoint(
+    spark: Any, events: Path, tmp_path: Path, metastore_url: str, reference: Any
+) -> None:
+    from checkpointing.spark.runtime import SimulatedCrash
+
+    spec = events_spec(tmp_path, events, "corrupt")
+    metastore = Metastore(metastore_url)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    with pytest.raises(SimulatedCrash):
+        run(spark, spec, metastore, storage, crash_after_epochs=3)
+    retained = completed_ids(metastore, "corrupt")
+    assert len(retained) == 2  # retained: 2 of the three completed checkpoints
+    previous, newest = retained
+    assert sink_of(spec).committed_epochs() == [0, 1, 2]
+
+    newest_dir = storage.path_of(storage.checkpoint_url("corrupt", newest))
+    victim = next(p for p in sorted(newest_dir.glob("aggregate-*.arrow")) if p.stat().st_size > 100)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size: only the checksum can tell
+    victim.write_bytes(bytes(data))
+
+    resumed = run(spark, spec, metastore, storage, restore="latest")
+    assert resumed.restored_from == previous
+    assert resumed.epochs_run == [2, 3, 4, 5]  # the previous checkpoint covers epochs 0 and 1
+    assert_equals_reference(spark, spec, reference)
+
+    event = views.list_restores(metastore, "corrupt")[0]  # newest first
+    assert event["checkpoint_id"] == previous
+    assert event["attempt"] != views.list_restores(metastore, "corrupt")[1]["attempt"]
+    assert [s["checkpoint_id"] for s in event["fallbacks"]] == [newest]
+    assert victim.name in event["fallbacks"][0]["reason"]
+    assert "checksum" in event["fallbacks"][0]["reason"].lower()
+
+
+# ---------------------------------------------------------------- 2. bad inputs
+
+
+def test_source_glob_matching_no_files_is_a_spec_error(
+    spark: Any, tmp_path: Path, metastore_url: str
+) -> None:
+    (tmp_path / "empty").mkdir()
+    source = f'{{format: parquet, path: "{tmp_path}/empty/*.parquet"}}'
+    spec = make_spec(tmp_path, "noinput", source)
+    metastore = Metastore(metastore_url)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    with pytest.raises(SpecError, match=r"source\.path: .*empty/\*\.parquet.* matches no files"):
+        run(spark, spec, metastore, storage)
+    assert not sink_of(spec).path.exists()
+    assert views.list_jobs(metastore) == []  # refused before the job was registered
+    assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "column", "problem"),
+    [
+        ("account", "account", "is not in the input"),
+        ("amount", "amount", "has type double"),
+        ("[user, amount]", "amount", "has type double"),
+    ],
+)
+def test_unusable_key_column_fails_before_anything_is_written(
+    spark: Any,
+    events: Path,
+    tmp_path: Path,
+    metastore_url: str,
+    key: str,
+    column: str,
+    problem: str,
+) -> None:
+    import yaml
+
+    spec = events_spec(tmp_path, events, "badkey", key=yaml.safe_load(key))
+    metastore = Metastore(metastore_url)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    with pytest.raises(ValueError, match=rf"key: column '{column}' {problem}"):
+        run(spark, spec, metastore, storage)
+    sink = sink_of(spec)
+    assert sink.staged_epochs() == [] and sink.committed_epochs() == []
+    assert not sink.final_link.exists()
+    assert views.list_checkpoints(metastore, "badkey") == []
+    ckpt_dir = tmp_path / "ckpt"
+    assert not ckpt_dir.exists() or not [p for p in ckpt_dir.rglob("*") if p.is_file()]
+
+
+def _csv_frames(seed: int = 7) -> list[pd.DataFrame]:
+    rng = np.random.default_rng(seed)
+    frames = []
+    for _ in range(4):
+        n = 120
+        frames.append(
+            pd.DataFrame(
+                {
+                    "user": [f"u{k}" for k in rng.integers(0, 25, size=n)],
+                    "amount": np.round(rng.gamma(2.0, 20.0, size=n), 2) + 0.25,
+                    "quantity": rng.integers(1, 10, size=n),
+                }
+            )
+        )
+    return frames
+
+
+@sqlite_only
+@pytest.mark.parametrize(
+    "bad_row", ["u3,12.50,lots", "u3,12.50,4,surplus"], ids=["non-numeric", "too-many-fields"]
+)
+def test_malformed_csv_row_fails_the_run_and_loses_nothing(
+    spark: Any, tmp_path: Path, metastore_url: str, bad_row: str
+) -> None:
+    from checkpointing.spark.runtime import through_epoch
+
+    data = tmp_path / "csv"
+    data.mkdir()
+    frames = _csv_frames()
+    paths = [data / f"part-{i}.csv" for i in range(len(frames))]
+    for frame, path in zip(frames, paths, strict=True):
+        frame.to_csv(path, index=False)
+    good = paths[2].read_text()
+    lines = good.splitlines(keepends=True)
+    paths[2].write_text("".join([*lines[:50], bad_row + "\n", *lines[50:]]))
+
+    source = f'{{format: csv, path: "{data}/*.csv", splits_per_epoch: 1, header: true}}'
+    spec = make_spec(tmp_path, "csvjob", source)
+    metastore = Metastore(metastore_url)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    # Spark's own error (a Py4JJavaError from the eager localCheckpoint) surfaces unwrapped
+    with pytest.raises(Exception, match="Malformed records are detected") as failure:
+        run(spark, spec, metastore, storage)
+    message = str(failure.value)
+    assert "part-2.csv" in message and "FAILFAST" in message
+    assert bad_row.rsplit(",", 1)[1] in message  # the offending value or record
+
+    sink = sink_of(spec)
+    last = completed_ids(metastore, "csvjob")[-1]
+    decision = restore.load_checkpoint(metastore, storage, "csvjob", last)
+    assert decision.metadata is not None
+    covered = through_epoch(decision.metadata, len(paths))
+    assert covered == 1  # epochs 0 and 1 were checkpointed; epoch 2 failed
+    assert sink.committed_epochs() == [0, 1]
+    assert sink.staged_epochs() == []
+    assert not sink.final_link.exists() and not list(sink.path.glob("final-*"))
+    assert not [r for r in views.list_checkpoints(metastore, "csvjob") if r["status"] == "PENDING"]
+
+    paths[2].write_text(good)  # fix the file, then resume
+    resumed = run(spark, spec, metastore, storage)
+    assert resumed.restored_from == last
+    assert resumed.epochs_run == [2, 3]
+    final, changelog = tables(spark, spec)
+    assert_matches_pandas(final, frames)
+    assert sorted(changelog.epoch.unique()) == [0, 1, 2, 3]
+    # every epoch's changelog rows are exactly the keys that epoch touched
+    for epoch, frame in enumerate(frames):
+        touched = sorted(changelog[changelog.epoch == epoch].user)
+        assert touched == sorted(frame.user.unique())
+
+
+# ---------------------------------------------------------------- 3. restore choices
+
+
+@sqlite_only
+def test_restore_none_is_refused_on_committed_output_and_an_older_checkpoint_id_resumes(
+    spark: Any, events: Path, tmp_path: Path, metastore_url: str, reference: Any
+) -> None:
+    from checkpointing.spark.runtime import SimulatedCrash
+
+    spec = events_spec(tmp_path, events, "choices")
+    metastore = Metastore(metastore_url)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    with pytest.raises(SimulatedCrash):
+        run(spark, spec, metastore, storage, crash_after_epochs=2)
+    older, newest = completed_ids(metastore, "choices")
+    sink = sink_of(spec)
+    assert sink.committed_epochs() == [0, 1]
+
+    with pytest.raises(SpecError, match=r"sink\.path: .*choices-out holds committed output"):
+        run(spark, spec, metastore, storage, restore="none")
+    assert sink.committed_epochs() == [0, 1]  # untouched
+    assert completed_ids(metastore, "choices") == [older, newest]
+
+    resumed = run(spark, spec, metastore, storage, restore=str(older))
+    assert resumed.restored_from == older
+    assert resumed.epochs_run == [1, 2, 3, 4, 5]  # epoch 1 (after the older checkpoint) redone
+    assert_equals_reference(spark, spec, reference)
+    event = views.list_restores(metastore, "choices")[0]
+    assert event["checkpoint_id"] == older and event["fallbacks"] == []
+
+
+# ---------------------------------------------------------------- 4. savepoint from outside
+
+
+@pytest.mark.parametrize("metastore_url", ["sqlite", "postgresql"], indirect=True)
+def test_savepoint_requested_by_another_coordinator_restores_into_a_fresh_job(
+    spark: Any, events: Path, tmp_path: Path, metastore_url: str, reference: Any
+) -> None:
+    spec = events_spec(tmp_path, events, "origin")
+    metastore = Metastore(metastore_url)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    requests: list[int] = []
+
+    def after_epoch(epoch: int, _elapsed_ms: int) -> None:
+        if epoch == 1:  # another process asks, through the metastore only
+            other = CheckpointCoordinator("origin", Metastore(metastore_url))
+            requests.append(other.request(CheckpointType.SAVEPOINT, requested_by="test"))
+
+    result = run(spark, spec, metastore, storage, on_epoch=after_epoch)
+    assert result.epochs_run == list(range(EPOCHS))
+    assert_equals_reference(spark, spec, reference)
+
+    savepoints = completed_ids(metastore, "origin", "SAVEPOINT")
+    assert len(savepoints) == 1
+    savepoint = savepoints[0]
+    assert savepoint in result.checkpoints
+    with metastore.transaction() as s:
+        row = s.get(Checkpoint, ("origin", savepoint))
+        assert row is not None
+        metadata_path = row.metadata_path
+        request = s.scalars(
+            select(CheckpointRequest).where(CheckpointRequest.request_id == requests[0])
+        ).one()
+        assert request.checkpoint_id == savepoint
+        assert request.requested_by == "test"
+    directory = storage.savepoint_url("origin", savepoint)
+    assert metadata_path == f"{directory}/_metadata"
+    decision = restore.load_external(storage, directory)
+    assert decision.metadata is not None
+    # triggered at the next epoch boundary after the request: it covers epochs 0..2
+    from checkpointing.spark.runtime import through_epoch
+
+    assert through_epoch(decision.metadata, EPOCHS) == 2
+
+    fresh = events_spec(tmp_path, events, "fromsavepoint")
+    restored = run(spark, fresh, metastore, storage, restore=directory)
+    assert restored.restored_from == savepoint
+    assert restored.epochs_run == [3, 4, 5]
+    final, changelog = tables(spark, fresh)
+    pd.testing.assert_frame_equal(final, reference[0])
+    later = reference[1][reference[1].epoch >= 3].reset_index(drop=True)
+    pd.testing.assert_frame_equal(changelog, later)
+
+    events_of_fresh = views.list_restores(metastore, "fromsavepoint")
+    assert len(events_of_fresh) == 1, "the restore is recorded under the job that restored"
+    assert events_of_fresh[0]["attempt"] != views.list_restores(metastore, "origin")[0]["attempt"]
+    assert events_of_fresh[0]["checkpoint_id"] == savepoint
+    assert events_of_fresh[0]["external_path"] == metadata_path
+    assert events_of_fresh[0]["checkpoint_type"] == "SAVEPOINT"
+    assert len(views.list_restores(metastore, "origin")) == 1  # only its own (empty) start
+
+    # a metastore that has never heard of the savepoint's job (another deployment)
+    other_url = f"sqlite:///{tmp_path / 'other-metastore.db'}"
+    Metastore(other_url, check_schema=False).upgrade()
+    other = Metastore(other_url)
+    elsewhere = events_spec(tmp_path, events, "elsewhere")
+    moved = run(spark, elsewhere, other, storage, restore=directory)
+    assert moved.restored_from == savepoint
+    assert moved.epochs_run == [3, 4, 5]
+    final, _changelog = tables(spark, elsewhere)
+    pd.testing.assert_frame_equal(final, reference[0])
+    assert [e["checkpoint_id"] for e in views.list_restores(other, "elsewhere")] == [savepoint]
