@@ -266,7 +266,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
                     os.link(tmp, path)  # fails if path exists: never clobber
                 except FileExistsError:
                     raise StorageError(f"{url} already exists; refusing to overwrite") from None
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         except OSError as exc:
             raise StorageError(f"cannot write {url}: {exc}") from exc
         finally:
@@ -317,7 +317,8 @@ def _is_temp(name: str) -> bool:
     return name.startswith(".") and name.endswith(".inprogress")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -56,6 +56,7 @@ from pyspark.sql import functions as F
 
 from checkpointing.errors import ConfigError, InvalidIdError, StorageError
 from checkpointing.ids import validate_id
+from checkpointing.storage import fsync_dir
 
 STAGING_DIR = "_staging"
 CHANGELOG_DIR = "changelog"
@@ -127,7 +128,7 @@ class TwoPhaseCommitSink:
                 replaced = _hidden(target, ".discarded")
                 os.rename(target, replaced)
             os.rename(tmp, target)
-            _fsync_dir(self.staging_dir)
+            fsync_dir(self.staging_dir)
         except OSError as exc:
             if replaced is not None and not target.exists():
                 _rename_quietly(replaced, target)  # put the older staged copy back
@@ -157,8 +158,8 @@ class TwoPhaseCommitSink:
             try:
                 self.changelog_dir.mkdir(parents=True, exist_ok=True)
                 os.rename(staged, dest)
-                _fsync_dir(self.changelog_dir)
-                _fsync_dir(self.staging_dir)
+                fsync_dir(self.changelog_dir)
+                fsync_dir(self.staging_dir)
             except OSError as exc:
                 raise StorageError(f"cannot commit epoch {epoch} to {dest}: {exc}") from exc
             committed.append(epoch)
@@ -208,7 +209,7 @@ class TwoPhaseCommitSink:
             if target.exists() or target.is_symlink():
                 self._discard(target)  # an earlier attempt that never became current
             os.rename(tmp, target)
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
             link = _hidden(self.final_link, ".inprogress")
             os.symlink(name, link)  # relative: the directory can be moved as a whole
             try:
@@ -216,7 +217,7 @@ class TwoPhaseCommitSink:
             except OSError:
                 _remove_quietly(link)
                 raise
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
         except OSError as exc:
             _remove_quietly(tmp)
             raise StorageError(f"cannot publish final table {target}: {exc}") from exc
@@ -372,15 +373,7 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(Path(dirpath))
 
 
 def _remove(path: Path) -> None:
