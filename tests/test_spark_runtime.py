@@ -12,75 +12,34 @@ import pytest
 
 from checkpointing import datasets
 from checkpointing.metastore import Metastore
-from checkpointing.spec import PipelineSpec, load_spec
 from checkpointing.storage import FileSystemCheckpointStorage
-
-AGGS = {
-    "n": ("count", None),
-    "n_amount": ("count", "amount"),
-    "total": ("sum", "amount"),
-    "avg_amount": ("avg", "amount"),
-    "max_q": ("max", "quantity"),
-    "min_q": ("min", "quantity"),
-}
+from tests.spark_pipeline import (
+    EPOCHS,
+    assert_equals_reference,
+    assert_matches_pandas,
+    events_spec,
+    run,
+    tables,
+)
 
 
 @pytest.fixture(scope="module")
 def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tmp_path_factory.mktemp("events")
-    datasets.generate_events(data, events=6_000, keys=300, files=6, seed=3)
+    datasets.generate_events(data, events=6_000, keys=300, files=EPOCHS, seed=3)
     return data
-
-
-def make_spec(tmp_path: Path, events: Path, name: str, **overrides: Any) -> PipelineSpec:
-    spec = tmp_path / f"{name}.yaml"
-    aggs = "\n".join(f"  {k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
-    spec.write_text(
-        f"""
-job: {name}
-source: {{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}
-key: user
-aggregations:
-{aggs}
-sink: {{path: {tmp_path / (name + "-out")}}}
-parallelism: 3
-max_parallelism: 16
-checkpoint: {{every_epochs: 1, retained: 2}}
-"""
-    )
-    return load_spec(spec, overrides)
-
-
-def run(spark: Any, spec: PipelineSpec, metastore: Metastore, storage: Any, **options: Any) -> Any:
-    from checkpointing.spark.runtime import PipelineRun, RunOptions
-
-    return PipelineRun(spec, spark, metastore, storage, RunOptions(**options)).run()
-
-
-def tables(spark: Any, spec: PipelineSpec) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from checkpointing.spark.sink import TwoPhaseCommitSink
-
-    sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path))
-    final = sink.read_final(spark).toPandas().sort_values("user").reset_index(drop=True)
-    changelog = sink.read_changelog(spark).toPandas()
-    changelog = changelog.sort_values(["epoch", "user"]).reset_index(drop=True)
-    return final, changelog
 
 
 @pytest.fixture
 def reference(spark: Any, events: Path, tmp_path: Path, metastore_url: str) -> Any:
     """A crash-free run, checked against an independent pandas computation."""
-    spec = make_spec(tmp_path, events, "reference")
+    spec = events_spec(tmp_path, events, "reference")
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt-ref'}")
     result = run(spark, spec, Metastore(metastore_url), storage)
     assert result.epochs_run == list(range(6))
     final, changelog = tables(spark, spec)
-    frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
-    expected = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
-    pd.testing.assert_frame_equal(
-        final[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
-    )
-    assert sorted(changelog.epoch.unique()) == list(range(6))
+    assert_matches_pandas(final, [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))])
+    assert sorted(changelog.epoch.unique()) == list(range(EPOCHS))
     return final, changelog
 
 
@@ -89,7 +48,7 @@ def test_crash_and_resume_equals_a_crash_free_run(
 ) -> None:
     from checkpointing.spark.runtime import SimulatedCrash
 
-    spec = make_spec(tmp_path, events, "crashy")
+    spec = events_spec(tmp_path, events, "crashy")
     metastore = Metastore(metastore_url)
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
     with pytest.raises(SimulatedCrash):
@@ -97,9 +56,7 @@ def test_crash_and_resume_equals_a_crash_free_run(
     resumed = run(spark, spec, metastore, storage)
     assert resumed.restored_from is not None
     assert resumed.epochs_run == [2, 3, 4, 5]  # only the epochs after the last checkpoint
-    final, changelog = tables(spark, spec)
-    pd.testing.assert_frame_equal(final, reference[0])
-    pd.testing.assert_frame_equal(changelog, reference[1])
+    assert_equals_reference(spark, spec, reference)
 
 
 def test_rescaled_restores_4_2_7_equal_a_crash_free_run(
@@ -107,7 +64,7 @@ def test_rescaled_restores_4_2_7_equal_a_crash_free_run(
 ) -> None:
     from checkpointing.spark.runtime import SimulatedCrash
 
-    spec = make_spec(tmp_path, events, "rescaled")
+    spec = events_spec(tmp_path, events, "rescaled")
     metastore = Metastore(metastore_url)
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
     with pytest.raises(SimulatedCrash):
@@ -116,9 +73,7 @@ def test_rescaled_restores_4_2_7_equal_a_crash_free_run(
         run(spark, spec, metastore, storage, parallelism=2, crash_after_epochs=2)
     last = run(spark, spec, metastore, storage, parallelism=7)
     assert last.epochs_run == [4, 5]
-    final, changelog = tables(spark, spec)
-    pd.testing.assert_frame_equal(final, reference[0])
-    pd.testing.assert_frame_equal(changelog, reference[1])
+    assert_equals_reference(spark, spec, reference)
 
 
 def test_changed_max_parallelism_is_refused(
@@ -127,11 +82,11 @@ def test_changed_max_parallelism_is_refused(
     from checkpointing.assignment import StateAssignmentError
     from checkpointing.spark.runtime import SimulatedCrash
 
-    spec = make_spec(tmp_path, events, "maxp")
+    spec = events_spec(tmp_path, events, "maxp")
     metastore = Metastore(metastore_url)
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
     with pytest.raises(SimulatedCrash):
         run(spark, spec, metastore, storage, crash_after_epochs=1)
-    changed = make_spec(tmp_path, events, "maxp", max_parallelism=32)
+    changed = events_spec(tmp_path, events, "maxp", max_parallelism=32)
     with pytest.raises(StateAssignmentError, match="max_parallelism changed from 16 to 32"):
         run(spark, changed, metastore, storage)

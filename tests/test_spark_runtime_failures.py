@@ -19,23 +19,21 @@ from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointRequest
 from checkpointing.properties import CheckpointType
-from checkpointing.spec import PipelineSpec, SpecError, load_spec
+from checkpointing.spec import SpecError
 from checkpointing.storage import FileSystemCheckpointStorage
-
-AGGS = {
-    "n": ("count", None),
-    "n_amount": ("count", "amount"),
-    "total": ("sum", "amount"),
-    "avg_amount": ("avg", "amount"),
-    "max_q": ("max", "quantity"),
-    "min_q": ("min", "quantity"),
-}
-EPOCHS = 6
+from tests.spark_pipeline import (
+    EPOCHS,
+    assert_equals_reference,
+    assert_matches_pandas,
+    completed_ids,
+    events_spec,
+    make_spec,
+    run,
+    sink_of,
+    tables,
+)
 
 sqlite_only = pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)
-
-
-# ---------------------------------------------------------------- helpers (as test_spark_runtime)
 
 
 @pytest.fixture(scope="module")
@@ -43,81 +41,6 @@ def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tmp_path_factory.mktemp("events")
     datasets.generate_events(data, events=6_000, keys=300, files=EPOCHS, seed=3)
     return data
-
-
-def make_spec(
-    tmp_path: Path,
-    name: str,
-    source: str,
-    *,
-    sink: Path | None = None,
-    **overrides: Any,
-) -> PipelineSpec:
-    """A spec for job ``name`` over ``source`` (the YAML of the source mapping)."""
-    spec = tmp_path / f"{name}.yaml"
-    aggs = "\n".join(f"  {k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
-    spec.write_text(
-        f"""
-job: {name}
-source: {source}
-key: user
-aggregations:
-{aggs}
-sink: {{path: {sink or tmp_path / (name + "-out")}}}
-parallelism: 3
-max_parallelism: 16
-checkpoint: {{every_epochs: 1, retained: 2}}
-"""
-    )
-    return load_spec(spec, overrides)
-
-
-def events_spec(tmp_path: Path, events: Path, name: str, **overrides: Any) -> PipelineSpec:
-    source = f'{{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}'
-    return make_spec(tmp_path, name, source, **overrides)
-
-
-def run(
-    spark: Any,
-    spec: PipelineSpec,
-    metastore: Metastore,
-    storage: Any,
-    *,
-    on_epoch: Any = None,
-    **options: Any,
-) -> Any:
-    from checkpointing.spark.runtime import PipelineRun, RunOptions
-
-    return PipelineRun(
-        spec, spark, metastore, storage, RunOptions(**options), on_epoch=on_epoch
-    ).run()
-
-
-def sink_of(spec: PipelineSpec) -> Any:
-    from checkpointing.spark.sink import TwoPhaseCommitSink
-
-    return TwoPhaseCommitSink(spec.resolve(spec.sink.path))
-
-
-def tables(spark: Any, spec: PipelineSpec) -> tuple[pd.DataFrame, pd.DataFrame]:
-    sink = sink_of(spec)
-    final = sink.read_final(spark).toPandas().sort_values("user").reset_index(drop=True)
-    changelog = sink.read_changelog(spark).toPandas()
-    changelog = changelog.sort_values(["epoch", "user"]).reset_index(drop=True)
-    return final, changelog
-
-
-def assert_matches_pandas(final: pd.DataFrame, frames: list[pd.DataFrame]) -> None:
-    expected = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
-    pd.testing.assert_frame_equal(
-        final[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
-    )
-
-
-def completed_ids(metastore: Metastore, job: str, kind: str | None = None) -> list[int]:
-    """Completed checkpoint (or ``kind``) ids, oldest first."""
-    rows = views.list_checkpoints(metastore, job, status="COMPLETED", checkpoint_type=kind)
-    return sorted(r["checkpoint_id"] for r in rows)
 
 
 @pytest.fixture(scope="module")
@@ -135,12 +58,6 @@ def reference(spark: Any, events: Path, tmp_path_factory: pytest.TempPathFactory
     assert_matches_pandas(final, [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))])
     assert sorted(changelog.epoch.unique()) == list(range(EPOCHS))
     return final, changelog
-
-
-def assert_equals_reference(spark: Any, spec: PipelineSpec, reference: Any) -> None:
-    final, changelog = tables(spark, spec)
-    pd.testing.assert_frame_equal(final, reference[0])
-    pd.testing.assert_frame_equal(changelog, reference[1])
 
 
 # ---------------------------------------------------------------- 1. corrupt newest snapshot
