@@ -102,3 +102,27 @@ def assert_equals_reference(spark: Any, spec: PipelineSpec, reference: Any) -> N
     final, changelog = tables(spark, spec)
     pd.testing.assert_frame_equal(final, reference[0])
     pd.testing.assert_frame_equal(changelog, reference[1])
+
+
+def write_events(path: Path) -> Path:
+    """The runtime tests' input: 6,000 seeded events over 300 keys in one file per epoch."""
+    datasets.generate_events(path, events=6_000, keys=300, files=EPOCHS, seed=3)
+    return path
+
+
+def reference_run(
+    spark: Any, events: Path, workdir: Path, metastore_url: str
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A crash-free run (job ``reference``), checked against an independent pandas computation;
+    returns its final table and changelog for other runs to equal."""
+    from checkpointing.storage import FileSystemCheckpointStorage
+
+    spec = events_spec(workdir, events, "reference")
+    storage = FileSystemCheckpointStorage(f"file://{workdir / 'ckpt-ref'}")
+    result = run(spark, spec, Metastore(metastore_url), storage)
+    assert result.epochs_run == list(range(EPOCHS))
+    assert result.restored_from is None
+    final, changelog = tables(spark, spec)
+    assert_matches_pandas(final, [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))])
+    assert sorted(changelog.epoch.unique()) == list(range(EPOCHS))
+    return final, changelog

@@ -7,40 +7,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 
-from checkpointing import datasets
 from checkpointing.metastore import Metastore
 from checkpointing.storage import FileSystemCheckpointStorage
 from tests.spark_pipeline import (
-    EPOCHS,
     assert_equals_reference,
-    assert_matches_pandas,
     events_spec,
+    reference_run,
     run,
-    tables,
+    write_events,
 )
 
 
 @pytest.fixture(scope="module")
 def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    data = tmp_path_factory.mktemp("events")
-    datasets.generate_events(data, events=6_000, keys=300, files=EPOCHS, seed=3)
-    return data
+    return write_events(tmp_path_factory.mktemp("events"))
 
 
 @pytest.fixture
 def reference(spark: Any, events: Path, tmp_path: Path, metastore_url: str) -> Any:
-    """A crash-free run, checked against an independent pandas computation."""
-    spec = events_spec(tmp_path, events, "reference")
-    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt-ref'}")
-    result = run(spark, spec, Metastore(metastore_url), storage)
-    assert result.epochs_run == list(range(6))
-    final, changelog = tables(spark, spec)
-    assert_matches_pandas(final, [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))])
-    assert sorted(changelog.epoch.unique()) == list(range(EPOCHS))
-    return final, changelog
+    return reference_run(spark, events, tmp_path, metastore_url)
 
 
 def test_crash_and_resume_equals_a_crash_free_run(

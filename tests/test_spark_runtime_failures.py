@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from sqlalchemy import select
 
-from checkpointing import datasets, restore, views
+from checkpointing import restore, views
 from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointRequest
@@ -28,9 +28,11 @@ from tests.spark_pipeline import (
     completed_ids,
     events_spec,
     make_spec,
+    reference_run,
     run,
     sink_of,
     tables,
+    write_events,
 )
 
 sqlite_only = pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)
@@ -38,26 +40,16 @@ sqlite_only = pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True
 
 @pytest.fixture(scope="module")
 def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    data = tmp_path_factory.mktemp("events")
-    datasets.generate_events(data, events=6_000, keys=300, files=EPOCHS, seed=3)
-    return data
+    return write_events(tmp_path_factory.mktemp("events"))
 
 
 @pytest.fixture(scope="module")
 def reference(spark: Any, events: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """One crash-free run for the module (own SQLite metastore), checked against pandas."""
-    tmp_path = tmp_path_factory.mktemp("reference")
-    url = f"sqlite:///{tmp_path / 'metastore.db'}"
+    """One crash-free run for the module, in its own SQLite metastore."""
+    workdir = tmp_path_factory.mktemp("reference")
+    url = f"sqlite:///{workdir / 'metastore.db'}"
     Metastore(url, check_schema=False).upgrade()
-    spec = events_spec(tmp_path, events, "reference")
-    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
-    result = run(spark, spec, Metastore(url), storage)
-    assert result.epochs_run == list(range(EPOCHS))
-    assert result.restored_from is None
-    final, changelog = tables(spark, spec)
-    assert_matches_pandas(final, [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))])
-    assert sorted(changelog.epoch.unique()) == list(range(EPOCHS))
-    return final, changelog
+    return reference_run(spark, events, workdir, url)
 
 
 # ---------------------------------------------------------------- 1. corrupt newest snapshot
