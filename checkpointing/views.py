@@ -191,3 +191,32 @@ def list_restores(metastore: Metastore, job_id: str) -> list[dict[str, Any]]:
                 .order_by(RestoreEvent.restore_id.desc())
             )
         ]
+
+
+def list_requests(
+    metastore: Metastore, job_id: str, *, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """Checkpoint and savepoint requests, newest first (periodic triggers are not requests)."""
+    with metastore.transaction() as s:
+        _require_job(s, job_id)
+        query = (
+            select(CheckpointRequest)
+            .where(CheckpointRequest.job_id == job_id, CheckpointRequest.periodic.is_(False))
+            .order_by(CheckpointRequest.request_id.desc())
+        )
+        if limit:
+            query = query.limit(limit)
+        return [
+            {
+                "request_id": r.request_id,
+                "type": r.checkpoint_type,
+                "status": r.status,
+                "forced": r.forced,
+                "checkpoint_id": r.checkpoint_id,
+                "requested_by": r.requested_by,
+                "requested_at": _iso(r.requested_at),
+                "finished_at": _iso(r.finished_at),
+                "message": r.message,
+            }
+            for r in s.scalars(query)
+        ]
