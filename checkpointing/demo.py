@@ -1,4 +1,5 @@
-"""``ckpt demo``: a real end-to-end checkpoint cycle of the core on embedded defaults.
+"""``ckpt demo --core``: a real end-to-end checkpoint cycle of the core on embedded defaults,
+without Spark (``ckpt demo`` runs the Spark example pipeline, :mod:`checkpointing.flights_demo`).
 
 A simulated job (a source of 2 subtasks and an aggregation of 4) runs epochs; at each epoch
 boundary it looks in the metastore for triggered checkpoints (the barrier), writes every task's
@@ -42,7 +43,7 @@ def _plan(attempt: int) -> list[TaskSpec]:
 
 
 class SimulatedJob:
-    """Stands in for the Spark job of the next issue: epochs, barriers, snapshots, acks."""
+    """Stands in for a Spark job: epochs, barriers, snapshots, acks — fast and Spark-free."""
 
     def __init__(self, coordinator: CheckpointCoordinator, plan: list[TaskSpec]) -> None:
         self.coordinator = coordinator

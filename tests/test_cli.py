@@ -181,7 +181,7 @@ def test_default_home_is_project_local(tmp_path: Path) -> None:
 
 
 def test_demo_runs_a_full_cycle_on_embedded_defaults(tmp_path: Path) -> None:
-    result = run_ckpt("demo", env={"CKPT_HOME": str(tmp_path / "home")})
+    result = run_ckpt("demo", "--core", env={"CKPT_HOME": str(tmp_path / "home")})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok: restored from CHECKPOINT" in result.stdout
     assert "SUBSUMED" in result.stdout and "SAVEPOINT" not in result.stderr

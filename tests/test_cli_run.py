@@ -1,107 +1,247 @@
-"""``ckpt run`` as users run it: a real process, killed with SIGKILL after k completed checkpoints,
-rerun until done. The final table and every committed epoch of the changelog must equal an
-independent (pandas) computation: no duplicate epoch, no missing epoch, no partial file."""
+"""``ckpt run`` as users run it: a real process, killed with SIGKILL at seeded random points —
+mid-epoch, mid-snapshot, right after a restore, and again in the retry — then rerun until done.
+The final table and every committed changelog epoch must equal those of a crash-free run (which
+itself equals an independent pandas computation): no duplicate epoch, no missing epoch, no
+partial file. Each rerun must resume from the latest checkpoint completed before the kill."""
 
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from checkpointing import datasets
+from checkpointing import datasets, views
 from checkpointing.metastore import Metastore
 
 CKPT = str(Path(sys.executable).with_name("ckpt"))
 AGGS = {"n": ("count", None), "total": ("sum", "amount"), "avg_amount": ("avg", "amount")}
-FILES = 5
+FILES = 6
+JOB = "killed"
+SPEC = f"""
+job: {JOB}
+source: {{format: parquet, path: "DATA/*.parquet", splits_per_epoch: 1}}
+key: user
+aggregations: {{n: count(), total: sum(amount), avg_amount: avg(amount)}}
+sink: {{path: out}}
+parallelism: 2
+max_parallelism: 8
+checkpoint: {{every_epochs: 1, retained: 2, retention: retain_on_cancellation}}
+"""
+EPOCH_LINE = re.compile(rf"job {JOB}: epoch (\d+)/\d+ done in (\d+) ms")
+DEADLINE_S = 600  # JVM start and epochs are slow when other Spark jobs share the cores
+
+
+@dataclass(frozen=True)
+class KillPoint:
+    """``epoch``: ``k`` epochs into the process, plus ``fraction`` of its fastest epoch so far
+    (lands inside the next epoch or its snapshot); ``snapshot``: as soon as the process's
+    ``k``-th checkpoint is triggered (mid-snapshot, or just after when it was quick); ``restore``:
+    as soon as the process recorded its restore (before or early in its first epoch)."""
+
+    kind: str
+    k: int
+    fraction: float
+
+    def __str__(self) -> str:
+        extra = f" + {self.fraction:.2f} epoch" if self.kind == "epoch" else ""
+        return f"{self.kind} {self.k}{extra}"
+
+
+def kill_plan(seed: int) -> list[KillPoint]:
+    """One kill in the first run, and with even odds one more in its retry. At least two epochs
+    stay after each kill point, so the job cannot finish before it is killed."""
+    rng = random.Random(seed)
+    plan = [KillPoint(rng.choice(("epoch", "snapshot")), rng.randint(1, FILES - 3), rng.random())]
+    if rng.random() < 0.5:
+        plan.append(KillPoint(rng.choice(("epoch", "restore")), 1, rng.random()))
+    return plan
 
 
 def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
     env["CKPT_HOME"] = str(home)
+    env["PYTHONUNBUFFERED"] = "1"  # epoch lines arrive as they are printed
+    # C1 only: in JVMs this short-lived, C2 compiles cost more CPU than the pipeline itself
+    env["PYSPARK_SUBMIT_ARGS"] = "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
     return env
 
 
-def _completed(home: Path, job: str) -> int:
+def _write_spec(workdir: Path, data: Path) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = workdir / "pipeline.yaml"
+    spec.write_text(SPEC.replace("DATA", str(data)))
+    return spec
+
+
+def _upgrade(env: dict[str, str]) -> None:
+    assert subprocess.run([CKPT, "db", "upgrade"], env=env, check=False).returncode == 0
+
+
+def _run_to_end(spec: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CKPT, "run", str(spec)], env=env, capture_output=True, text=True, check=False
+    )
+
+
+def _read_sink(out: Path) -> tuple[pd.DataFrame, dict[int, pd.DataFrame]]:
+    final = pd.read_parquet(out / "final").sort_values("user").reset_index(drop=True)
+    changelog = {
+        int(p.name.split("=")[1]): pd.read_parquet(p).sort_values("user").reset_index(drop=True)
+        for p in (out / "changelog").glob("epoch=*")
+    }
+    return final, changelog
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("events")
+    datasets.generate_events(data, events=5_000, keys=200, files=FILES, seed=7)
+    return data
+
+
+@pytest.fixture(scope="module")
+def reference(
+    events: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[pd.DataFrame, dict[int, pd.DataFrame]]:
+    """A crash-free ``ckpt run``, checked against pandas; the killed runs must equal it."""
+    workdir = tmp_path_factory.mktemp("reference")
+    env = _env(workdir / "home")
+    _upgrade(env)
+    result = _run_to_end(_write_spec(workdir, events), env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    final, changelog = _read_sink(workdir / "out")
+    frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
+    want = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
+    pd.testing.assert_frame_equal(final[want.columns.tolist()], want, check_dtype=False)
+    assert sorted(changelog) == list(range(FILES))
+    for epoch, got in changelog.items():
+        upto = pd.concat(frames[: epoch + 1])
+        touched = upto[upto.user.isin(set(frames[epoch].user))]
+        want = datasets.expected_aggregates(touched, ["user"], AGGS)
+        pd.testing.assert_frame_equal(got[want.columns.tolist()], want, check_dtype=False)
+    return final, changelog
+
+
+class _Job:
+    """A ``ckpt run`` process and what it has done so far, as a killer would watch it."""
+
+    def __init__(self, spec: Path, env: dict[str, str], store: Metastore) -> None:
+        self.store = store
+        self.checkpoints_before = self._checkpoint_ids()
+        self.restores_before = self._restores()
+        self.epoch_ms: list[int] = []
+        self.proc = subprocess.Popen(
+            [CKPT, "run", str(spec)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.reader = threading.Thread(target=self._read_stdout, daemon=True)
+        self.reader.start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            match = EPOCH_LINE.search(line)
+            if match:
+                self.epoch_ms.append(int(match.group(2)))
+
+    def _query(self, fn: Callable[[], list]) -> list:  # type: ignore[type-arg]
+        try:
+            return fn()
+        except Exception:  # the job not yet registered, or the database busy: ask again later
+            return []
+
+    def _checkpoint_ids(self) -> set[int]:
+        rows = self._query(lambda: views.list_checkpoints(self.store, JOB))
+        return {r["checkpoint_id"] for r in rows}
+
+    def _restores(self) -> int:
+        return len(self._query(lambda: views.list_restores(self.store, JOB)))
+
+    def latest_completed(self) -> int | None:
+        rows = self._query(lambda: views.list_checkpoints(self.store, JOB, status="COMPLETED"))
+        return max((r["checkpoint_id"] for r in rows), default=None)
+
+    def reached(self, point: KillPoint) -> bool:
+        if point.kind == "epoch":
+            return len(self.epoch_ms) >= point.k
+        if point.kind == "snapshot":
+            return len(self._checkpoint_ids() - self.checkpoints_before) >= point.k
+        return self._restores() > self.restores_before
+
+    def kill_at(self, point: KillPoint) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while not self.reached(point):
+            assert self.proc.poll() is None, f"the job ended (rc {self.proc.returncode}) first"
+            assert time.monotonic() < deadline, f"kill point {point} not reached in time"
+            time.sleep(0.02)
+        if point.kind == "epoch":
+            time.sleep(point.fraction * min(self.epoch_ms) / 1000)
+        assert self.proc.poll() is None, f"the job finished before {point}"
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=60)
+        self.reader.join(timeout=10)
+
+
+# the plans: [snapshot 2]; [epoch 3 + 0.54, restore 1]; [epoch 1 + 0.08]. About 2 min on an
+# idle 2-core machine (8 JVM starts), much more when other Spark jobs share it.
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("seed", [0, 3, 2])
+def test_kill_9_at_random_points_and_rerun_until_done(
+    tmp_path: Path,
+    seed: int,
+    events: Path,
+    reference: tuple[pd.DataFrame, dict[int, pd.DataFrame]],
+) -> None:
+    plan = kill_plan(seed)
+    spec = _write_spec(tmp_path, events)
+    home = tmp_path / "home"
+    env = _env(home)
+    _upgrade(env)
     store = Metastore(f"sqlite:///{home / 'metastore.db'}")
     try:
-        from checkpointing.views import list_checkpoints
+        latest_at_kill: list[int | None] = []
+        for point in plan:
+            job = _Job(spec, env, store)
+            job.kill_at(point)
+            latest_at_kill.append(job.latest_completed())
 
-        return len(list_checkpoints(store, job, status="COMPLETED")) + len(
-            list_checkpoints(store, job, status="SUBSUMED")
+        for _ in range(3):  # rerun until done, as an automatic retry would
+            result = _run_to_end(spec, env)
+            if result.returncode == 0:
+                break
+        assert result.returncode == 0, f"plan {plan}: {result.stderr[-2000:]}"
+
+        # each retry restored the newest checkpoint completed before its predecessor was killed
+        restores = sorted(views.list_restores(store, JOB), key=lambda r: r["restore_id"])
+        restored = [r["checkpoint_id"] for r in restores]
+        assert restored[0] is None, restores[0]  # the first run started empty
+        assert restored[1 : len(plan) + 1] == latest_at_kill, (plan, restores)
+        assert latest_at_kill[-1] is None or f"restored from checkpoint {latest_at_kill[-1]}" in (
+            result.stdout
         )
-    except Exception:
-        return 0
     finally:
         store.dispose()
 
-
-@pytest.mark.parametrize("kill_after", [1, 3])
-def test_kill_9_and_rerun_until_done(tmp_path: Path, kill_after: int) -> None:
-    data = tmp_path / "data"
-    files = datasets.generate_events(data, events=5_000, keys=200, files=FILES, seed=kill_after)
-    spec = tmp_path / "pipeline.yaml"
-    spec.write_text(
-        """
-job: killed
-source: {format: parquet, path: "data/*.parquet", splits_per_epoch: 1}
-key: user
-aggregations: {n: count(), total: sum(amount), avg_amount: avg(amount)}
-sink: {path: out}
-parallelism: 2
-max_parallelism: 8
-checkpoint: {every_epochs: 1, retained: 2, retention: retain_on_cancellation}
-"""
-    )
-    home = tmp_path / "home"
-    env = _env(home)
-    assert subprocess.run([CKPT, "db", "upgrade"], env=env, check=False).returncode == 0
-
-    proc = subprocess.Popen(
-        [CKPT, "run", str(spec)], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 300
-    while _completed(home, "killed") < kill_after and proc.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint completed in time"
-        time.sleep(0.2)
-    assert proc.poll() is None, "the job finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-
-    for _ in range(3):  # rerun until done, as an automatic retry would
-        result = subprocess.run(
-            [CKPT, "run", str(spec)], env=env, capture_output=True, text=True, check=False
-        )
-        if result.returncode == 0:
-            break
-    assert result.returncode == 0, result.stderr[-2000:]
-    restored = re.search(r"restored from checkpoint (\d+)", result.stdout)
-    assert restored is not None, result.stdout
-    assert int(restored.group(1)) >= kill_after  # resumed, not restarted
-
+    final, changelog = _read_sink(tmp_path / "out")
+    ref_final, ref_changelog = reference
+    pd.testing.assert_frame_equal(final, ref_final)
+    assert sorted(changelog) == list(range(FILES)), plan
+    for epoch, rows in changelog.items():
+        pd.testing.assert_frame_equal(rows, ref_changelog[epoch], obj=f"changelog epoch {epoch}")
     out = tmp_path / "out"
-    final = pd.read_parquet(out / "final").sort_values("user").reset_index(drop=True)
-    frames = [pd.read_parquet(p) for p in files]
-    expected = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
-    pd.testing.assert_frame_equal(
-        final[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
-    )
-    committed = sorted(int(p.name.split("=")[1]) for p in (out / "changelog").glob("epoch=*"))
-    assert committed == list(range(FILES))
-    for epoch in range(FILES):
-        got = pd.read_parquet(out / "changelog" / f"epoch={epoch}")
-        got = got.sort_values("user").reset_index(drop=True)
-        upto = pd.concat(frames[: epoch + 1])
-        touched = set(frames[epoch].user)
-        want = datasets.expected_aggregates(upto[upto.user.isin(touched)], ["user"], AGGS)
-        pd.testing.assert_frame_equal(
-            got[want.columns.tolist()], want, check_dtype=False, check_exact=False
-        )
-    assert not list(out.rglob("*.inprogress"))
+    assert not list(out.rglob("*.inprogress")) and not list(out.rglob("*.discarded"))
+    assert not list((out / "_staging").glob("epoch-*"))

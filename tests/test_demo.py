@@ -1,0 +1,165 @@
+"""``ckpt demo``: the nycflights13 example pipeline end to end on real Spark (one run: crash,
+resume, verification), and the demo's verification itself on small hand-made sinks, so a wrong
+result is known to fail the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from checkpointing import datasets
+from checkpointing.flights_demo import SPEC_PATH, demo_spec, ensure_flights, verify
+from checkpointing.spec import PipelineSpec, load_spec
+
+CKPT = str(Path(sys.executable).with_name("ckpt"))
+
+
+def _ckpt(home: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
+    env["CKPT_HOME"] = str(home)
+    return subprocess.run(
+        [CKPT, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_example_spec_is_valid_and_reads_the_embedded_home() -> None:
+    spec = load_spec(SPEC_PATH)
+    root = SPEC_PATH.parent.parent.parent
+    assert spec.job == "nycflights13_routes" and spec.key == ["origin", "dest"]
+    assert spec.resolve(spec.source.path) == str(root / ".ckpt/data/nycflights13/flights-*.parquet")
+    assert spec.resolve(spec.sink.path).startswith(str(root / ".ckpt"))
+
+
+@pytest.mark.timeout(1200)  # ~1 min on an idle 2-core machine; far more under load
+def test_demo_crashes_resumes_and_verifies_on_spark(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    result = _ckpt(home, "demo", timeout=1100)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "died after epoch" in out
+    assert "ok: the final table (224 routes) and all 14 changelog epochs are equal" in out
+    restored = re.search(r"restored from checkpoint (\d+) \(the latest completed was (\d+)\)", out)
+    assert restored and restored.group(1) == restored.group(2), out
+    redid = re.search(r"redoing (\d+) epoch", out)
+    assert redid and int(redid.group(1)) >= 1, out  # the crash lost work since the checkpoint
+
+    restores = json.loads(_ckpt(home, "restores", "demo-nycflights13", "--json").stdout)
+    assert [r["checkpoint_id"] for r in reversed(restores)] == [None, int(restored.group(1))]
+    listing = json.loads(_ckpt(home, "list", "demo-nycflights13", "--json").stdout)
+    assert {"SUBSUMED", "DISCARDED"} <= {r["status"] for r in listing}
+    assert len(list((home / "data" / "nycflights13").glob("flights-*.parquet"))) == 365
+
+
+# ------------------------------------------------------------------ verification without Spark
+
+
+def _flights() -> pd.DataFrame:
+    """Four days, two routes; a cancelled flight (null delays) and a route flown on day 3 only."""
+    rows = [
+        (1, "JFK", "LAX", 2475, 5.0, 10.0),
+        (1, "JFK", "LAX", 2475, None, None),
+        (2, "LGA", "ATL", 762, -3.0, -7.0),
+        (3, "JFK", "LAX", 2475, 12.0, 1.0),
+        (3, "EWR", "SFO", 2565, 0.0, 4.0),
+        (4, "LGA", "ATL", 762, 7.0, 2.0),
+    ]
+    frame = pd.DataFrame(rows, columns=["day", "origin", "dest", "distance", "dep", "arr"])
+    frame = frame.rename(columns={"dep": "dep_delay", "arr": "arr_delay"})
+    return frame.assign(year=2013, month=1, carrier="AA", flight=1, tailnum="N1", air_time=60.0)
+
+
+def _sink(tmp_path: Path, flights: pd.DataFrame) -> tuple[Path, list[Path], PipelineSpec]:
+    """The example spec over ``flights`` (2 days per epoch) and a correct sink written by
+    pandas, as the pipeline would write it."""
+    files, _ = ensure_flights(tmp_path / "data", flights)
+    spec = demo_spec(SPEC_PATH, "t", tmp_path / "data", tmp_path / "out")
+    spec = spec.model_copy(
+        update={"source": spec.source.model_copy(update={"splits_per_epoch": 2})}
+    )
+    aggs = {n: (a.function, a.column) for n, a in spec.aggregations.items()}
+    key = list(spec.key)
+    out = tmp_path / "out"
+    (out / "final").mkdir(parents=True)
+    datasets.expected_aggregates(flights, key, aggs).to_parquet(out / "final" / "part-0.parquet")
+    for epoch, days in enumerate([(1, 2), (3, 4)]):
+        upto = flights[flights.day <= days[1]]
+        touched = flights[flights.day.isin(days)][key].drop_duplicates()
+        rows = datasets.expected_aggregates(upto.merge(touched, on=key), key, aggs)
+        (out / "changelog" / f"epoch={epoch}").mkdir(parents=True)
+        rows.to_parquet(out / "changelog" / f"epoch={epoch}" / "part-0.parquet")
+    return out, files, spec
+
+
+def test_verify_accepts_a_correct_sink_and_names_each_mismatch(tmp_path: Path) -> None:
+    flights = _flights()
+    out, files, spec = _sink(tmp_path, flights)
+    assert files[0].name == "flights-2013-01-01.parquet" and len(files) == 4
+    check = verify(spec, flights, files, out)
+    assert check.ok, check.problems
+    assert (check.routes, check.epochs) == (3, 2)
+
+    final = pd.read_parquet(out / "final" / "part-0.parquet")
+    final.loc[final.origin == "JFK", "departed"] += 1  # a cancelled flight counted as departed
+    final.to_parquet(out / "final" / "part-0.parquet")
+    (out / "changelog" / "epoch=1" / "part-0.parquet").unlink()
+    (out / "changelog" / "epoch=1").rmdir()  # an epoch never committed
+    check = verify(spec, flights, files, out)
+    assert len(check.problems) == 2, check.problems
+    assert (
+        "final table: departed differs for 1 keys, e.g. ('JFK', 'LAX'): got 3"
+        in (check.problems[0])
+    )
+    assert "changelog epochs [0], expected 0..1" in check.problems[1]
+
+
+def test_verify_tolerates_float_noise_in_averages_only(tmp_path: Path) -> None:
+    flights = _flights()
+    out, files, spec = _sink(tmp_path, flights)
+    path = out / "final" / "part-0.parquet"
+    final = pd.read_parquet(path)
+    final["avg_dep_delay"] *= 1 + 1e-12
+    final.to_parquet(path)
+    assert verify(spec, flights, files, out).ok
+    final["max_arr_delay"] += 1e-9
+    final.to_parquet(path)
+    assert not verify(spec, flights, files, out).ok
+
+
+def test_flight_files_are_generated_once_and_whole(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    stale = tmp_path / ".data.0123.inprogress"
+    stale.mkdir()  # an interrupted earlier generation
+    files, generated = ensure_flights(data, _flights())
+    assert generated and len(files) == 4 and not stale.exists()
+    mtimes = [f.stat().st_mtime_ns for f in files]
+    again, generated = ensure_flights(data, _flights())
+    assert not generated and again == files
+    assert [f.stat().st_mtime_ns for f in again] == mtimes
+    files[2].unlink()  # e.g. an interrupted `ckpt generate-data` into the same directory
+    again, generated = ensure_flights(data, _flights())
+    assert generated and [f.name for f in again] == [f.name for f in files]
+    assert not list(tmp_path.glob(".data.*"))
+
+
+@pytest.mark.parametrize("crash_after", ["0", "x"])
+def test_demo_refuses_a_bad_crash_point(tmp_path: Path, crash_after: str) -> None:
+    result = _ckpt(tmp_path, "demo", "--crash-after", crash_after)
+    assert result.returncode == 2 and "--crash-after" in result.stderr
+
+
+def test_demo_exits_non_zero_when_verification_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from checkpointing import flights_demo
+    from checkpointing.cli import app
+
+    failed = flights_demo.Verification(problems=["final table: flights differs for 1 keys"])
+    monkeypatch.setattr(flights_demo, "run_flights_demo", lambda *a, **k: failed)
+    assert CliRunner().invoke(app, ["demo"]).exit_code == 1
