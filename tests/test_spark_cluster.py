@@ -1,0 +1,219 @@
+"""The Spark runtime on a real standalone cluster: a master and two 1-core workers started from
+the installed pyspark on loopback, checkpoints in S3 (moto's server), the sink on the local
+filesystem every process shares. Executors, not the driver, must write the snapshots (and read
+them on restore); the output of a crash-free run, and of a crash plus a rescaled restore, must
+equal that of a crash-free local run.
+
+Each attempt is a driver process of its own (:func:`tests.spark_cluster.run_driver`), as an
+Airflow retry would be; the test process only compares results (with the local ``spark``).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from checkpointing import views
+from checkpointing.metadata import CheckpointMetadata
+from checkpointing.metastore import Metastore
+from tests.spark_cluster import (
+    CRASH_EXIT,
+    DriverRun,
+    StandaloneCluster,
+    executor_of,
+    read_records,
+    run_driver,
+)
+from tests.spark_pipeline import (
+    EPOCHS,
+    assert_equals_reference,
+    completed_ids,
+    events_spec,
+    reference_run,
+    write_events,
+)
+
+pytestmark = pytest.mark.timeout(1800)  # a loaded 2-core machine; normally ~4 min
+
+SNAPSHOT = re.compile(r"/chk-(\d+)/aggregate-(\d+)\.arrow$")
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """Master + 2 workers (1 core, 1g each); torn down with every executor and Python worker."""
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+    assert cluster.processes() == [], "processes of the Spark cluster outlived its teardown"
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_events(tmp_path_factory.mktemp("events"))
+
+
+@pytest.fixture(scope="module")
+def reference(spark: Any, events: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A crash-free run on local Spark with local checkpoints: what every cluster run must equal."""
+    workdir = tmp_path_factory.mktemp("reference")
+    url = f"sqlite:///{workdir / 'metastore.db'}"
+    Metastore(url, check_schema=False).upgrade()
+    return reference_run(spark, events, workdir, url)
+
+
+@pytest.fixture
+def metastore_url(tmp_path: Path) -> str:
+    """SQLite: the cluster is what is under test here; the metastore backends are covered
+    elsewhere (both drivers of a test share the file)."""
+    url = f"sqlite:///{tmp_path / 'metastore.db'}"
+    Metastore(url, check_schema=False).upgrade()
+    return url
+
+
+def _attempt(
+    spark_cluster: StandaloneCluster, tmp_path: Path, name: str, spec: Any, **kw: Any
+) -> DriverRun:
+    return run_driver(
+        spark_cluster, tmp_path, name, spec=spec.spec_path, record_dir=tmp_path / "records", **kw
+    )
+
+
+def _assert_from_executors(
+    notes: list[dict[str, Any]], spark_cluster: StandaloneCluster, driver_pid: int
+) -> set[str]:
+    """Every note comes from a Spark task in a Python worker of an executor JVM launched by one
+    of the cluster's workers, running this interpreter, outside the driver's process tree.
+    Returns the executor ids."""
+    assert notes
+    executors = set()
+    for note in notes:
+        executor = executor_of(note, spark_cluster.worker_pids())
+        assert executor is not None, f"not from an executor of the cluster: {note}"
+        assert note["task"] is not None, note
+        assert driver_pid not in {p["pid"] for p in note["ancestry"]}, note
+        assert note["python"] == sys.executable
+        assert note["aws_endpoint"], "the executor got no AWS_ENDPOINT_URL"
+        executors.add(executor)
+    return executors
+
+
+def test_cluster_run_snapshots_from_executors_to_s3_equals_reference(
+    spark: Any,
+    spark_cluster: StandaloneCluster,
+    events: Path,
+    reference: Any,
+    s3_bucket: str,
+    metastore_url: str,
+    tmp_path: Path,
+) -> None:
+    spec = events_spec(tmp_path, events, "cluster")
+    (tmp_path / "records").mkdir()
+    storage_url = f"s3://{s3_bucket}/checkpoints"
+    run = _attempt(
+        spark_cluster, tmp_path, "run", spec, metastore_url=metastore_url, storage_url=storage_url
+    )
+    assert run.returncode == 0, run.describe()
+    result = run.report["result"]
+    assert result["epochs_run"] == list(range(EPOCHS))
+    assert result["restored_from"] is None
+    checkpoints = result["checkpoints"]
+    assert len(checkpoints) == EPOCHS  # one per epoch (every_epochs: 1), all completed
+
+    # each checkpoint was on S3 — _metadata and a snapshot per subtask — right after its epoch
+    prefix = f"s3://{s3_bucket}/checkpoints/cluster"
+    for epoch, checkpoint_id in enumerate(checkpoints):
+        listed = run.report["listings"][str(epoch)]
+        assert f"{prefix}/chk-{checkpoint_id}/_metadata" in listed
+        assert {f"{prefix}/chk-{checkpoint_id}/aggregate-{i}.arrow" for i in range(3)} <= set(
+            listed
+        )
+
+    notes = read_records(tmp_path / "records")
+    writes = [n for n in notes if n["op"] == "write" and SNAPSHOT.search(n["url"])]
+    assert {(int(m[1]), int(m[2])) for n in writes if (m := SNAPSHOT.search(n["url"]))} == {
+        (c, i) for c in checkpoints for i in range(3)
+    }
+    executors = _assert_from_executors(writes, spark_cluster, run.report["pid"])
+    apps = {a["id"]: a["state"] for a in spark_cluster.state()["completedapps"]}
+    assert apps[run.report["app_id"]] == "FINISHED"  # an application of this master
+    print(f"snapshots written by executors {sorted(executors)} of app {run.report['app_id']}")
+    metadata_writes = [n for n in notes if n["op"] == "write" and n["url"].endswith("/_metadata")]
+    assert [n["url"] for n in metadata_writes] and all(
+        n["pid"] == run.report["pid"] and n["task"] is None for n in metadata_writes
+    ), "the coordinator (driver) writes _metadata"
+
+    # the metastore saw them complete; the finished job discarded them (retention), on S3 too
+    rows = views.list_checkpoints(Metastore(metastore_url), "cluster")
+    assert {r["checkpoint_id"] for r in rows if r["completed_at"]} == set(checkpoints)
+    left = boto3.client("s3").list_objects_v2(Bucket=s3_bucket, Prefix="checkpoints/cluster/")
+    assert left.get("KeyCount") == 0, left.get("Contents")
+
+    assert_equals_reference(spark, spec, reference)
+
+
+def test_crash_and_rescaled_restore_on_the_cluster_equals_reference(
+    spark: Any,
+    spark_cluster: StandaloneCluster,
+    events: Path,
+    reference: Any,
+    s3_bucket: str,
+    metastore_url: str,
+    tmp_path: Path,
+) -> None:
+    spec = events_spec(tmp_path, events, "cluster-crash")
+    (tmp_path / "records").mkdir()
+    kw = {"metastore_url": metastore_url, "storage_url": f"s3://{s3_bucket}/checkpoints"}
+    crashed = _attempt(spark_cluster, tmp_path, "crash", spec, crash_after_epochs=2, **kw)
+    assert crashed.returncode == CRASH_EXIT, crashed.describe()
+    assert crashed.report["crashed"]
+
+    # the retained checkpoints are on S3 (checked with a client of our own), and the latest
+    # one's metadata points at its snapshot objects there
+    metastore = Metastore(metastore_url)
+    completed = completed_ids(metastore, "cluster-crash")
+    assert completed == crashed.report["result"]["checkpoints"] and len(completed) == 2
+    s3 = boto3.client("s3")
+    listed = s3.list_objects_v2(Bucket=s3_bucket, Prefix="checkpoints/cluster-crash/")
+    sizes = {f"s3://{s3_bucket}/{o['Key']}": o["Size"] for o in listed.get("Contents", [])}
+    base = f"s3://{s3_bucket}/checkpoints/cluster-crash"
+    for checkpoint_id in completed:
+        assert f"{base}/chk-{checkpoint_id}/_metadata" in sizes
+    latest = completed[-1]
+    key = f"checkpoints/cluster-crash/chk-{latest}/_metadata"
+    body = s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
+    metadata = CheckpointMetadata.from_bytes(body, key)
+    handles = metadata.handles()
+    assert {h.handle for h in handles} == {
+        f"{base}/chk-{latest}/aggregate-{i}.arrow" for i in range(3)
+    }
+    assert all(sizes[h.handle] == h.size for h in handles if h.handle)
+
+    # restore on the cluster with parallelism 3 -> 2: executors read the old snapshots
+    restored = _attempt(spark_cluster, tmp_path, "restore", spec, parallelism=2, **kw)
+    assert restored.returncode == 0, restored.describe()
+    result = restored.report["result"]
+    assert result["restored_from"] == latest
+    assert result["epochs_run"] == list(range(2, EPOCHS))
+
+    # the state is loaded by executors (the driver's restore lookup may read the files too, to
+    # verify their checksums; those reads are not the load)
+    driver = restored.report["pid"]
+    reads = [
+        n
+        for n in read_records(tmp_path / "records")
+        if n["op"] == "read" and n["url"].startswith(f"{base}/chk-{latest}/aggregate-")
+    ]
+    loads = [n for n in reads if n["pid"] != driver]
+    assert {n["url"] for n in loads} == {h.handle for h in handles}
+    _assert_from_executors(loads, spark_cluster, driver)
+
+    assert_equals_reference(spark, spec, reference)
