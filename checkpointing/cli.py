@@ -123,6 +123,10 @@ STATUS_STYLE = {
     "ABORTED": "red",
     "SUBSUMED": "dim",
     "DISCARDED": "dim",
+    "QUEUED": "yellow",
+    "TRIGGERED": "yellow",
+    "FAILED": "red",
+    "DROPPED": "red",
 }
 
 
@@ -327,6 +331,278 @@ def restores_cmd(
     out.print(table if rows else "no restores")
 
 
+# ------------------------------------------------------------------------------------ state
+
+
+def _job_storage(metastore: Metastore, job: str) -> Any:
+    """The job's checkpoint storage: ``--storage-url``/``CKPT_STORAGE_URL`` when given, else the
+    storage the job registered with (its state may live on S3 while the default is local)."""
+    import os
+
+    from checkpointing.config import ENV_STORAGE_URL
+    from checkpointing.models import Job
+    from checkpointing.storage import CheckpointStorage
+
+    url = state.storage_url or os.environ.get(ENV_STORAGE_URL)
+    if url is None:
+        with metastore.transaction() as s:
+            row = s.get(Job, job)
+            url = row.storage_url if row is not None else state.settings.storage_url
+    return CheckpointStorage.from_url(url)
+
+
+def _file_name(url: str) -> str:
+    return url.rsplit("/", 1)[-1]
+
+
+def _short_items(items: list[dict[str, Any]], shown: int = 3) -> str:
+    """List state items for a table cell: a split as its file name, others as key=value."""
+    if not items:
+        return "-"
+    texts = [
+        _file_name(str(i["path"])) if "path" in i else " ".join(f"{k}={v}" for k, v in i.items())
+        for i in items
+    ]
+    more = f" (+{len(texts) - shown} more)" if len(texts) > shown else ""
+    return "\n".join(texts[:shown]) + more
+
+
+@app.command("restore-plan")
+@handles_errors
+def restore_plan_cmd(
+    job: Annotated[str, typer.Argument(help="Job id.")],
+    parallelism: Annotated[int, typer.Option(min=1, help="The new number of subtasks.")],
+    source: Annotated[
+        str,
+        typer.Option("--from", help="latest (with fallback past corrupt ones), an id, or a path"),
+    ] = "latest",
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Dry run of a restore: which checkpoint, and what each new subtask would read.
+
+    Nothing is recorded in the metastore and no state is loaded."""
+    from checkpointing.restore import preview_restore
+
+    metastore = state.metastore()
+    preview = preview_restore(
+        metastore, _job_storage(metastore, job), job, parallelism=parallelism, source=source
+    )
+    data = preview.to_dict()
+    if as_json:
+        print_json(data)
+        return
+    old = sorted({op["old_parallelism"] for op in data["operators"]})
+    max_p = sorted({op["max_parallelism"] for op in data["operators"]})
+    out.print(
+        f"job {job}: a restore would read {data['checkpoint_type'].lower()} "
+        f"{data['checkpoint_id']} ({data['metadata_path']}), parallelism "
+        f"{'/'.join(map(str, old))} -> {parallelism} (max {'/'.join(map(str, max_p))}); "
+        "dry run, nothing recorded",
+        soft_wrap=True,
+    )
+    for s in data["skipped"]:
+        out.print(
+            f"[yellow]skipped[/yellow] checkpoint {s['checkpoint_id']}: {s['reason']}",
+            soft_wrap=True,
+        )
+    lists = [op["operator_id"] for op in data["operators"] if op["list_mode"] is not None]
+    table = Table(title=f"Restore plan of {job} at parallelism {parallelism}", title_justify="left")
+    table.add_column("Subtask", justify="right")
+    table.add_column("Key groups")
+    table.add_column("Files (key groups)", overflow="fold")
+    table.add_column("Bytes", justify="right")
+    for op_id in lists:
+        table.add_column(f"{op_id} ({'splits' if op_id == 'source' else 'list state'})")
+    for sub in data["subtasks"]:
+        kg = sub["key_groups"]
+        table.add_row(
+            str(sub["subtask"]),
+            "-" if kg is None else f"{kg['start']}-{kg['end']}",
+            "\n".join(
+                f"{_file_name(f['url'])} [{f['key_groups']['start']}-{f['key_groups']['end']}]"
+                for f in sub["files"]
+            )
+            or "-",
+            human_bytes(sub["bytes"]),
+            *(_short_items(sub["list_state"][op_id]) for op_id in lists),
+        )
+    out.print(table)
+    files = len({f["url"] for sub in data["subtasks"] for f in sub["files"]})
+    out.print(f"total: {human_bytes(data['bytes'])} of keyed state from {files} file(s)")
+
+
+@app.command("inspect")
+@handles_errors
+def inspect_cmd(
+    job: Annotated[str, typer.Argument(help="Job id.")],
+    checkpoint_id: Annotated[str, typer.Argument(help="A completed checkpoint or savepoint id.")],
+    operator: Annotated[
+        str | None, typer.Option(help="Operator whose state to read (omit: list the operators).")
+    ] = None,
+    key: Annotated[
+        list[str] | None,
+        typer.Option(help="Only this key: repeat once per key column, in the key's order."),
+    ] = None,
+    key_columns: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated key columns, when the snapshot does not record them."),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=0, help="At most this many rows (0: all).")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Read the state in a checkpoint (Flink's State Processor API): keyed rows, one key, or
+    operator list state items; every file read is verified against its checksum."""
+    from checkpointing.ids import validate_checkpoint_id
+    from checkpointing.state_reader import CheckpointReader
+
+    if operator is None and (key or key_columns):
+        raise typer.BadParameter("needs --operator", param_hint="--key/--key-columns")
+    metastore = state.metastore()
+    reader = CheckpointReader.open(
+        metastore, _job_storage(metastore, job), job, validate_checkpoint_id(checkpoint_id)
+    )
+    decision = reader.decision
+    title = f"{job} {(decision.checkpoint_type or '').lower()} {decision.checkpoint_id}"
+    if operator is None:
+        ops = [op.to_dict() for op in reader.operators()]
+        if as_json:
+            print_json(ops)
+            return
+        table = Table(title=f"Operators of {title}", title_justify="left")
+        for col in ("Operator", "State", "Parallelism", "Files", "Bytes", "List items"):
+            table.add_column(col)
+        for op in ops:
+            table.add_row(
+                op["operator_id"],
+                op["kind"],
+                f"{op['parallelism']} (max {op['max_parallelism']})",
+                str(op["files"]),
+                human_bytes(op["bytes"]),
+                str(op["list_items"]),
+            )
+        out.print(table)
+        return
+    columns = [c.strip() for c in key_columns.split(",") if c.strip()] if key_columns else None
+    view = reader.read(operator, key=key or None, key_columns=columns, limit=limit or None)
+    data = view.to_dict()
+    if as_json:
+        print_json(data)
+        return
+    if view.kind == "list":
+        table = Table(title=f"{view.operator_id} list state of {title}", title_justify="left")
+        table.add_column("Subtask", justify="right")
+        for col in data["columns"]:
+            table.add_column(col, overflow="fold")
+        for r in data["rows"]:
+            table.add_row(str(r["subtask"]), *(_cell(r["item"].get(c)) for c in data["columns"]))
+    else:
+        where = (
+            f", key {tuple(data['key'])} (key group {view.key_group})"
+            if view.key is not None
+            else ""
+        )
+        heading = f"{view.operator_id} keyed state of {title}{where}"
+        table = Table(title=heading, title_justify="left")
+        for col in data["columns"]:
+            table.add_column(col, overflow="fold")
+        for r in data["rows"]:
+            table.add_row(*(_cell(r[c]) for c in data["columns"]))
+    if not data["rows"]:
+        out.print(
+            f"no state for key {tuple(data['key'])} in {title} (key group {view.key_group})"
+            if view.key is not None
+            else f"{view.operator_id} has no state in {title}"
+        )
+        return
+    out.print(table)
+    if view.truncated:
+        out.print(f"first {len(data['rows'])} rows; --limit N shows more, --limit 0 all")
+
+
+def _cell(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+# ------------------------------------------------------------------------------------ savepoints
+
+
+@app.command("savepoint")
+@handles_errors
+def savepoint_cmd(
+    job: Annotated[str, typer.Argument(help="The running job.")],
+    stop: Annotated[bool, typer.Option("--stop", help="End the job after the savepoint.")] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait until the savepoint completes or fails.")
+    ] = False,
+    timeout: Annotated[str, typer.Option(help="How long --wait waits, e.g. 90s, 10m.")] = "10m",
+    as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+) -> None:
+    """Request a savepoint from a running job (taken at its next epoch boundary)."""
+    import getpass
+
+    from checkpointing import savepoints
+    from checkpointing.config import parse_duration
+
+    try:
+        limit = parse_duration(timeout).total_seconds()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--timeout") from None
+    metastore = state.metastore()
+    request_id = savepoints.request_savepoint(
+        metastore, job, stop=stop, requested_by=f"cli:{getpass.getuser()}"
+    )
+    if not wait:
+        if as_json:
+            print_json(savepoints.request_status(metastore, job, request_id).to_dict())
+        else:
+            out.print(
+                f"requested {'stop-with-' if stop else ''}savepoint of job {job}: request "
+                f"{request_id} (see `ckpt requests {job}`)"
+            )
+        return
+    if not as_json:
+        err.print(f"request {request_id} queued; waiting for job {job}'s next epoch boundary…")
+    done = savepoints.wait_for_request(metastore, job, request_id, timeout=limit)
+    if as_json:
+        print_json(done.to_dict())
+    else:
+        out.print(
+            f"savepoint {done.checkpoint_id} of job {job} completed: {done.savepoint_path}"
+            + (" (the job stops)" if stop else ""),
+            soft_wrap=True,
+        )
+
+
+@app.command("requests")
+@handles_errors
+def requests_cmd(
+    job: Annotated[str, typer.Argument(help="Job id.")],
+    limit: Annotated[int, typer.Option(min=1, help="Most recent N requests.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+) -> None:
+    """Savepoint and checkpoint requests of a job (from the CLI, the UI, DAGs) and their fate."""
+    from checkpointing import views
+
+    rows = views.list_requests(state.metastore(), job, limit=limit)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title=f"requests of job {job}", title_justify="left")
+    for col in ("id", "type", "status", "checkpoint", "requested by", "requested at", "message"):
+        table.add_column(col, justify="right" if col in ("id", "checkpoint") else "left")
+    for r in rows:
+        table.add_row(
+            str(r["request_id"]),
+            r["type"],
+            f"[{STATUS_STYLE.get(r['status'], 'white')}]{r['status']}[/]",
+            str(r["checkpoint_id"] or "-"),
+            r["requested_by"],
+            r["requested_at"] or "-",
+            _failure({"failure_reason": None, "failure_message": r["message"]}),
+        )
+    out.print(table)
+
+
 # ------------------------------------------------------------------------------------ run
 
 
@@ -340,8 +616,29 @@ def run_cmd(
     parallelism: Annotated[
         int | None, typer.Option(min=1, help="Override the spec's parallelism (rescale).")
     ] = None,
-    master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[2]",
+    master: Annotated[
+        str | None,
+        typer.Option(help="Spark master URL [default: local[2], or spark-submit's master]"),
+    ] = None,
     attempt: Annotated[str | None, typer.Option(help="Execution attempt id.")] = None,
+    coordinator_id: Annotated[
+        str | None,
+        typer.Option(hidden=True, help="Act as this coordinator (set by the Airflow operator)."),
+    ] = None,
+    allow_non_restored_state: Annotated[
+        bool,
+        typer.Option(help="Restore even if the checkpoint has state of operators no longer here."),
+    ] = False,
+    result_json: Annotated[
+        Path | None,
+        typer.Option(help="Write the run's outcome here as JSON (for the Airflow operator)."),
+    ] = None,
+    fail_after_epochs: Annotated[
+        int | None,
+        typer.Option(
+            min=1, hidden=True, help="Failure drill: crash after this many epochs of this run."
+        ),
+    ] = None,
 ) -> None:
     """Run a pipeline: epochs with checkpoints, resuming from the latest checkpoint."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -351,8 +648,9 @@ def run_cmd(
     from checkpointing.storage import CheckpointStorage
 
     spec = load_spec(pipeline)
-    if attempt is not None:
-        validate_id(attempt, "attempt")
+    for value, name in ((attempt, "attempt"), (coordinator_id, "coordinator id")):
+        if value is not None:
+            validate_id(value, name)
     settings = state.settings
     storage = CheckpointStorage.from_url(
         state.storage_url or (spec.storage and spec.resolve(spec.storage)) or settings.storage_url
@@ -361,7 +659,14 @@ def run_cmd(
     from checkpointing.spark.runtime import PipelineRun, RunOptions, spark_session
 
     spark = spark_session(f"ckpt-{spec.job}", master)
-    options = RunOptions(restore=restore, parallelism=parallelism, attempt=attempt)
+    options = RunOptions(
+        restore=restore,
+        parallelism=parallelism,
+        attempt=attempt,
+        coordinator_id=coordinator_id,
+        allow_non_restored_state=allow_non_restored_state,
+        crash_after_epochs=fail_after_epochs,
+    )
     interactive = out.is_terminal
     progress = Progress(
         TextColumn(f"[bold]{spec.job}[/bold]"),
@@ -378,14 +683,16 @@ def run_cmd(
         run = holder["run"]
         done = run.next_epoch
         last = run.result.checkpoints[-1] if run.result.checkpoints else "-"
+        rows = run.last_epoch_rows
+        rate = f"{rows / max(millis, 1) * 1000:,.0f} rows/s" if rows is not None else "-"
         progress.update(
             task, total=run.result.epochs_total, completed=done,
-            rate=f"{millis / 1000:.1f} s/epoch", checkpoint=last,
+            rate=f"{rate}, {millis / 1000:.1f} s/epoch", checkpoint=last,
         )  # fmt: skip
         if not interactive:
             out.print(
                 f"job {spec.job}: epoch {epoch + 1}/{run.result.epochs_total} done in "
-                f"{millis} ms; last completed checkpoint {last}"
+                f"{millis} ms ({rate}); last completed checkpoint {last}"
             )
 
     try:
@@ -400,14 +707,29 @@ def run_cmd(
         raise typer.Exit(EXIT_ERROR) from None
     finally:
         spark.stop()
+    if result_json is not None:
+        from dataclasses import asdict
+
+        tmp = result_json.with_name(f".{result_json.name}.inprogress")
+        tmp.write_text(json.dumps(asdict(result), default=str))
+        tmp.replace(result_json)
     source = (
         f"restored from checkpoint {result.restored_from}"
         if result.restored_from is not None
         else "started empty"
     )
+    if result.stopped_with_savepoint:
+        out.print(
+            f"job {spec.job} stopped with savepoint {result.checkpoints[-1]} after "
+            f"{len(result.epochs_run)} of {result.epochs_total} epochs ({source}); resume with "
+            f"`ckpt run {pipeline} --restore {result.stopped_with_savepoint}`",
+            soft_wrap=True,
+        )
+        return
     out.print(
         f"job {spec.job} finished: {len(result.epochs_run)} of {result.epochs_total} epochs run "
-        f"({source}); checkpoints {result.checkpoints}; final table {result.final_path}"
+        f"({source}); checkpoints {result.checkpoints}; final table {result.final_path}",
+        soft_wrap=True,
     )
 
 
@@ -445,14 +767,41 @@ def generate_data_cmd(
 @app.command("demo")
 @handles_errors
 def demo_cmd(
-    job: Annotated[str, typer.Option(help="Job id for the demo.")] = "demo-core",
+    job: Annotated[
+        str | None,
+        typer.Option(help="Job id (default: demo-nycflights13, or demo-core with --core)."),
+    ] = None,
+    core: Annotated[
+        bool,
+        typer.Option(
+            "--core",
+            help="Instead: the core alone with a simulated job, no Spark (triggers, acks, "
+            "subsumption, a savepoint, a declined checkpoint, fallback past a corrupt one).",
+        ),
+    ] = False,
+    crash_after: Annotated[
+        int | None, typer.Option(min=1, help="Inject the crash after this many epochs.")
+    ] = None,
+    spec: Annotated[
+        Path | None, typer.Option(help="Pipeline spec (default: dags/pipelines/nycflights13.yaml).")
+    ] = None,
+    master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[2]",
 ) -> None:
-    """Run a real checkpoint cycle on the configured (default: embedded) metastore and storage:
-    periodic triggers -> task snapshots and acks -> completion -> subsumption -> a savepoint
-    request -> a declined checkpoint -> restore lookup with fallback past a corrupt checkpoint."""
-    from checkpointing.demo import run_demo
+    """Run the nycflights13 example pipeline on Spark with a crash injected partway, resume it
+    from the latest checkpoint, verify the result against pandas and print the history."""
+    if core:
+        from checkpointing.demo import run_demo
 
-    run_demo(state.settings, job, out)
+        run_demo(state.settings, job or "demo-core", out)
+        return
+    from checkpointing.flights_demo import DEFAULT_JOB, SPEC_PATH, run_flights_demo
+
+    check = run_flights_demo(
+        state.settings, out, job=job or DEFAULT_JOB, spec_path=spec or SPEC_PATH,
+        crash_after=crash_after, master=master,
+    )  # fmt: skip
+    if not check.ok:
+        raise typer.Exit(EXIT_ERROR)
 
 
 def main() -> None:

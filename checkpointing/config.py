@@ -192,6 +192,12 @@ class Settings:
     storage_url: str
     home: Path
 
+    @staticmethod
+    def embedded_metastore_url(home: Path | None = None) -> str:
+        """The embedded default: SQLite under ``CKPT_HOME``."""
+        home = home or Path(os.environ.get(ENV_HOME) or ".ckpt").expanduser().resolve()
+        return f"sqlite:///{home / 'metastore.db'}"
+
     @classmethod
     def resolve(cls, metastore_url: str | None = None, storage_url: str | None = None) -> Settings:
         """Flags win over ``CKPT_METASTORE_URL``/``CKPT_STORAGE_URL``, which win over defaults.
@@ -203,7 +209,7 @@ class Settings:
         metastore = metastore_url or os.environ.get(ENV_METASTORE_URL)
         storage = storage_url or os.environ.get(ENV_STORAGE_URL)
         return cls(
-            metastore_url=metastore or f"sqlite:///{home / 'metastore.db'}",
+            metastore_url=metastore or cls.embedded_metastore_url(home),
             storage_url=storage or (home / "checkpoints").as_uri(),
             home=home,
         )

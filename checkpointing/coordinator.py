@@ -405,8 +405,8 @@ class CheckpointCoordinator:
             with self._lock:
                 self._precheck_local(periodic)
             with self.metastore.transaction() as s:
-                s.get(Job, self.job_id, with_for_update=True)  # serialise concurrent triggers
-                refusal = self._precheck(s, props, periodic, request_id)
+                job = s.get(Job, self.job_id, with_for_update=True)  # serialise triggers
+                refusal = self._fence(job) or self._precheck(s, props, periodic, request_id)
                 deadline = now + self.config.timeout
                 if refusal is None:
                     pending.insert_pending(
@@ -465,6 +465,18 @@ class CheckpointCoordinator:
             forced=True,
             target=target,
         )
+
+    def _fence(self, job: Job | None) -> CheckpointException | None:
+        """A coordinator superseded by a newer one (an attempt that outlived its task, e.g. a
+        Spark driver orphaned by a killed Airflow worker) must not start checkpoints: the job
+        row names the current coordinator, like Flink's fencing token of the leading JobMaster."""
+        if self._active and job is not None and job.coordinator_id != self.coordinator_id:
+            return CheckpointException(
+                CheckpointFailureReason.COORDINATOR_SHUTDOWN,
+                f"coordinator {self.coordinator_id} of job {self.job_id} was superseded by "
+                f"{job.coordinator_id}",
+            )
+        return None
 
     def _precheck_local(self, periodic: bool) -> None:
         if self._shutdown:

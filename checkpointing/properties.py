@@ -106,5 +106,7 @@ class RequestStatus(StrEnum):
 class RestoreStatus(StrEnum):
     #: a restore plan recorded for an attempt (from a checkpoint or savepoint)
     PLANNED = "PLANNED"
+    #: the attempt loaded that checkpoint's state and runs from it
+    RESTORED = "RESTORED"
     #: no valid checkpoint: the attempt starts with empty state
     EMPTY = "EMPTY"

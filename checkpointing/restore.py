@@ -9,10 +9,12 @@ in strict mode.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from checkpointing import store
+from checkpointing.assignment import RestorePlan, plan_restore, snapshots_from_metadata
 from checkpointing.clock import Clock, SystemClock
 from checkpointing.errors import (
     CorruptSnapshotError,
@@ -76,6 +78,7 @@ def find_latest_valid(
     prefer_checkpoint: bool | None = None,
     deep: bool = True,
     strict: bool = False,
+    completed_after: datetime | None = None,
 ) -> RestoreDecision:
     """The newest completed checkpoint or savepoint that verifies; falls back past broken ones.
 
@@ -83,6 +86,8 @@ def find_latest_valid(
         job's ``prefer_checkpoint_for_recovery``).
     :param deep: verify state file checksums, not just sizes.
     :param strict: raise :class:`NoCheckpointError` instead of answering "start empty".
+    :param completed_after: only checkpoints completed at or after this time (a retry of a
+        deployment from a savepoint must not jump to an older lineage's newer checkpoints).
     """
     validate_id(job_id, "job id")
     with metastore.transaction() as s:
@@ -95,6 +100,8 @@ def find_latest_valid(
         candidates = [
             (c.checkpoint_id, c.checkpoint_type, c.metadata_path, c.metadata_checksum)
             for c in store.restore_candidates(s, job_id, prefer)
+            if completed_after is None
+            or (c.completed_at is not None and c.completed_at >= completed_after)
         ]
     skipped: list[SkippedCheckpoint] = []
     for checkpoint_id, ctype, path, checksum in candidates:
@@ -147,7 +154,7 @@ def load_external(storage: CheckpointStorage, path: str, *, deep: bool = True) -
     another job or an older deployment."""
     path = path.rstrip("/")
     url = path if path.endswith("/" + METADATA_FILE) else f"{path}/{METADATA_FILE}"
-    storage.check_target(url)
+    url = storage.check_target(url)  # a plain absolute path becomes a file:// URL
     metadata = read_metadata(storage, url)
     verify_handles(storage, metadata, deep=deep, roots=(url.rsplit("/", 1)[0],))
     return RestoreDecision(
@@ -184,6 +191,7 @@ def record_restore(
     attempt: str,
     parallelism: int | None = None,
     assignment: dict[str, Any] | None = None,
+    status: RestoreStatus = RestoreStatus.PLANNED,
     clock: Clock | None = None,
 ) -> int:
     """Write the restore event (which checkpoint, for which attempt, the assignment, fallbacks)."""
@@ -204,10 +212,141 @@ def record_restore(
             }
             if decision.skipped
             else None,
-            status=RestoreStatus.EMPTY if decision.start_empty else RestoreStatus.PLANNED,
+            status=RestoreStatus.EMPTY if decision.start_empty else status,
             message=decision.describe(),
             created_at=clock.now(),
         )
         s.add(event)
         s.flush()
         return event.restore_id
+
+
+# ------------------------------------------------------------------------------- dry run
+
+
+@dataclass(frozen=True)
+class RestorePreview:
+    """What a restore at ``parallelism`` would do, without doing it: the checkpoint the lookup
+    picks (and what it skipped), and the state each new subtask would read.
+
+    Nothing is recorded: the CLI's ``restore-plan`` and the UI show it before a rescale."""
+
+    decision: RestoreDecision
+    parallelism: int
+    plan: RestorePlan
+
+    @property
+    def metadata(self) -> CheckpointMetadata:
+        assert self.decision.metadata is not None
+        return self.decision.metadata
+
+    def subtasks(self) -> list[dict[str, Any]]:
+        """Per new subtask, across operators: key groups, the old files (and groups) it reads,
+        the bytes, and its operator list state items by operator."""
+        keyed = {
+            op.operator_id
+            for op in self.metadata.operators
+            if any(s.key_groups is not None for s in op.subtasks)
+        }
+        out = []
+        for i in range(self.parallelism):
+            key_groups = None
+            reads: list[dict[str, Any]] = []
+            lists: dict[str, list[dict[str, Any]]] = {}
+            for op in self.plan.operators:
+                sub = op.subtasks[i]
+                if op.operator_id in keyed:
+                    if key_groups is None:
+                        key_groups = {"start": sub.key_groups.start, "end": sub.key_groups.end}
+                    reads += [{"operator": op.operator_id, **r.to_dict()} for r in sub.reads]
+                if op.list_mode is not None:
+                    lists[op.operator_id] = [dict(item) for item in sub.list_state]
+            out.append(
+                {
+                    "subtask": i,
+                    "key_groups": key_groups,
+                    "files": reads,
+                    "bytes": sum(r["size"] for r in reads),
+                    "list_state": lists,
+                }
+            )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly; ``plan`` is what the restore would record as its assignment."""
+        d, m = self.decision, self.metadata
+        return {
+            "job_id": d.job_id,
+            "dry_run": True,
+            "checkpoint_id": d.checkpoint_id,
+            "checkpoint_type": d.checkpoint_type,
+            "metadata_path": d.metadata_path,
+            "completed_at": m.completed_at.isoformat(),
+            "skipped": [{"checkpoint_id": s.checkpoint_id, "reason": s.reason} for s in d.skipped],
+            "parallelism": self.parallelism,
+            "operators": [
+                {
+                    "operator_id": op.operator_id,
+                    "old_parallelism": op.old_parallelism,
+                    "parallelism": op.parallelism,
+                    "max_parallelism": op.max_parallelism,
+                    "list_mode": op.list_mode,
+                    "bytes": op.size,
+                    "files": len(op.handle_urls),
+                    "list_items": sum(len(s.list_state) for s in op.subtasks),
+                }
+                for op in self.plan.operators
+            ],
+            "bytes": self.plan.size,
+            "subtasks": self.subtasks(),
+            "plan": self.plan.to_dict(),
+        }
+
+
+def require_job(metastore: Metastore, job_id: str) -> None:
+    """Fail with the job named before looking for its checkpoints."""
+    with metastore.transaction() as s:
+        if s.get(Job, validate_id(job_id, "job id")) is None:
+            raise UnknownJobError(f"unknown job {job_id!r} (see `ckpt jobs`)")
+
+
+def preview_restore(
+    metastore: Metastore,
+    storage: CheckpointStorage,
+    job_id: str,
+    *,
+    parallelism: int,
+    source: str = "latest",
+    deep: bool = True,
+) -> RestorePreview:
+    """Dry run of a restore at ``parallelism``: the same lookup as the runtime's (``latest``
+    falls back past corrupt checkpoints; an id or a path is taken as chosen) and the same state
+    assignment, but no restore event is written and no state is loaded.
+
+    The operators, their max parallelism and the new parallelism of every operator come from the
+    checkpoint (the runtime runs every operator at one parallelism and keeps max parallelism).
+    Raises :class:`UnknownJobError`, :class:`UnknownCheckpointError`, :class:`NoCheckpointError`
+    or :class:`~checkpointing.assignment.StateAssignmentError` (e.g. parallelism above max).
+    """
+    source = source.strip()
+    if source == "latest":
+        decision = find_latest_valid(metastore, storage, job_id, deep=deep, strict=True)
+    elif source.isdigit():
+        require_job(metastore, job_id)
+        decision = load_checkpoint(metastore, storage, job_id, int(source), deep=deep)
+    elif "/" in source:
+        validate_id(job_id, "job id")
+        decision = replace(load_external(storage, source, deep=deep), job_id=job_id, skipped=[])
+    else:
+        raise UnknownCheckpointError(
+            f"cannot restore job {job_id} from {source!r}: expected 'latest', a checkpoint id "
+            "or a checkpoint/savepoint path"
+        )
+    assert decision.metadata is not None
+    plan = plan_restore(
+        snapshots_from_metadata(decision.metadata),
+        [op.operator_id for op in decision.metadata.operators],
+        new_parallelism=parallelism,
+        max_parallelism={},  # every operator keeps its checkpointed max parallelism
+    )
+    return RestorePreview(decision, parallelism, plan)

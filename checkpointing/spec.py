@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from checkpointing.config import CheckpointConfig, describe_validation_error
+from checkpointing.config import CheckpointConfig, describe_validation_error, parse_duration
 from checkpointing.errors import ConfigError
 from checkpointing.ids import validate_id
 from checkpointing.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
@@ -106,6 +107,16 @@ class PipelineSpec(BaseModel):
     )
     checkpoint: CheckpointSpec = CheckpointSpec()
     storage: str | None = None
+    # Deployment as an Airflow DAG (``dags/pipelines/*.yaml``); ``ckpt run`` ignores these.
+    #: a cron expression or preset (``@daily``); none: triggered by hand or by a deploy
+    schedule: str | None = None
+    #: automatic failover reruns, each resuming from the latest checkpoint
+    retries: int = Field(default=2, ge=0, le=100)
+    retry_delay: timedelta = timedelta(seconds=30)
+    #: the parallelism of retries (a rescaled restore); default: ``parallelism``
+    parallelism_on_retry: int | None = Field(default=None, ge=1)
+    owner: str = "airflow"
+    tags: list[str] = []
     #: where the spec was loaded from (set by :func:`load_spec`, not part of the file)
     spec_path: Path | None = Field(default=None, exclude=True)
 
@@ -113,6 +124,11 @@ class PipelineSpec(BaseModel):
     @classmethod
     def _job_id(cls, v: str) -> str:
         return validate_id(v, "job")
+
+    @field_validator("retry_delay", mode="before")
+    @classmethod
+    def _retry_delay(cls, v: Any) -> timedelta:
+        return parse_duration(v)
 
     @field_validator("key", mode="before")
     @classmethod
@@ -145,10 +161,10 @@ class PipelineSpec(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> PipelineSpec:
-        if self.parallelism > self.max_parallelism:
-            raise ValueError(
-                f"parallelism {self.parallelism} exceeds max_parallelism {self.max_parallelism}"
-            )
+        for name in ("parallelism", "parallelism_on_retry"):
+            value = getattr(self, name)
+            if value is not None and value > self.max_parallelism:
+                raise ValueError(f"{name} {value} exceeds max_parallelism {self.max_parallelism}")
         clash = set(self.key) & set(self.aggregations)
         if clash:
             raise ValueError(f"aggregation names clash with key columns: {sorted(clash)}")

@@ -21,6 +21,17 @@ from checkpointing.metastore import Metastore
 from checkpointing.models import Base
 from checkpointing.storage import FileSystemCheckpointStorage
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Airflow reads its home and database at first import: never the user's ``~/airflow``."""
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="ckpt-tests-airflow-"))
+    os.environ["AIRFLOW_HOME"] = str(home)
+    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
+    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+
+
 PG_URL = os.environ.get("CKPT_TEST_PG_URL", "postgresql+psycopg://127.0.0.1:5432/test")
 
 
@@ -139,7 +150,10 @@ def spark() -> Iterator[object]:
     runtime configures its own."""
     from checkpointing.spark.runtime import spark_session
 
-    session = spark_session("ckpt-tests")
+    # short JVM lives: C1-only JIT halves the driver's CPU on this 2-core machine
+    session = spark_session(
+        "ckpt-tests", conf={"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+    )
     session.conf.set("spark.sql.shuffle.partitions", "4")
     yield session
     session.stop()

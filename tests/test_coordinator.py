@@ -41,6 +41,7 @@ from tests.helpers import (
     make_plan,
     new_coordinator,
     request_rows,
+    statuses,
     task_rows,
 )
 
@@ -493,3 +494,27 @@ def test_not_all_tasks_running_refuses_without_side_effects(
 
     plan.tasks = make_plan()
     assert coord.trigger_checkpoint().checkpoint_id == 1
+
+
+def test_a_superseded_coordinator_can_no_longer_trigger(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
+) -> None:
+    """Fencing: an attempt that outlived its task (a driver orphaned by a killed worker) keeps
+    running; once the next attempt's coordinator activated, the old one's triggers are refused
+    and the new one's pending checkpoints are untouched."""
+    old = new_coordinator(metastore, storage, clock)
+    old.activate()
+    stale = old.trigger_checkpoint()
+    new = new_coordinator(metastore, storage, clock, plan=make_plan(attempt="a1"))
+    assert new.activate() == [stale.checkpoint_id]  # aborted as coordinator failover
+    assert checkpoint_row(metastore, stale.checkpoint_id).failure_reason == (
+        "CHECKPOINT_COORDINATOR_FAILOVER"
+    )
+
+    current = new.trigger_checkpoint()
+    with pytest.raises(CheckpointException, match="superseded by") as refused:
+        old.trigger_checkpoint(forced=True)
+    assert refused.value.reason is CheckpointFailureReason.COORDINATOR_SHUTDOWN
+    assert statuses(metastore) == {stale.checkpoint_id: "ABORTED", current.checkpoint_id: "PENDING"}
+    assert failures_count(metastore) == 0  # neither the failover nor the refusal counts
+    assert ack_all(new, current).completed is not None

@@ -228,7 +228,9 @@ def test_load_an_external_savepoint_by_path(
     coord = new_coordinator(metastore, storage, clock)
     savepoint = complete(coord, savepoint=True)
 
-    for given in (savepoint.location, savepoint.location + "/", savepoint.metadata_path):
+    plain = savepoint.location.removeprefix("file://")  # a plain absolute path, as users type
+    given_forms = (savepoint.location, savepoint.location + "/", savepoint.metadata_path, plain)
+    for given in given_forms:
         decision = load_external(storage, given)
         assert (decision.job_id, decision.checkpoint_id) == (JOB, savepoint.checkpoint_id)
         assert decision.checkpoint_type == CheckpointType.SAVEPOINT

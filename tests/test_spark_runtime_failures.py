@@ -179,11 +179,14 @@ def test_malformed_csv_row_fails_the_run_and_loses_nothing(
     spec = make_spec(tmp_path, "csvjob", source)
     metastore = Metastore(metastore_url)
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
-    # Spark's own error (a Py4JJavaError from the eager localCheckpoint) surfaces unwrapped
-    with pytest.raises(Exception, match="Malformed records are detected") as failure:
+    from checkpointing.spark.runtime import InputError
+
+    with pytest.raises(InputError, match="Malformed records are detected") as failure:
         run(spark, spec, metastore, storage)
     message = str(failure.value)
-    assert "part-2.csv" in message and "FAILFAST" in message
+    assert message.startswith("job csvjob: epoch 2 failed reading part-2.csv: ")
+    assert "FAILFAST" in message and "\tat org.apache" not in message  # no JVM stack
+    assert len(message.splitlines()) == 1
     assert bad_row.rsplit(",", 1)[1] in message  # the offending value or record
 
     sink = sink_of(spec)

@@ -15,6 +15,7 @@ sink's staged epochs.
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import sys
@@ -34,13 +35,15 @@ from sqlalchemy import select
 from checkpointing import restore
 from checkpointing.assignment import plan_restore, snapshots_from_metadata
 from checkpointing.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from checkpointing.errors import CheckpointingError
 from checkpointing.failure import CheckpointException
 from checkpointing.keygroups import KeyGroupRange, key_group_range
 from checkpointing.metadata import CheckpointMetadata
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointTask
 from checkpointing.pending import TaskAck, TaskSpec
-from checkpointing.properties import CheckpointStatus, JobStatus
+from checkpointing.properties import CheckpointStatus, JobStatus, RestoreStatus
+from checkpointing.recovery import pipeline_plan
 from checkpointing.snapshot import read_keyed_snapshot, write_keyed_snapshot
 from checkpointing.spark.aggregations import AggregationPlan
 from checkpointing.spark.keys import check_key_columns, key_group_column
@@ -73,6 +76,9 @@ class RunOptions:
     attempt: str | None = None
     crash_after_epochs: int | None = None
     allow_non_restored_state: bool = False
+    #: the coordinator identity to act under: an Airflow operator passes its own, so the
+    #: operator (Flink's JobManager) and this driver are one coordinator of the job
+    coordinator_id: str | None = None
 
 
 @dataclass
@@ -83,22 +89,46 @@ class RunResult:
     restored_from: int | None = None
     checkpoints: list[int] = field(default_factory=list)
     final_path: str | None = None
+    #: set when a stop-with-savepoint ended the run: the savepoint to resume from
+    stopped_with_savepoint: str | None = None
+    rows_read: int = 0
 
 
-def spark_session(app_name: str = "ckpt", master: str = "local[2]") -> SparkSession:
+def spark_session(
+    app_name: str = "ckpt", master: str | None = None, conf: dict[str, str] | None = None
+) -> SparkSession:
     """A Spark session whose Python workers run this interpreter (they need pyarrow and this
-    package), keeping partitioning of cached state across joins on a subset of the keys."""
+    package), keeping partitioning of cached state across joins on a subset of the keys.
+
+    Under ``spark-submit`` the master, driver address and app name are the submitter's (an
+    Airflow Spark connection); otherwise ``master`` (default ``local[2]``) runs on loopback.
+    ``conf`` adds or overrides settings, e.g. ``spark.executorEnv.*`` for a cluster's executors."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.requireAllClusterKeysForCoPartition", "false")
-        .getOrCreate()
-    )
+    builder = SparkSession.builder.config("spark.sql.requireAllClusterKeysForCoPartition", "false")
+    if not under_spark_submit():
+        master = master or "local[2]"
+        builder = (
+            builder.master(master)
+            .appName(app_name)
+            .config("spark.pyspark.python", sys.executable)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")  # ours is the progress display
+        )
+        if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
+            # one machine: stay on loopback; a real cluster's executors must reach the driver
+            builder = builder.config("spark.driver.host", "127.0.0.1").config(
+                "spark.driver.bindAddress", "127.0.0.1"
+            )
+    elif master:
+        builder = builder.master(master)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def under_spark_submit() -> bool:
+    """True in a driver launched by ``spark-submit``, whose JVM is already up with its conf."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 class PipelineRun:
@@ -128,22 +158,21 @@ class PipelineRun:
         self.epochs = self._epochs()
         self.aggregation = AggregationPlan(spec.key, spec.aggregations)
         self.sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path))
-        self.plan = [
-            TaskSpec(op, i, f"{self.attempt}-{op}-{i}", self.parallelism, self.max_parallelism)
-            for op in (SOURCE, AGGREGATE, SINK)
-            for i in range(self.parallelism)
-        ]
+        self.plan = pipeline_plan(self.attempt, self.parallelism, self.max_parallelism)
         self.coordinator = CheckpointCoordinator(
             spec.job,
             metastore,
             storage,
             spec.checkpoint.config(),
+            coordinator_id=self.options.coordinator_id,
             plan_provider=lambda: self.plan,
             completion_listeners=[self._commit_sink],
         )
         self.state: DataFrame | None = None
         self.input_schema: T.StructType | None = None
         self.next_epoch = 0
+        #: rows in the last epoch's input, when cheap to know (Parquet footers)
+        self.last_epoch_rows: int | None = None
         #: the last epoch covered by a completed checkpoint (its sink epochs are committed)
         self.covered_epoch = -1
         self.result = RunResult(spec.job, len(self.epochs))
@@ -188,17 +217,61 @@ class PipelineRun:
                 self._barrier(epoch)
                 if self.on_epoch:
                     self.on_epoch(epoch, int((time.monotonic() - started) * 1000))
+                if self.coordinator.stop_savepoint is not None:
+                    return self._stop_with_savepoint(epoch)
                 if crash_at is not None and len(self.result.epochs_run) >= crash_at:
                     raise SimulatedCrash(f"crash injected after epoch {epoch}")
             self._finish()
         except BaseException:
-            self.coordinator.stop_background()
-            self.coordinator.failover(f"attempt {self.attempt} failed")
+            self._fail()
             raise
         return self.result
 
+    def _fail(self) -> None:
+        """This attempt failed: abort its pending checkpoints (job failover, not counted) and mark
+        the job FAILED, which drops queued savepoint requests with a reason instead of leaving
+        them waiting; the next attempt marks it RUNNING again."""
+        try:
+            self.coordinator.stop_background()
+            self.coordinator.failover(f"attempt {self.attempt} failed")
+            self.coordinator.job_status_changed(JobStatus.FAILED)
+        except Exception:  # never mask the failure itself
+            log.exception("job %s: could not record the failed attempt", self.spec.job)
+
+    def _stop_with_savepoint(self, epoch: int) -> RunResult:
+        """Flink's stop-with-savepoint: the savepoint completed (its notification committed the
+        sink's epochs), so the job ends here; a later run resumes from the savepoint."""
+        completed = self.coordinator.stop_savepoint
+        assert completed is not None
+        self.coordinator.notify_pending_completions()
+        self.result.stopped_with_savepoint = completed.location
+        self.coordinator.shutdown(JobStatus.FINISHED)
+        log.info(
+            "job %s: stopped with savepoint %d after epoch %d: %s",
+            self.spec.job,
+            completed.checkpoint_id,
+            epoch,
+            completed.location,
+        )
+        return self.result
+
     def _process(self, epoch: int) -> None:
-        df = self._read(self.epochs[epoch])
+        files = self.epochs[epoch]
+        try:
+            self._process_files(epoch, files)
+        except CheckpointingError:
+            raise
+        except Exception as exc:  # Spark's errors: say which epoch and files, keep the cause
+            raise InputError(
+                f"job {self.spec.job}: epoch {epoch} failed reading "
+                f"{', '.join(os.path.basename(f) for f in files)}: {_spark_reason(exc)}"
+            ) from exc
+        rows = _parquet_rows(files) if self.spec.source.format.value == "parquet" else None
+        self.last_epoch_rows = rows
+        self.result.rows_read += rows or 0
+
+    def _process_files(self, epoch: int, files: Sequence[str]) -> None:
+        df = self._read(files)
         on = [SUBTASK, KEY_GROUP, *self.spec.key]
         delta = (
             df.groupBy(*self.spec.key)
@@ -267,10 +340,11 @@ class PipelineRun:
         assert self.state is not None
         started = time.monotonic()
         storage, parallelism, max_parallelism = self.storage, self.parallelism, self.max_parallelism
+        key = list(self.spec.key)
 
         def writer(table: pa.Table) -> pa.Table:  # annotated: Spark infers the UDF type from it
             return _write_subtask_snapshot(
-                storage, location_url, parallelism, max_parallelism, table
+                storage, location_url, parallelism, max_parallelism, key, table
             )
 
         written = {
@@ -379,6 +453,7 @@ class PipelineRun:
             attempt=self.attempt,
             parallelism=self.parallelism,
             assignment=assignment,
+            status=RestoreStatus.RESTORED,
         )
 
     def _load_state(self, metadata: CheckpointMetadata) -> dict[str, Any]:
@@ -409,6 +484,33 @@ class PipelineRun:
         else:
             self.state = empty
         return plan.to_dict()
+
+
+class InputError(CheckpointingError):
+    """An epoch's input could not be read or processed (names the epoch, files and reason);
+    nothing of that epoch was staged or checkpointed."""
+
+
+def _spark_reason(exc: BaseException) -> str:
+    """The useful lines of a Spark/Py4J error: its message and each cause's, not the JVM stack
+    (e.g. failed reading FILE; caused by: malformed record [..]; caused by: For input string)."""
+    lines = [ln.strip().removeprefix(": ") for ln in str(exc).splitlines() if ln.strip()]
+    main = next(
+        (ln for ln in lines if ln.startswith("org.apache.spark.") or ln.startswith("[")),
+        lines[0] if lines else type(exc).__name__,
+    )
+    causes = [ln.removeprefix("Caused by: ") for ln in lines if ln.startswith("Caused by: ")]
+    return "; caused by: ".join(part[:1000] for part in dict.fromkeys([main, *causes]))
+
+
+def _parquet_rows(files: Sequence[str]) -> int | None:
+    """Rows of an epoch from the Parquet footers (no data read), for the rows/s progress."""
+    import pyarrow.parquet as pq
+
+    try:
+        return sum(pq.ParquetFile(f.removeprefix("file://")).metadata.num_rows for f in files)
+    except (OSError, pa.ArrowException):
+        return None
 
 
 def through_epoch(metadata: CheckpointMetadata, num_epochs: int) -> int:
@@ -452,15 +554,20 @@ def _write_subtask_snapshot(
     location_url: str,
     parallelism: int,
     max_parallelism: int,
+    key: list[str],
     table: pa.Table,
 ) -> pa.Table:
-    """Runs on an executor: one aggregate subtask's state → its snapshot file."""
+    """Runs on an executor: one aggregate subtask's state → its snapshot file (recording the key
+    columns, for readers such as ``ckpt inspect``)."""
     from checkpointing.snapshot import read_snapshot_info
 
     started = time.monotonic()
     subtask = int(table.column(SUBTASK)[0].as_py())
     state = table.drop_columns([SUBTASK]).rename_columns(
         ["key_group" if c == KEY_GROUP else c for c in table.drop_columns([SUBTASK]).column_names]
+    )
+    state = state.replace_schema_metadata(
+        {**(state.schema.metadata or {}), b"key_columns": json.dumps(key).encode()}
     )
     key_groups = key_group_range(max_parallelism, parallelism, subtask)
     data = write_keyed_snapshot(

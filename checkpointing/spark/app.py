@@ -1,0 +1,16 @@
+"""The Spark application ``spark-submit`` runs (the Airflow operator's ``application``): the
+``ckpt`` command line in a driver launched by spark-submit, e.g.
+``spark-submit …/checkpointing/spark/app.py run PIPELINE.yaml --restore 7 --parallelism 4``."""
+
+import os
+import sys
+
+if __name__ == "__main__":
+    # spark-submit puts this file's directory first on sys.path: drop it, so that the modules
+    # next to this file never shadow top-level packages
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    from checkpointing.cli import main
+
+    sys.argv[0] = "ckpt"
+    main()
