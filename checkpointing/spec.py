@@ -99,7 +99,9 @@ class PipelineSpec(BaseModel):
     job: str
     source: SourceSpec
     key: list[str]
-    aggregations: dict[str, Aggregation]
+    #: required in a spec file; empty for a Python API job, whose stage is code (see
+    #: :class:`checkpointing.spark.stages.Pipeline`)
+    aggregations: dict[str, Aggregation] = {}
     sink: SinkSpec
     parallelism: int = Field(default=2, ge=1)
     max_parallelism: int = Field(
@@ -193,6 +195,8 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> Pipe
         spec = PipelineSpec.model_validate(raw)
     except ValidationError as exc:
         raise SpecError(_with_suggestions(describe_validation_error(exc, str(path)))) from None
+    if "aggregations" not in raw:  # a file has no other way to say what the stage does
+        raise SpecError(f"{path}: aggregations: Field required")
     try:
         _check_checkpoint_fields(raw.get("checkpoint"))
         spec.checkpoint.config()

@@ -14,6 +14,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+#: the state's key-group and subtask columns (every stage's state carries them)
+KEY_GROUP, SUBTASK = "__key_group", "__subtask"
+
 _KEY_TYPES = (T.StringType, T.IntegralType, T.BooleanType, T.DateType)
 
 

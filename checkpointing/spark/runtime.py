@@ -46,15 +46,15 @@ from checkpointing.properties import CheckpointStatus, JobStatus, RestoreStatus
 from checkpointing.recovery import pipeline_plan
 from checkpointing.snapshot import read_keyed_snapshot, write_keyed_snapshot
 from checkpointing.spark.aggregations import AggregationPlan
-from checkpointing.spark.keys import check_key_columns, key_group_column
+from checkpointing.spark.keys import KEY_GROUP, SUBTASK, check_key_columns, key_group_column
 from checkpointing.spark.sink import TwoPhaseCommitSink
+from checkpointing.spark.stages import AggregationStage, Stage
 from checkpointing.spec import PipelineSpec, SpecError
 from checkpointing.storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
 
 SOURCE, AGGREGATE, SINK = "source", "aggregate", "sink"
-KEY_GROUP, SUBTASK = "__key_group", "__subtask"
 
 
 class SimulatedCrash(RuntimeError):
@@ -141,7 +141,10 @@ class PipelineRun:
         options: RunOptions | None = None,
         *,
         on_epoch: Callable[[int, int], None] | None = None,
+        stage: Stage | None = None,
     ) -> None:
+        """``stage``: the keyed stateful stage (e.g. a Python API
+        :class:`~checkpointing.spark.stages.ArrowStage`); default the spec's aggregations."""
         self.spec = spec
         self.spark = spark
         self.metastore = metastore
@@ -156,7 +159,11 @@ class PipelineRun:
             )
         self.attempt = self.options.attempt or f"a{uuid.uuid4().hex[:10]}"
         self.epochs = self._epochs()
-        self.aggregation = AggregationPlan(spec.key, spec.aggregations)
+        if stage is None:
+            if not spec.aggregations:
+                raise SpecError("aggregations: needs at least one aggregation (or a stage)")
+            stage = AggregationStage(AggregationPlan(spec.key, spec.aggregations))
+        self.stage = stage.with_key(spec.key)
         self.sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path))
         self.plan = pipeline_plan(self.attempt, self.parallelism, self.max_parallelism)
         self.coordinator = CheckpointCoordinator(
@@ -197,7 +204,7 @@ class PipelineRun:
         df = reader.load(list(files))
         if self.input_schema is None:
             check_key_columns(df, self.spec.key)
-            self.aggregation.state_schema(df.schema)  # validates the aggregated columns
+            self.stage.check(df.schema)  # e.g. the aggregated columns exist and are numeric
             self.input_schema = df.schema
         return df
 
@@ -272,19 +279,18 @@ class PipelineRun:
 
     def _process_files(self, epoch: int, files: Sequence[str]) -> None:
         df = self._read(files)
-        on = [SUBTASK, KEY_GROUP, *self.spec.key]
-        delta = (
-            df.groupBy(*self.spec.key)
-            .agg(*self.aggregation.partials(self.input_schema))
-            .withColumn(KEY_GROUP, key_group_column(self.spec.key, self.max_parallelism))
+        state = self.state if self.state is not None else self._empty_state()
+        new_state, changed = self.stage.step(state, df, self._keyed)
+        self.sink.stage(epoch, changed)
+        self.state = new_state
+
+    def _keyed(self, df: DataFrame) -> DataFrame:
+        """``df`` with its key group and subtask, partitioned by subtask like the state."""
+        return (
+            df.withColumn(KEY_GROUP, key_group_column(self.spec.key, self.max_parallelism))
             .withColumn(SUBTASK, self._subtask_column())
             .repartition(self.parallelism, SUBTASK)
         )
-        state = self.state if self.state is not None else self._empty_state()
-        merged = self.aggregation.merge(state, delta, on).localCheckpoint(eager=True)
-        changed = merged.join(delta.select(*on), on=on, how="left_semi")
-        self.sink.stage(epoch, self.aggregation.final(changed))
-        self.state = merged
 
     def _subtask_column(self) -> Any:
         return (F.col(KEY_GROUP) * F.lit(self.parallelism) / F.lit(self.max_parallelism)).cast(
@@ -293,14 +299,14 @@ class PipelineRun:
 
     def _empty_state(self) -> DataFrame:
         assert self.input_schema is not None
-        return self.aggregation.empty_state(
-            self.spark,
+        schema = self.stage.state_schema(
             self.input_schema,
             extra_fields=[
                 T.StructField(SUBTASK, T.IntegerType()),
                 T.StructField(KEY_GROUP, T.IntegerType()),
             ],
         )
+        return self.spark.createDataFrame([], schema)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -413,7 +419,7 @@ class PipelineRun:
             )
         state = self.state if self.state is not None else self._empty_state()
         token = f"{self.spec.job}-{self.attempt}"
-        self.result.final_path = self.sink.publish_final(self.aggregation.final(state), token)
+        self.result.final_path = self.sink.publish_final(self.stage.final(state), token)
         self.coordinator.shutdown(JobStatus.FINISHED)
 
     # ------------------------------------------------------------------ restore
