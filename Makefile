@@ -9,6 +9,9 @@ TOOLS := .tools
 VENV := .venv
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PYTEST_ARGS ?=
+# e.g. make bench SPARK_BENCH_ARGS=--quick (small data, one round)
+ACK_BENCH_ARGS ?=
+SPARK_BENCH_ARGS ?=
 
 # never download a Python: use the machine's
 export UV_PYTHON_DOWNLOADS := never
@@ -31,8 +34,9 @@ format: $(VENV)/.synced
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format checkpointing tests bench plugins dags
 
-bench: $(VENV)/.synced ## benchmark figures, written to bench/results/
-	$(VENV)/bin/python bench/ack_bench.py
+bench: $(VENV)/.synced check-java ## benchmark figures, written to bench/results/
+	$(VENV)/bin/python bench/ack_bench.py $(ACK_BENCH_ARGS)
+	$(VENV)/bin/python bench/spark_bench.py $(SPARK_BENCH_ARGS)
 
 ddl: $(VENV)/.synced ## regenerate the reference DDL in sql/ from the models
 	$(VENV)/bin/ckpt db ddl --dialect postgresql > sql/postgresql.sql
