@@ -27,6 +27,8 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -266,9 +268,7 @@ class PipelineRun:
         files = self.epochs[epoch]
         try:
             self._process_files(epoch, files)
-        except CheckpointingError:
-            raise
-        except Exception as exc:  # Spark's errors: say which epoch and files, keep the cause
+        except (Py4JJavaError, PySparkException) as exc:  # say which epoch and files, keep cause
             raise InputError(
                 f"job {self.spec.job}: epoch {epoch} failed reading "
                 f"{', '.join(os.path.basename(f) for f in files)}: {_spark_reason(exc)}"
