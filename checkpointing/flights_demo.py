@@ -228,9 +228,9 @@ class _EpochLog:
         )
 
 
-def _restores_table(rows: list[dict[str, Any]], title: str) -> Table:
+def restores_table(rows: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("#", "Attempt", "From", "Parallelism", "Fallbacks", "Decision"):
+    for col in ("#", "Attempt", "Status", "From", "Parallelism", "Fallbacks", "Decision"):
         table.add_column(col, overflow="fold")
     for r in rows:
         source = (
@@ -241,6 +241,7 @@ def _restores_table(rows: list[dict[str, Any]], title: str) -> Table:
         table.add_row(
             str(r["restore_id"]),
             r["attempt"],
+            r["status"],
             source,
             str(r["parallelism"] or "-"),
             "; ".join(f"{f['checkpoint_id']}: {f['reason']}" for f in r["fallbacks"]) or "-",
@@ -249,7 +250,7 @@ def _restores_table(rows: list[dict[str, Any]], title: str) -> Table:
     return table
 
 
-def _demo_conf(spec: PipelineSpec, master: str) -> dict[str, str]:
+def demo_conf(spec: PipelineSpec, master: str) -> dict[str, str]:
     """Spark settings for a short demo: no console progress bar (it would interleave with the
     demo's lines), one shuffle partition per subtask (the default 200 cost more than these
     small epochs), and in local mode the JVM's quick C1 compiler only: C2's optimising compiler
@@ -262,6 +263,17 @@ def _demo_conf(spec: PipelineSpec, master: str) -> dict[str, str]:
     if master.startswith("local"):
         conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
     return conf
+
+
+def crash_point(num_epochs: int, every: int, crash_after: int | None = None) -> int:
+    """After how many epochs the demo's first run crashes: ``crash_after`` if given, else about
+    two thirds through and off a checkpoint boundary, so that the epochs since the last
+    checkpoint are lost and redone; never before the first epoch or after the last but one."""
+    if crash_after is None:
+        crash_after = num_epochs * 2 // 3
+        if every > 1 and crash_after % every == 0:
+            crash_after += 1
+    return max(1, min(crash_after, num_epochs - 1))
 
 
 def run_flights_demo(
@@ -302,13 +314,9 @@ def run_flights_demo(
 
     num_epochs = -(-len(files) // spec.source.splits_per_epoch)
     every = spec.checkpoint.every_epochs or 1
-    if crash_after is None:
-        crash_after = num_epochs * 2 // 3
-        if every > 1 and crash_after % every == 0:
-            crash_after += 1  # between two checkpoints: the epochs since the last one are lost
-    crash_after = max(1, min(crash_after, num_epochs - 1))
+    crash_after = crash_point(num_epochs, every, crash_after)
 
-    spark = spark_session(f"ckpt-demo-{job}", master, conf=_demo_conf(spec, master))
+    spark = spark_session(f"ckpt-demo-{job}", master, conf=demo_conf(spec, master))
     spark.sparkContext.setLogLevel("ERROR")
     try:
         console.print(
@@ -369,9 +377,9 @@ def run_flights_demo(
         check.problems.append(f"the restore of attempt {second.attempt} is not recorded: {last}")
 
     console.print("\n[bold]3.[/bold] the result, the checkpoint history and the restores\n")
-    console.print(_top_routes(pd.read_parquet(sink_dir / "final"), spec))
+    console.print(top_routes(pd.read_parquet(sink_dir / "final"), spec))
     console.print(checkpoints_table(list_checkpoints(metastore, job), f"Checkpoints of {job}"))
-    console.print(_restores_table(restores, f"Restores of {job}"))
+    console.print(restores_table(restores, f"Restores of {job}"))
     metastore.dispose()
 
     console.print("\n[bold]4.[/bold] verification against an independent pandas computation")
@@ -392,7 +400,7 @@ def run_flights_demo(
     return check
 
 
-def _top_routes(final: pd.DataFrame, spec: PipelineSpec, n: int = 5) -> Table:
+def top_routes(final: pd.DataFrame, spec: PipelineSpec, n: int = 5) -> Table:
     """The first rows of the final table, busiest keys first when there is a ``count()``."""
     counts = [k for k, a in spec.aggregations.items() if a.function == "count" and not a.column]
     rows = final.sort_values(counts[0], ascending=False) if counts else final

@@ -5,7 +5,6 @@ subprocesses (so that a test can kill one)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -13,8 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+from checkpointing.airflow_env import REPO, airflow_command, airflow_env, migrate
+
+__all__ = ["AIRFLOW", "CKPT", "REPO", "AirflowHome", "make_airflow_home"]
+
+AIRFLOW = airflow_command()
 CKPT = str(Path(sys.executable).with_name("ckpt"))
 
 
@@ -52,27 +54,7 @@ class AirflowHome:
 def make_airflow_home(root: Path, database_url: str, ckpt_home: Path) -> AirflowHome:
     """Create and migrate an Airflow home whose metadata database is ``database_url``."""
     home, dags = root / "airflow", root / "dags"
-    home.mkdir(parents=True, exist_ok=True)
     dags.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CKPT_"))}
-    env.update(
-        {
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url,
-            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
-            "CKPT_HOME": str(ckpt_home),
-            "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)]),
-        }
-    )
-    if database_url.startswith("postgresql"):  # psycopg 3 for Airflow's async engine too
-        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"] = (
-            "postgresql+psycopg_async" + (database_url[database_url.index("://") :])
-        )
-    airflow = AirflowHome(home, dags, env)
-    migrated = airflow.run("db", "migrate", timeout=600)
-    assert migrated.returncode == 0, migrated.stderr[-3000:]
-    return airflow
+    env = airflow_env(home, dags, ckpt_home=ckpt_home, database_url=database_url)
+    migrate(env)
+    return AirflowHome(home, dags, env)

