@@ -357,10 +357,14 @@ def _file_name(url: str) -> str:
 
 def _short_items(items: list[dict[str, Any]], shown: int = 3) -> str:
     """List state items for a table cell: a split as its file name, others as key=value."""
+    from checkpointing.splits import InputSplit
+
     if not items:
         return "-"
     texts = [
-        _file_name(str(i["path"])) if "path" in i else " ".join(f"{k}={v}" for k, v in i.items())
+        InputSplit.from_state(i).describe()
+        if "path" in i
+        else " ".join(f"{k}={v}" for k, v in i.items())
         for i in items
     ]
     more = f" (+{len(texts) - shown} more)" if len(texts) > shown else ""
@@ -824,6 +828,26 @@ def demo_cmd(
         )  # fmt: skip
     if not check.ok:
         raise typer.Exit(EXIT_ERROR)
+
+
+# ------------------------------------------------------------------------------------ airflow
+
+
+@app.command("airflow")
+@handles_errors
+def airflow_cmd(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="The API server's port.")] = 8080,
+    ready_timeout: Annotated[
+        float, typer.Option(min=1, help="Seconds to wait for the API server to answer.")
+    ] = 300,
+) -> None:
+    """Start a local Airflow 3 (api-server, scheduler, dag-processor, triggerer) with this
+    project's DAGs and plugins on 127.0.0.1, print its URL and login, run until Ctrl-C."""
+    from checkpointing.local_airflow import run_local_airflow
+
+    code = run_local_airflow(state.settings, out, port=port, ready_timeout=ready_timeout)
+    if code:
+        raise typer.Exit(code)
 
 
 def main() -> None:

@@ -217,7 +217,7 @@ class _EpochLog:
         if self.intro is not None:
             self.console.print(self.intro(self.run), highlight=False)
             self.intro = None
-        files = self.run.epochs[epoch]
+        files = [split.path for split in self.run.epochs[epoch]]
         done = self.run.result.checkpoints[self.seen :]
         self.seen = len(self.run.result.checkpoints)
         mark = f"  checkpoint {', '.join(map(str, done))} completed" if done else ""

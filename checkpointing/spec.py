@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from checkpointing.config import CheckpointConfig, describe_validation_error, parse_duration
 from checkpointing.errors import ConfigError
@@ -70,6 +78,9 @@ class SourceSpec(BaseModel):
     #: a glob of input files, relative to the spec file's directory unless absolute or a URL
     path: str
     splits_per_epoch: int = Field(default=1, ge=1)
+    #: parquet only: split files larger than this into runs of row groups (e.g. ``128MiB``);
+    #: unset, every file is one split
+    max_split_bytes: ByteSize | None = Field(default=None, gt=0)
     #: CSV only: does the first line hold column names
     header: bool = True
 

@@ -4,7 +4,7 @@ The runtime keeps per-key state as *partial aggregates* (one row per key) and fo
 input into it:
 
     delta = epoch.groupBy(*key).agg(*plan.partials())
-    state = plan.merge(state, delta, key)
+    state = plan.merge(state, delta, key)   # union + groupBy: no join, no shuffle of the state
     result = plan.final(state)
 
 Partial columns, per aggregation ``name``:
@@ -32,7 +32,6 @@ it is the largest double for min/max, and it makes sum and avg NaN.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import reduce
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -220,11 +219,23 @@ class AggregationPlan:
             out.append(expr.alias(p.name))
         return out
 
-    def merge(self, state: DataFrame, delta: DataFrame, on: Sequence[str]) -> DataFrame:
-        """Fold ``delta`` (partial aggregates of new input) into ``state``: a full outer join on
-        ``on`` — null-safe, so null key values match each other as ``groupBy`` groups them —
-        combining the partials per key. Returns ``on`` + :attr:`partial_columns`, typed as in
-        ``state``. Either side may lack keys of the other, or be empty."""
+    def merge(
+        self,
+        state: DataFrame,
+        delta: DataFrame,
+        on: Sequence[str],
+        *,
+        changed_flag: str | None = None,
+    ) -> DataFrame:
+        """Fold ``delta`` (partial aggregates of new input) into ``state``, combining the partials
+        per ``on`` — null key values are one key, as ``groupBy`` groups them. Returns ``on`` +
+        :attr:`partial_columns`, typed as in ``state``. Either side may lack keys of the other,
+        or be empty.
+
+        A union then a ``groupBy(*on)``, not a join: when both sides are hash-partitioned by a
+        subset of ``on`` (the runtime's subtask), neither is shuffled and the result keeps that
+        partitioning — the state never moves between epochs. ``changed_flag``: also return this
+        boolean column, true for the keys ``delta`` touched (the epoch's changed rows)."""
         on = [on] if isinstance(on, str) else list(on)
         if len(set(on)) != len(on):
             raise ValueError(f"merge: columns in `on` repeat: {on}")
@@ -238,33 +249,20 @@ class AggregationPlan:
                 raise ValueError(f"merge: the {side} lacks columns {missing}")
 
         types = {f.name: f.dataType for f in state.schema.fields}
-        # distinct names on each side: no ambiguity, even when both derive from one DataFrame
-        s = state.select([_col(c).alias(f"__s{i}") for i, c in enumerate(columns)])
-        d = delta.select([_col(c).alias(f"__d{i}") for i, c in enumerate(columns)])
-        condition = reduce(
-            lambda a, b: a & b,
-            [F.col(f"__s{i}").eqNullSafe(F.col(f"__d{i}")) for i in range(len(on))],
-        )
-        joined = s.join(d, on=condition, how="full_outer")
-
-        out = []
-        for i, name in enumerate(columns):
-            sv, dv = F.col(f"__s{i}"), F.col(f"__d{i}")
-            if i < len(on):
-                # an unmatched side's key is null; a matched pair is equal (or both null)
-                expr = F.coalesce(sv, dv)
-            else:
-                kind = self._partials[i - len(on)].kind
-                if kind == "cnt":
-                    expr = F.coalesce(sv, F.lit(0)) + F.coalesce(dv, F.lit(0))
-                elif kind == "sum":
-                    expr = F.coalesce(sv + dv, sv, dv)
-                elif kind == "min":
-                    expr = F.least(sv, dv)  # least/greatest skip nulls
-                else:
-                    expr = F.greatest(sv, dv)
-            out.append(expr.cast(types[name]).alias(name))
-        return joined.select(out)
+        flag = "__touched"
+        sides = [
+            df.select(
+                *(_col(c).cast(types[c]).alias(c) for c in columns), F.lit(touched).alias(flag)
+            )
+            for df, touched in ((state, False), (delta, True))
+        ]
+        combine = {"cnt": F.sum, "sum": F.sum, "min": F.min, "max": F.max}
+        aggs = [
+            combine[p.kind](_col(p.name)).cast(types[p.name]).alias(p.name) for p in self._partials
+        ]
+        if changed_flag is not None:
+            aggs.append(F.max(flag).alias(changed_flag))
+        return sides[0].unionByName(sides[1]).groupBy(*(_col(c) for c in on)).agg(*aggs)
 
     def final(self, state: DataFrame, extra: Sequence[str] = ()) -> DataFrame:
         """The result per key: key columns, ``extra`` passthrough columns, then one column per

@@ -22,6 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -52,6 +53,7 @@ from checkpointing.spark.keys import KEY_GROUP, SUBTASK, check_key_columns, key_
 from checkpointing.spark.sink import TwoPhaseCommitSink
 from checkpointing.spark.stages import AggregationStage, Stage
 from checkpointing.spec import PipelineSpec, SpecError
+from checkpointing.splits import InputSplit, epochs_of, plan_splits
 from checkpointing.storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,23 @@ def spark_session(
     return builder.getOrCreate()
 
 
+@contextmanager
+def session_settings(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """Runtime SQL settings for the duration of a run, then the session's own values again (a
+    Python API user's session is theirs)."""
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
 def under_spark_submit() -> bool:
     """True in a driver launched by ``spark-submit``, whose JVM is already up with its conf."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
@@ -188,22 +207,46 @@ class PipelineRun:
 
     # ------------------------------------------------------------------ input
 
-    def _epochs(self) -> list[list[str]]:
-        pattern = self.spec.resolve(self.spec.source.path)
+    def _epochs(self) -> list[list[InputSplit]]:
+        source = self.spec.source
+        pattern = self.spec.resolve(source.path)
         files = sorted(glob.glob(pattern.removeprefix("file://")))
         if not files:
             raise SpecError(f"source.path: {pattern!r} matches no files")
-        n = self.spec.source.splits_per_epoch
-        return [files[i : i + n] for i in range(0, len(files), n)]
+        splits = plan_splits(files, source.format.value, source.max_split_bytes)
+        return epochs_of(splits, source.splits_per_epoch)
 
-    def _read(self, files: Sequence[str]) -> DataFrame:
+    def _read(self, splits: Sequence[InputSplit]) -> DataFrame:
+        """The rows of ``splits``: whole files through Spark's own reader, row-group ranges of
+        big Parquet files through Arrow on the executors (only those row groups are read)."""
+        whole = [s.path for s in splits if s.row_groups is None]
+        ranged = [s for s in splits if s.row_groups is not None]
         reader = self.spark.read.format(self.spec.source.format.value)
         if self.spec.source.format.value == "csv":
             reader = reader.options(header=self.spec.source.header, inferSchema=True)
             reader = reader.option("mode", "FAILFAST")
+        if self.input_schema is None and not whole:
+            self.input_schema = self._checked(reader.load(ranged[0].path)).schema
         if self.input_schema is not None:
             reader = reader.schema(self.input_schema)
-        df = reader.load(list(files))
+        parts = [self._checked(reader.load(whole))] if whole else []
+        if ranged:
+            assert self.input_schema is not None
+            tasks = self.spark.createDataFrame(
+                [(s.path, *s.row_groups) for s in ranged if s.row_groups is not None],
+                "path string, start int, end int",
+            ).repartition(len(ranged))
+            parts.append(
+                tasks.mapInArrow(partial(_read_row_groups, self.input_schema), self.input_schema)
+            )
+        df = parts[0]
+        for part in parts[1:]:
+            df = df.unionByName(part)
+        return df
+
+    def _checked(self, df: DataFrame) -> DataFrame:
+        """The first input read: check it fits the key and the stage, and fix its schema for
+        every later read (and the state)."""
         if self.input_schema is None:
             check_key_columns(df, self.spec.key)
             self.stage.check(df.schema)  # e.g. the aggregated columns exist and are numeric
@@ -213,6 +256,19 @@ class PipelineRun:
     # ------------------------------------------------------------------ run
 
     def run(self) -> RunResult:
+        with session_settings(self.spark, self._sql_settings()):
+            return self._run()
+
+    def _sql_settings(self) -> dict[str, str]:
+        """Keep the state where it is between epochs: adaptive execution hides a checkpointed
+        plan's hash partitioning (every merge would then reshuffle the whole state), and our
+        shuffles are by subtask, so ``parallelism`` partitions are all there is to use."""
+        return {
+            "spark.sql.adaptive.enabled": "false",
+            "spark.sql.shuffle.partitions": str(self.parallelism),
+        }
+
+    def _run(self) -> RunResult:
         self.coordinator.activate()
         self.coordinator.job_status_changed(JobStatus.RUNNING)
         crash_at = self.options.crash_after_epochs
@@ -265,20 +321,20 @@ class PipelineRun:
         return self.result
 
     def _process(self, epoch: int) -> None:
-        files = self.epochs[epoch]
+        splits = self.epochs[epoch]
         try:
-            self._process_files(epoch, files)
+            self._process_splits(epoch, splits)
         except (Py4JJavaError, PySparkException) as exc:  # say which epoch and files, keep cause
             raise InputError(
                 f"job {self.spec.job}: epoch {epoch} failed reading "
-                f"{', '.join(os.path.basename(f) for f in files)}: {_spark_reason(exc)}"
+                f"{', '.join(s.describe() for s in splits)}: {_spark_reason(exc)}"
             ) from exc
-        rows = _parquet_rows(files) if self.spec.source.format.value == "parquet" else None
+        rows = _parquet_rows(splits) if self.spec.source.format.value == "parquet" else None
         self.last_epoch_rows = rows
         self.result.rows_read += rows or 0
 
-    def _process_files(self, epoch: int, files: Sequence[str]) -> None:
-        df = self._read(files)
+    def _process_splits(self, epoch: int, splits: Sequence[InputSplit]) -> None:
+        df = self._read(splits)
         state = self.state if self.state is not None else self._empty_state()
         new_state, changed = self.stage.step(state, df, self._keyed)
         self.sink.stage(epoch, changed)
@@ -377,11 +433,7 @@ class PipelineRun:
                     state_meta=meta,
                 )
             )
-        remaining = [
-            {"path": path, "epoch": e}
-            for e in range(epoch + 1, len(self.epochs))
-            for path in self.epochs[e]
-        ]
+        remaining = self._remaining_splits(epoch + 1)
         staged = [{"epoch": e} for e in self.sink.staged_epochs() if e <= epoch]
         acks_by_op = {
             AGGREGATE: acks,
@@ -399,6 +451,30 @@ class PipelineRun:
             epoch,
             (time.monotonic() - started) * 1000,
         )
+
+    def _remaining_splits(self, first_epoch: int) -> list[dict[str, Any]]:
+        """The source's list state: every split of the epochs from ``first_epoch`` on."""
+        return [s.to_state(e) for e in range(first_epoch, len(self.epochs)) for s in self.epochs[e]]
+
+    def _check_source(self, subtasks: Sequence[Any], checkpoint_id: int) -> None:
+        """The splits the checkpoint says remain must be the ones this run would read next:
+        otherwise the input (or ``splits_per_epoch``, ``max_split_bytes``) changed since, and
+        resuming would skip or repeat input."""
+
+        def key(item: dict[str, Any]) -> str:
+            return json.dumps(InputSplit.from_state(item).to_state(int(item["epoch"])))
+
+        restored = sorted(key(dict(item)) for s in subtasks for item in s.list_state)
+        planned = sorted(key(item) for item in self._remaining_splits(self.next_epoch))
+        if restored != planned:
+            missing = sorted(set(restored) - set(planned))
+            extra = sorted(set(planned) - set(restored))
+            raise SpecError(
+                f"source: the input does not match checkpoint {checkpoint_id}: it has "
+                f"{len(restored)} split(s) left to read, this run plans {len(planned)} "
+                f"(only in the checkpoint: {missing[:2]}; only now: {extra[:2]}). Restore with "
+                "the input, splits_per_epoch and max_split_bytes it was taken with"
+            )
 
     def _commit_sink(self, completed: CompletedCheckpoint) -> None:
         """The completion notification: commit the epochs the checkpoint covers."""
@@ -472,7 +548,10 @@ class PipelineRun:
         )
         self.covered_epoch = through_epoch(metadata, len(self.epochs))
         self.next_epoch = self.covered_epoch + 1
-        self._read(self.epochs[0])  # sets the input schema, which defines the state schema
+        self._check_source(plan.operator(SOURCE).subtasks, metadata.checkpoint_id)
+        # sets the input schema, which defines the state schema (the next epoch's files: their
+        # listing is then warm for the first epoch after the restore)
+        self._read(self.epochs[min(self.next_epoch, len(self.epochs) - 1)])
         checksums = {h.handle: h.checksum for h in metadata.handles()}
         reads = [
             (s.subtask_index, r.url, checksums.get(r.url), r.key_groups.start, r.key_groups.end)
@@ -509,14 +588,36 @@ def _spark_reason(exc: BaseException) -> str:
     return "; caused by: ".join(part[:1000] for part in dict.fromkeys([main, *causes]))
 
 
-def _parquet_rows(files: Sequence[str]) -> int | None:
+def _parquet_rows(splits: Sequence[InputSplit]) -> int | None:
     """Rows of an epoch from the Parquet footers (no data read), for the rows/s progress."""
     import pyarrow.parquet as pq
 
     try:
-        return sum(pq.ParquetFile(f.removeprefix("file://")).metadata.num_rows for f in files)
+        return sum(
+            s.rows if s.rows is not None else pq.ParquetFile(s.path).metadata.num_rows
+            for s in splits
+        )
     except (OSError, pa.ArrowException):
         return None
+
+
+def _read_row_groups(
+    schema: T.StructType, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """Runs on an executor: the rows of each ``(path, start, end)`` row-group range, as the
+    input schema's Arrow types (the same rows Spark's reader gives for the whole file)."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    target = to_arrow_schema(schema)
+    for batch in batches:
+        for row in batch.to_pylist():
+            file = pq.ParquetFile(row["path"])
+            for part in file.iter_batches(
+                row_groups=range(row["start"], row["end"]), columns=target.names
+            ):
+                table = pa.Table.from_batches([part]).select(target.names)
+                yield from table.cast(target).to_batches()
 
 
 def through_epoch(metadata: CheckpointMetadata, num_epochs: int) -> int:

@@ -89,16 +89,20 @@ class AggregationStage:
         return self.plan.state_schema(input_schema, extra_fields)
 
     def step(self, state: DataFrame, rows: DataFrame, keyed: Keyed) -> tuple[DataFrame, DataFrame]:
+        """One shuffle per epoch, of the input rows by subtask: the partials, the merge (union +
+        groupBy) and the changed rows then stay in the subtask's partition with its state."""
         on = [SUBTASK, KEY_GROUP, *self.plan.key]
-        delta = keyed(rows.groupBy(*self.plan.key).agg(*self.plan.partials(rows.schema)))
-        merged = self.plan.merge(state, delta, on).localCheckpoint(eager=True)
-        changed = merged.join(delta.select(*on), on=on, how="left_semi")
-        return merged, self.plan.final(changed)
+        delta = keyed(rows).groupBy(*on).agg(*self.plan.partials(rows.schema))
+        merged = self.plan.merge(state, delta, on, changed_flag=_CHANGED)
+        merged = merged.localCheckpoint(eager=True)
+        changed = merged.where(F.col(_CHANGED)).drop(_CHANGED)
+        return merged.drop(_CHANGED), self.plan.final(changed)
 
     def final(self, state: DataFrame) -> DataFrame:
         return self.plan.final(state)
 
 
+_CHANGED = "__changed"  # the merge's flag: the key had input this epoch
 _KIND = "__kind"  # 0: a state row, 1: a changed (sink) row, in the stage's one output table
 _S, _O = "__s_", "__o_"  # prefixes of state and output columns in that table
 
