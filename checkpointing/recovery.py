@@ -11,6 +11,7 @@ checkpoint and parallelism, so it redoes at most the epochs since that checkpoin
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,13 +34,18 @@ log = logging.getLogger(__name__)
 PIPELINE_OPERATORS = ("source", "aggregate", "sink")
 
 
-def pipeline_plan(attempt: str, parallelism: int, max_parallelism: int) -> list[TaskSpec]:
+def pipeline_plan(
+    attempt: str,
+    parallelism: int,
+    max_parallelism: int,
+    operators: Sequence[str] = PIPELINE_OPERATORS,
+) -> list[TaskSpec]:
     """The tasks of one execution attempt of a pipeline job, as the runtime acknowledges them:
     whoever triggers a checkpoint for that attempt (the driver or the Airflow operator) must
-    expect exactly these."""
+    expect exactly these. ``operators``: a Python API job's chain has more stages."""
     return [
         TaskSpec(op, i, f"{attempt}-{op}-{i}", parallelism, max_parallelism)
-        for op in PIPELINE_OPERATORS
+        for op in operators
         for i in range(parallelism)
     ]
 

@@ -248,3 +248,124 @@ def test_update_results_must_keep_the_key_columns() -> None:
         _update_subtask(
             stage.update, ["user"], stage.state_fields, stage.output_fields, tagged, empty, batch
         )
+
+
+# ------------------------------------------------------------------------ a chain of stages
+# Stage 1 (keyed by user): each user's first purchase of each item, emitted once (dedup state:
+# the items the user has bought). Stage 2 (keyed by item, declarative): per item, how many users
+# bought it and the sum of those first purchases. Two keyed states, re-keyed between them.
+
+FIRST = pa.schema([("item", pa.string()), ("amount", pa.float64())])
+
+
+def first_purchases() -> ArrowStage:
+    def update(state: pa.Table, batch: pa.Table) -> tuple[pd.DataFrame, pd.DataFrame]:
+        seen = state.to_pandas().explode("items").rename(columns={"items": "item"})
+        new = batch.to_pandas().sort_values("seq").drop_duplicates(["user", "item"])
+        marked = new.merge(seen[["user", "item"]], on=["user", "item"], how="left", indicator=True)
+        firsts = marked[marked["_merge"] == "left_only"]
+        pairs = pd.concat([seen[["user", "item"]].dropna(), firsts[["user", "item"]]])
+        items = pairs.groupby("user")["item"].agg(sorted).rename("items").reset_index()
+        return items, firsts[["user", "item", "amount"]]
+
+    def final(state: pa.Table) -> pd.DataFrame:  # not the sink's: the chain ends in stage 2
+        rows = state.to_pandas().explode("items").rename(columns={"items": "item"})
+        return rows.assign(amount=np.nan)[["user", "item", "amount"]]
+
+    items = pa.schema([("items", pa.list_(pa.string()))])
+    return ArrowStage(update, state_schema=items, output=FIRST, final=final, uid="first-purchase")
+
+
+def per_item() -> Any:
+    from checkpointing.spark.aggregations import AggregationPlan
+    from checkpointing.spark.stages import AggregationStage
+
+    return AggregationStage(
+        AggregationPlan(["item"], {"buyers": "count()", "first_spend": "sum(amount)"})
+    )
+
+
+def expected_items(events: pd.DataFrame) -> pd.DataFrame:
+    firsts = events.sort_values("seq").drop_duplicates(["user", "item"])
+    grouped = firsts.groupby("item")
+    return pd.DataFrame(
+        {"buyers": grouped.size(), "first_spend": grouped["amount"].sum()}
+    ).reset_index()
+
+
+def chain(workdir: Path, events: Path, name: str) -> Pipeline:
+    return Pipeline(
+        job=name,
+        source={"format": "parquet", "path": f"{events}/*.parquet"},
+        key="user",
+        stages=[first_purchases(), per_item()],
+        sink=str(workdir / f"{name}-out"),
+        parallelism=3,
+        max_parallelism=MAX_PARALLELISM,
+        checkpoint={"every_epochs": 1, "retained": 2},
+    )
+
+
+def item_tables(spark: Any, p: Pipeline) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from checkpointing.spark.sink import TwoPhaseCommitSink
+
+    sink = TwoPhaseCommitSink(p.spec.sink.path)
+    final = sink.read_final(spark).toPandas().sort_values("item").reset_index(drop=True)
+    changelog = sink.read_changelog(spark).toPandas()
+    return final, changelog.sort_values(["epoch", "item"]).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)
+def test_a_chain_of_two_keyed_stages_crashes_and_resumes_rescaled(
+    spark: Any, data: Any, tmp_path: Path, metastore: Metastore
+) -> None:
+    from checkpointing.spark.runtime import RunOptions, SimulatedCrash
+
+    _register_by_value()
+    frames = data[1]
+    p = chain(tmp_path, data[0], "api-chain")
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    with pytest.raises(SimulatedCrash):
+        p.run(spark, metastore, storage, RunOptions(parallelism=4, crash_after_epochs=2))
+    # both stages snapshot their own keyed state, under their own operator ids
+    snapshots = {f.name.rsplit("-", 1)[0] for f in (tmp_path / "ckpt").rglob("*.arrow")}
+    assert snapshots == {"first-purchase", "stage-2"}
+    resumed = p.run(spark, metastore, storage, RunOptions(parallelism=2))
+    assert resumed.restored_from is not None
+    assert resumed.epochs_run == [2, 3]
+
+    final, changelog = item_tables(spark, p)
+    want = expected_items(pd.concat(frames))
+    pd.testing.assert_frame_equal(final[want.columns.tolist()], want, check_dtype=False)
+    for epoch in range(EPOCHS):  # each epoch: the items with new first purchases, cumulative
+        so_far = pd.concat(frames[: epoch + 1])
+        before = pd.concat(frames[:epoch]) if epoch else so_far.iloc[:0]
+        new_pairs = so_far.sort_values("seq").drop_duplicates(["user", "item"])
+        new_pairs = new_pairs[new_pairs.seq.isin(frames[epoch].seq)]
+        assert not new_pairs.empty
+        want = expected_items(so_far)
+        want = want[want.item.isin(new_pairs.item)].reset_index(drop=True)
+        got = changelog[changelog.epoch == epoch].reset_index(drop=True)
+        pd.testing.assert_frame_equal(got[want.columns.tolist()], want, check_dtype=False)
+        assert len(before) + len(frames[epoch]) == len(so_far)
+
+
+def test_a_chain_needs_keys_and_distinct_operator_ids(
+    spark: Any, data: Any, tmp_path: Path, metastore_url: str
+) -> None:
+    from checkpointing.spark.runtime import chained_stages
+    from checkpointing.spec import SpecError
+
+    unkeyed = ArrowStage(lambda s, b: (s, b), state_schema=STATE, output=OUTPUT, final=len)
+    with pytest.raises(SpecError, match=r"stage 2 .* has no key"):
+        chained_stages([per_item(), unkeyed], ["item"])
+    twice = [first_purchases(), first_purchases().with_key(["seq"])]
+    with pytest.raises(SpecError, match="operator id 'first-purchase' is taken"):
+        chained_stages(twice, ["user"])
+    runs = chained_stages([first_purchases(), per_item()], ["user"])
+    assert [(r.operator_id, r.key) for r in runs] == [
+        ("first-purchase", ["user"]),
+        ("stage-2", ["item"]),
+    ]
+    with pytest.raises(ValueError, match="not both"):
+        Pipeline(job="x", source={}, key="user", sink="out", stage=per_item(), stages=[per_item()])

@@ -40,6 +40,7 @@ from checkpointing.assignment import plan_restore, snapshots_from_metadata
 from checkpointing.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from checkpointing.errors import CheckpointingError
 from checkpointing.failure import CheckpointException
+from checkpointing.ids import validate_id
 from checkpointing.keygroups import KeyGroupRange, key_group_range
 from checkpointing.metadata import CheckpointMetadata
 from checkpointing.metastore import Metastore
@@ -163,9 +164,12 @@ class PipelineRun:
         *,
         on_epoch: Callable[[int, int], None] | None = None,
         stage: Stage | None = None,
+        stages: Sequence[Stage] = (),
     ) -> None:
         """``stage``: the keyed stateful stage (e.g. a Python API
-        :class:`~checkpointing.spark.stages.ArrowStage`); default the spec's aggregations."""
+        :class:`~checkpointing.spark.stages.ArrowStage`); default the spec's aggregations.
+        ``stages``: a chain of them instead, each fed the rows the one before emits in the same
+        epoch; the first is keyed by the spec's key, the others by their own."""
         self.spec = spec
         self.spark = spark
         self.metastore = metastore
@@ -180,13 +184,19 @@ class PipelineRun:
             )
         self.attempt = self.options.attempt or f"a{uuid.uuid4().hex[:10]}"
         self.epochs = self._epochs()
-        if stage is None:
+        if stage is not None and stages:
+            raise ValueError("give either stage or stages, not both")
+        chain = list(stages) if stages else [stage] if stage is not None else []
+        if not chain:
             if not spec.aggregations:
                 raise SpecError("aggregations: needs at least one aggregation (or a stage)")
-            stage = AggregationStage(AggregationPlan(spec.key, spec.aggregations))
-        self.stage = stage.with_key(spec.key)
+            chain = [AggregationStage(AggregationPlan(spec.key, spec.aggregations))]
+        self.stages = chained_stages(chain, spec.key)
         self.sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path))
-        self.plan = pipeline_plan(self.attempt, self.parallelism, self.max_parallelism)
+        self.operators = [SOURCE, *(s.operator_id for s in self.stages), SINK]
+        self.plan = pipeline_plan(
+            self.attempt, self.parallelism, self.max_parallelism, self.operators
+        )
         self.coordinator = CheckpointCoordinator(
             spec.job,
             metastore,
@@ -196,7 +206,7 @@ class PipelineRun:
             plan_provider=lambda: self.plan,
             completion_listeners=[self._commit_sink],
         )
-        self.state: DataFrame | None = None
+        #: the source's rows' schema, fixed by the first read (and each stage's input from it)
         self.input_schema: T.StructType | None = None
         self.next_epoch = 0
         #: rows in the last epoch's input, when cheap to know (Parquet footers)
@@ -248,8 +258,12 @@ class PipelineRun:
         """The first input read: check it fits the key and the stage, and fix its schema for
         every later read (and the state)."""
         if self.input_schema is None:
-            check_key_columns(df, self.spec.key)
-            self.stage.check(df.schema)  # e.g. the aggregated columns exist and are numeric
+            schema = df.schema
+            for s in self.stages:  # e.g. key columns exist, aggregated columns are numeric
+                s.input_schema = schema
+                check_key_columns(self.spark.createDataFrame([], schema), s.key)
+                s.stage.check(schema)
+                schema = s.stage.output_schema(schema)  # what it emits: the next one's input
             self.input_schema = df.schema
         return df
 
@@ -334,16 +348,16 @@ class PipelineRun:
         self.result.rows_read += rows or 0
 
     def _process_splits(self, epoch: int, splits: Sequence[InputSplit]) -> None:
-        df = self._read(splits)
-        state = self.state if self.state is not None else self._empty_state()
-        new_state, changed = self.stage.step(state, df, self._keyed)
-        self.sink.stage(epoch, changed)
-        self.state = new_state
+        rows = self._read(splits)
+        for s in self.stages:  # each stage's changed rows are the next one's input
+            state = s.state if s.state is not None else self._empty_state(s)
+            s.state, rows = s.stage.step(state, rows, partial(self._keyed, s.key))
+        self.sink.stage(epoch, rows)
 
-    def _keyed(self, df: DataFrame) -> DataFrame:
+    def _keyed(self, key: Sequence[str], df: DataFrame) -> DataFrame:
         """``df`` with its key group and subtask, partitioned by subtask like the state."""
         return (
-            df.withColumn(KEY_GROUP, key_group_column(self.spec.key, self.max_parallelism))
+            df.withColumn(KEY_GROUP, key_group_column(key, self.max_parallelism))
             .withColumn(SUBTASK, self._subtask_column())
             .repartition(self.parallelism, SUBTASK)
         )
@@ -353,10 +367,10 @@ class PipelineRun:
             "int"
         )
 
-    def _empty_state(self) -> DataFrame:
-        assert self.input_schema is not None
-        schema = self.stage.state_schema(
-            self.input_schema,
+    def _empty_state(self, s: StageRun) -> DataFrame:
+        assert s.input_schema is not None
+        schema = s.stage.state_schema(
+            s.input_schema,
             extra_fields=[
                 T.StructField(SUBTASK, T.IntegerType()),
                 T.StructField(KEY_GROUP, T.IntegerType()),
@@ -399,22 +413,44 @@ class PipelineRun:
         return [(r[0], r[1]) for r in rows]
 
     def _snapshot(self, checkpoint_id: int, location_url: str, epoch: int) -> None:
-        assert self.state is not None
         started = time.monotonic()
+        remaining = self._remaining_splits(epoch + 1)
+        staged = [{"epoch": e} for e in self.sink.staged_epochs() if e <= epoch]
+        acks_by_op = {
+            SOURCE: _list_acks(self.plan, SOURCE, remaining),
+            SINK: _list_acks(self.plan, SINK, staged),
+        }
+        for s in self.stages:
+            acks_by_op[s.operator_id] = self._snapshot_stage(s, location_url)
+        for op in (SOURCE, SINK, *(s.operator_id for s in self.stages)):  # a batch per operator
+            outcome = self.coordinator.receive_acknowledge(checkpoint_id, acks_by_op[op])
+            if outcome.completed is not None:
+                self.result.checkpoints.append(checkpoint_id)
+        log.info(
+            "job %s: snapshot for checkpoint %d after epoch %d in %d ms",
+            self.spec.job,
+            checkpoint_id,
+            epoch,
+            (time.monotonic() - started) * 1000,
+        )
+
+    def _snapshot_stage(self, s: StageRun, location_url: str) -> list[TaskAck]:
+        """Every subtask of one keyed stage writes its snapshot from the executor; its acks."""
+        state = s.state if s.state is not None else self._empty_state(s)
         storage, parallelism, max_parallelism = self.storage, self.parallelism, self.max_parallelism
-        key = list(self.spec.key)
+        key, operator_id = list(s.key), s.operator_id
 
         def writer(table: pa.Table) -> pa.Table:  # annotated: Spark infers the UDF type from it
             return _write_subtask_snapshot(
-                storage, location_url, parallelism, max_parallelism, key, table
+                storage, location_url, parallelism, max_parallelism, key, operator_id, table
             )
 
         written = {
             row["subtask"]: row
-            for row in self.state.groupBy(SUBTASK).applyInArrow(writer, _WRITTEN_SCHEMA).collect()
+            for row in state.groupBy(SUBTASK).applyInArrow(writer, _WRITTEN_SCHEMA).collect()
         }
         acks = []
-        for task in (t for t in self.plan if t.operator_id == AGGREGATE):
+        for task in (t for t in self.plan if t.operator_id == operator_id):
             r = key_group_range(self.max_parallelism, self.parallelism, task.subtask_index)
             row = written.get(task.subtask_index)
             meta: dict[str, Any] = {"key_groups": [r.start, r.end], "group_bytes": {}}
@@ -433,24 +469,7 @@ class PipelineRun:
                     state_meta=meta,
                 )
             )
-        remaining = self._remaining_splits(epoch + 1)
-        staged = [{"epoch": e} for e in self.sink.staged_epochs() if e <= epoch]
-        acks_by_op = {
-            AGGREGATE: acks,
-            SOURCE: _list_acks(self.plan, SOURCE, remaining),
-            SINK: _list_acks(self.plan, SINK, staged),
-        }
-        for op in (SOURCE, SINK, AGGREGATE):  # one batch per stage
-            outcome = self.coordinator.receive_acknowledge(checkpoint_id, acks_by_op[op])
-            if outcome.completed is not None:
-                self.result.checkpoints.append(checkpoint_id)
-        log.info(
-            "job %s: snapshot for checkpoint %d after epoch %d in %d ms",
-            self.spec.job,
-            checkpoint_id,
-            epoch,
-            (time.monotonic() - started) * 1000,
-        )
+        return acks
 
     def _remaining_splits(self, first_epoch: int) -> list[dict[str, Any]]:
         """The source's list state: every split of the epochs from ``first_epoch`` on."""
@@ -493,9 +512,10 @@ class PipelineRun:
             raise RuntimeError(
                 f"job {self.spec.job}: the final checkpoint did not complete; see `ckpt list`"
             )
-        state = self.state if self.state is not None else self._empty_state()
+        last = self.stages[-1]
+        state = last.state if last.state is not None else self._empty_state(last)
         token = f"{self.spec.job}-{self.attempt}"
-        self.result.final_path = self.sink.publish_final(self.stage.final(state), token)
+        self.result.final_path = self.sink.publish_final(last.stage.final(state), token)
         self.coordinator.shutdown(JobStatus.FINISHED)
 
     # ------------------------------------------------------------------ restore
@@ -541,7 +561,7 @@ class PipelineRun:
     def _load_state(self, metadata: CheckpointMetadata) -> dict[str, Any]:
         plan = plan_restore(
             snapshots_from_metadata(metadata),
-            [SOURCE, AGGREGATE, SINK],
+            self.operators,
             new_parallelism=self.parallelism,
             max_parallelism=self.max_parallelism,
             allow_non_restored_state=self.options.allow_non_restored_state,
@@ -553,22 +573,59 @@ class PipelineRun:
         # listing is then warm for the first epoch after the restore)
         self._read(self.epochs[min(self.next_epoch, len(self.epochs) - 1)])
         checksums = {h.handle: h.checksum for h in metadata.handles()}
-        reads = [
-            (s.subtask_index, r.url, checksums.get(r.url), r.key_groups.start, r.key_groups.end)
-            for s in plan.operator(AGGREGATE).subtasks
-            for r in s.reads
-        ]
-        empty = self._empty_state()
-        if reads:
-            tasks = self.spark.createDataFrame(
-                reads, "subtask int, url string, checksum string, start int, end int"
-            ).repartition(max(1, len(reads)))
-            reader = partial(_read_subtask_snapshots, self.storage, empty.schema.names)
-            loaded = tasks.mapInArrow(reader, empty.schema)
-            self.state = loaded.repartition(self.parallelism, SUBTASK).localCheckpoint(eager=True)
-        else:
-            self.state = empty
+        for s in self.stages:
+            reads = [
+                (t.subtask_index, r.url, checksums.get(r.url), r.key_groups.start, r.key_groups.end)
+                for t in plan.operator(s.operator_id).subtasks
+                for r in t.reads
+            ]
+            s.state = self._load_stage(s, reads)
         return plan.to_dict()
+
+    def _load_stage(self, s: StageRun, reads: list[tuple[Any, ...]]) -> DataFrame:
+        """One stage's restored state: each new subtask's executor reads just its key groups of
+        the old snapshot files; partitioned by subtask as the state always is."""
+        empty = self._empty_state(s)
+        if not reads:
+            return empty
+        tasks = self.spark.createDataFrame(
+            reads, "subtask int, url string, checksum string, start int, end int"
+        ).repartition(len(reads))
+        reader = partial(_read_subtask_snapshots, self.storage, empty.schema.names)
+        loaded = tasks.mapInArrow(reader, empty.schema)
+        return loaded.repartition(self.parallelism, SUBTASK).localCheckpoint(eager=True)
+
+
+@dataclass
+class StageRun:
+    """A keyed stage of a run: its operator id (its snapshots' name), key, input schema (fixed
+    by the first read) and current state."""
+
+    operator_id: str
+    stage: Stage
+    key: list[str]
+    input_schema: T.StructType | None = None
+    state: DataFrame | None = None
+
+
+def chained_stages(stages: Sequence[Stage], key: Sequence[str]) -> list[StageRun]:
+    """The runs of a chain of stages: the first keyed by the pipeline's ``key``, the others by
+    their own; operator ids from each stage's ``uid``, else ``aggregate`` for the first (the
+    id a single-stage job has always had) and ``stage-<i>`` after it. Ids must be distinct:
+    they name the state a restore maps back to each stage."""
+    runs: list[StageRun] = []
+    for i, stage in enumerate(stages):
+        if i == 0:
+            stage = stage.with_key(key)
+        stage_key = list(getattr(stage, "key", None) or [])
+        if not stage_key:
+            raise SpecError(f"stage {i + 1} ({stage!r}) has no key: give it key=[...]")
+        uid = getattr(stage, "uid", None) or (AGGREGATE if i == 0 else f"stage-{i + 1}")
+        validate_id(uid, f"stage {i + 1} uid")
+        if uid in (SOURCE, SINK) or any(r.operator_id == uid for r in runs):
+            raise SpecError(f"stage {i + 1}: operator id {uid!r} is taken; give it another uid")
+        runs.append(StageRun(uid, stage, stage_key))
+    return runs
 
 
 class InputError(CheckpointingError):
@@ -662,9 +719,10 @@ def _write_subtask_snapshot(
     parallelism: int,
     max_parallelism: int,
     key: list[str],
+    operator_id: str,
     table: pa.Table,
 ) -> pa.Table:
-    """Runs on an executor: one aggregate subtask's state → its snapshot file (recording the key
+    """Runs on an executor: one stage subtask's state → its snapshot file (recording the key
     columns, for readers such as ``ckpt inspect``)."""
     from checkpointing.snapshot import read_snapshot_info
 
@@ -678,11 +736,11 @@ def _write_subtask_snapshot(
     )
     key_groups = key_group_range(max_parallelism, parallelism, subtask)
     data = write_keyed_snapshot(
-        state, operator_id=AGGREGATE, key_groups=key_groups, max_parallelism=max_parallelism
+        state, operator_id=operator_id, key_groups=key_groups, max_parallelism=max_parallelism
     )
     sync_ms = int((time.monotonic() - started) * 1000)
     location = storage.location_for(location_url)
-    info = storage.write_bytes(location.file_url(f"{AGGREGATE}-{subtask}.arrow"), data)
+    info = storage.write_bytes(location.file_url(f"{operator_id}-{subtask}.arrow"), data)
     groups = read_snapshot_info(data).groups
     return pa.table(
         {

@@ -68,12 +68,28 @@ class Stage(Protocol):
         """The final table: one sink row per key of ``state``."""
         ...
 
+    def output_schema(self, input_schema: T.StructType) -> T.StructType:
+        """The schema of the rows it emits (``step``'s changed rows, ``final``'s): the next
+        stage's input in a chain."""
+        ...
+
 
 class AggregationStage:
-    """The declarative stage: pre-aggregate the epoch per key, full-outer merge into the state."""
+    """The declarative stage: pre-aggregate the epoch per key, merge into the state.
 
-    def __init__(self, plan: AggregationPlan) -> None:
+    ``uid``: the operator id its state is stored under (Flink's ``uid``), default by position.
+    """
+
+    def __init__(self, plan: AggregationPlan, *, uid: str | None = None) -> None:
         self.plan = plan
+        self.uid = uid
+
+    def __repr__(self) -> str:
+        return f"AggregationStage(key={self.plan.key}, {list(self.plan.aggregations)})"
+
+    @property
+    def key(self) -> list[str]:
+        return list(self.plan.key)
 
     def with_key(self, key: Sequence[str]) -> AggregationStage:
         if list(key) != self.plan.key:
@@ -101,6 +117,14 @@ class AggregationStage:
     def final(self, state: DataFrame) -> DataFrame:
         return self.plan.final(state)
 
+    def output_schema(self, input_schema: T.StructType) -> T.StructType:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        assert spark is not None, "needs an active Spark session"
+        empty = spark.createDataFrame([], self.state_schema(input_schema))
+        return self.plan.final(empty).schema  # analysed only: no Spark job
+
 
 _CHANGED = "__changed"  # the merge's flag: the key had input this epoch
 _KIND = "__kind"  # 0: a state row, 1: a changed (sink) row, in the stage's one output table
@@ -120,6 +144,9 @@ class ArrowStage:
 
     ``final(state) -> rows`` gives the final table's rows from a key group's state; by default
     the state's key and ``output`` columns (which must then be state columns).
+
+    ``key``: required for a stage after the first of a chain (the first takes the pipeline's);
+    ``uid``: the operator id its state is stored under (Flink's ``uid``), default by position.
     """
 
     def __init__(
@@ -130,8 +157,10 @@ class ArrowStage:
         output: pa.Schema,
         final: FinalFn | None = None,
         key: Sequence[str] | None = None,
+        uid: str | None = None,
     ) -> None:
         self.update = update
+        self.uid = uid
         self.state_fields = pa.schema(state_schema)
         self.output_fields = pa.schema(output)
         self.final_fn = final
@@ -357,8 +386,13 @@ def _update_subtask(
 
 
 class Pipeline:
-    """A Python API job — source → keyed ``stage`` → sink — as a :class:`PipelineSpec` without
-    aggregations plus the stage, run by the same runtime (and checkpoints) as a spec file.
+    """A Python API job — source → keyed ``stage`` (or a chain of ``stages``) → sink — as a
+    :class:`PipelineSpec` without aggregations plus the stages, run by the same runtime (and
+    checkpoints) as a spec file.
+
+    In a chain, each stage's input in an epoch is the rows the stage before it emitted (its
+    ``changed`` rows) in that epoch — an append stream; the sink gets the last stage's. ``key``
+    keys the first stage; later ones need their own ``key=`` (state is repartitioned by it).
 
     ``source``, ``sink`` and ``checkpoint`` take what the spec's sections take (``sink`` may be
     just its path); ``fields`` any other spec field (``max_parallelism``, ``storage``, …)."""
@@ -369,12 +403,15 @@ class Pipeline:
         job: str,
         source: Mapping[str, Any] | SourceSpec,
         key: str | Sequence[str],
-        stage: Stage,
         sink: str | Mapping[str, Any] | SinkSpec,
+        stage: Stage | None = None,
+        stages: Sequence[Stage] = (),
         parallelism: int = 2,
         checkpoint: Mapping[str, Any] | CheckpointSpec | None = None,
         **fields: Any,
     ) -> None:
+        if (stage is None) == (not stages):
+            raise ValueError("give a stage, or a chain of stages (stages=[...]), not both")
         try:
             self.spec = PipelineSpec.model_validate(
                 {
@@ -389,7 +426,8 @@ class Pipeline:
             )
         except ValidationError as exc:
             raise SpecError(describe_validation_error(exc, f"pipeline {job}")) from None
-        self.stage = stage.with_key(self.spec.key)
+        chain = list(stages) if stages else [stage]
+        self.stages: list[Stage] = [chain[0].with_key(self.spec.key), *chain[1:]]  # type: ignore[union-attr]
 
     def run(
         self,
@@ -403,5 +441,5 @@ class Pipeline:
         from checkpointing.spark.runtime import PipelineRun
 
         return PipelineRun(
-            self.spec, spark, metastore, storage, options, on_epoch=on_epoch, stage=self.stage
+            self.spec, spark, metastore, storage, options, on_epoch=on_epoch, stages=self.stages
         ).run()
