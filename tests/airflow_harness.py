@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from checkpointing import datasets
 from checkpointing.airflow_env import REPO, airflow_command, airflow_env, migrate
 
-__all__ = ["AIRFLOW", "CKPT", "REPO", "AirflowHome", "make_airflow_home"]
+__all__ = ["AIRFLOW", "CKPT", "REPO", "AirflowHome", "assert_exactly_once", "make_airflow_home"]
 
 AIRFLOW = airflow_command()
 CKPT = str(Path(sys.executable).with_name("ckpt"))
@@ -58,3 +61,24 @@ def make_airflow_home(root: Path, database_url: str, ckpt_home: Path) -> Airflow
     env = airflow_env(home, dags, ckpt_home=ckpt_home, database_url=database_url)
     migrate(env)
     return AirflowHome(home, dags, env)
+
+
+def assert_exactly_once(
+    out: Path, events: Path, aggregations: dict[str, tuple[str, str | None]]
+) -> None:
+    """The sink ``out`` of a pipeline over ``events`` (one file per epoch, keyed by ``user``)
+    equals an uninterrupted run's: the final table is the independent pandas aggregation of
+    every event, every epoch's changelog is committed once with exactly the keys of its file,
+    and nothing is left in progress."""
+    frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
+    final = pd.read_parquet(out / "final").sort_values("user").reset_index(drop=True)
+    expected = datasets.expected_aggregates(pd.concat(frames), ["user"], aggregations)
+    pd.testing.assert_frame_equal(
+        final[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
+    )
+    committed = sorted(int(p.name.split("=")[1]) for p in (out / "changelog").glob("epoch=*"))
+    assert committed == list(range(len(frames)))
+    for epoch, frame in enumerate(frames):
+        got = pd.read_parquet(out / "changelog" / f"epoch={epoch}")
+        assert sorted(got.user) == sorted(frame.user.unique()), f"epoch {epoch}"
+    assert not list(out.rglob("*.inprogress"))

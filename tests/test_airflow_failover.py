@@ -11,13 +11,12 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from sqlalchemy import create_engine, text
 
 from checkpointing import datasets, views
 from checkpointing.metastore import Metastore
-from tests.airflow_harness import AirflowHome, make_airflow_home
+from tests.airflow_harness import AirflowHome, assert_exactly_once, make_airflow_home
 
 FILES = 4
 AGGS = {"n": ("count", None), "total": ("sum", "amount"), "avg_amount": ("avg", "amount")}
@@ -98,21 +97,6 @@ def metastore_of(airflow: AirflowHome) -> Metastore:
     return Metastore(f"sqlite:///{Path(airflow.env['CKPT_HOME']) / 'metastore.db'}")
 
 
-def assert_exactly_once(out: Path, events: Path) -> None:
-    frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
-    final = pd.read_parquet(out / "final").sort_values("user").reset_index(drop=True)
-    expected = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
-    pd.testing.assert_frame_equal(
-        final[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
-    )
-    committed = sorted(int(p.name.split("=")[1]) for p in (out / "changelog").glob("epoch=*"))
-    assert committed == list(range(FILES))
-    for epoch in range(FILES):
-        got = pd.read_parquet(out / "changelog" / f"epoch={epoch}")
-        assert sorted(got.user) == sorted(frames[epoch].user.unique()), f"epoch {epoch}"
-    assert not list(out.rglob("*.inprogress"))
-
-
 def run_lines(result: subprocess.CompletedProcess) -> list[str]:
     return re.findall(r"job \S+ finished: .*", result.stdout + result.stderr)
 
@@ -162,4 +146,4 @@ def test_a_crashed_try_is_retried_from_the_latest_checkpoint(
     assert groups == list(range(16))  # every key group assigned exactly once
     aborted = views.list_checkpoints(metastore, job, status="ABORTED")
     assert all(c["failure_reason"] != "CHECKPOINT_EXPIRED" for c in aborted)
-    assert_exactly_once(tmp_path / "out", events)
+    assert_exactly_once(tmp_path / "out", events, AGGS)
