@@ -33,6 +33,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema
 from sqlalchemy import select
 
 from checkpointing import restore
@@ -41,15 +42,20 @@ from checkpointing.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from checkpointing.errors import CheckpointingError
 from checkpointing.failure import CheckpointException
 from checkpointing.ids import validate_id
-from checkpointing.keygroups import KeyGroupRange, key_group_range
+from checkpointing.keygroups import key_group_range
 from checkpointing.metadata import CheckpointMetadata
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointTask
 from checkpointing.pending import TaskAck, TaskSpec
 from checkpointing.properties import CheckpointStatus, JobStatus, RestoreStatus
 from checkpointing.recovery import pipeline_plan
-from checkpointing.snapshot import read_keyed_snapshot, write_keyed_snapshot
 from checkpointing.spark.aggregations import AggregationPlan
+from checkpointing.spark.executor import (
+    WRITTEN,
+    read_row_groups,
+    read_subtask_snapshots,
+    write_subtask_snapshot,
+)
 from checkpointing.spark.keys import KEY_GROUP, SUBTASK, check_key_columns, key_group_column
 from checkpointing.spark.sink import TwoPhaseCommitSink
 from checkpointing.spark.stages import AggregationStage, Stage
@@ -247,7 +253,7 @@ class PipelineRun:
                 "path string, start int, end int",
             ).repartition(len(ranged))
             parts.append(
-                tasks.mapInArrow(partial(_read_row_groups, self.input_schema), self.input_schema)
+                tasks.mapInArrow(partial(read_row_groups, self.input_schema), self.input_schema)
             )
         df = parts[0]
         for part in parts[1:]:
@@ -441,14 +447,12 @@ class PipelineRun:
         key, operator_id = list(s.key), s.operator_id
 
         def writer(table: pa.Table) -> pa.Table:  # annotated: Spark infers the UDF type from it
-            return _write_subtask_snapshot(
+            return write_subtask_snapshot(
                 storage, location_url, parallelism, max_parallelism, key, operator_id, table
             )
 
-        written = {
-            row["subtask"]: row
-            for row in state.groupBy(SUBTASK).applyInArrow(writer, _WRITTEN_SCHEMA).collect()
-        }
+        snapshots = state.groupBy(SUBTASK).applyInArrow(writer, from_arrow_schema(WRITTEN))
+        written = {row["subtask"]: row for row in snapshots.collect()}
         acks = []
         for task in (t for t in self.plan if t.operator_id == operator_id):
             r = key_group_range(self.max_parallelism, self.parallelism, task.subtask_index)
@@ -591,7 +595,7 @@ class PipelineRun:
         tasks = self.spark.createDataFrame(
             reads, "subtask int, url string, checksum string, start int, end int"
         ).repartition(len(reads))
-        reader = partial(_read_subtask_snapshots, self.storage, empty.schema.names)
+        reader = partial(read_subtask_snapshots, self.storage, empty.schema.names)
         loaded = tasks.mapInArrow(reader, empty.schema)
         return loaded.repartition(self.parallelism, SUBTASK).localCheckpoint(eager=True)
 
@@ -658,25 +662,6 @@ def _parquet_rows(splits: Sequence[InputSplit]) -> int | None:
         return None
 
 
-def _read_row_groups(
-    schema: T.StructType, batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    """Runs on an executor: the rows of each ``(path, start, end)`` row-group range, as the
-    input schema's Arrow types (the same rows Spark's reader gives for the whole file)."""
-    import pyarrow.parquet as pq
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    target = to_arrow_schema(schema)
-    for batch in batches:
-        for row in batch.to_pylist():
-            file = pq.ParquetFile(row["path"])
-            for part in file.iter_batches(
-                row_groups=range(row["start"], row["end"]), columns=target.names
-            ):
-                table = pa.Table.from_batches([part]).select(target.names)
-                yield from table.cast(target).to_batches()
-
-
 def through_epoch(metadata: CheckpointMetadata, num_epochs: int) -> int:
     """The last epoch a checkpoint covers: one before the first split still to read."""
     for op in metadata.operators:
@@ -697,91 +682,3 @@ def _list_acks(
         TaskAck(t.attempt_id, state_meta={"list_state": d})
         for t, d in zip(tasks, dealt, strict=True)
     ]
-
-
-_WRITTEN_SCHEMA = T.StructType(
-    [
-        T.StructField("subtask", T.IntegerType()),
-        T.StructField("url", T.StringType()),
-        T.StructField("size", T.LongType()),
-        T.StructField("checksum", T.StringType()),
-        T.StructField("sync_ms", T.IntegerType()),
-        T.StructField("async_ms", T.IntegerType()),
-        T.StructField("groups", T.ArrayType(T.IntegerType())),
-        T.StructField("group_bytes", T.ArrayType(T.LongType())),
-    ]
-)
-
-
-def _write_subtask_snapshot(
-    storage: CheckpointStorage,
-    location_url: str,
-    parallelism: int,
-    max_parallelism: int,
-    key: list[str],
-    operator_id: str,
-    table: pa.Table,
-) -> pa.Table:
-    """Runs on an executor: one stage subtask's state → its snapshot file (recording the key
-    columns, for readers such as ``ckpt inspect``)."""
-    from checkpointing.snapshot import read_snapshot_info
-
-    started = time.monotonic()
-    subtask = int(table.column(SUBTASK)[0].as_py())
-    state = table.drop_columns([SUBTASK]).rename_columns(
-        ["key_group" if c == KEY_GROUP else c for c in table.drop_columns([SUBTASK]).column_names]
-    )
-    state = state.replace_schema_metadata(
-        {**(state.schema.metadata or {}), b"key_columns": json.dumps(key).encode()}
-    )
-    key_groups = key_group_range(max_parallelism, parallelism, subtask)
-    data = write_keyed_snapshot(
-        state, operator_id=operator_id, key_groups=key_groups, max_parallelism=max_parallelism
-    )
-    sync_ms = int((time.monotonic() - started) * 1000)
-    location = storage.location_for(location_url)
-    info = storage.write_bytes(location.file_url(f"{operator_id}-{subtask}.arrow"), data)
-    groups = read_snapshot_info(data).groups
-    return pa.table(
-        {
-            "subtask": [subtask],
-            "url": [info.url],
-            "size": [info.size],
-            "checksum": [info.checksum],
-            "sync_ms": [sync_ms],
-            "async_ms": [int((time.monotonic() - started) * 1000) - sync_ms],
-            "groups": [sorted(groups)],
-            "group_bytes": [[groups[g].nbytes for g in sorted(groups)]],
-        },
-        schema=pa.schema(
-            [
-                ("subtask", pa.int32()),
-                ("url", pa.string()),
-                ("size", pa.int64()),
-                ("checksum", pa.string()),
-                ("sync_ms", pa.int32()),
-                ("async_ms", pa.int32()),
-                ("groups", pa.list_(pa.int32())),
-                ("group_bytes", pa.list_(pa.int64())),
-            ]
-        ),
-    )
-
-
-def _read_subtask_snapshots(
-    storage: CheckpointStorage, columns: list[str], batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    """Runs on an executor: read just the assigned key groups of each old snapshot file."""
-    for batch in batches:
-        for row in batch.to_pylist():
-            data = storage.read_bytes(row["url"], checksum=row["checksum"])
-            table = read_keyed_snapshot(
-                data, KeyGroupRange(row["start"], row["end"]), path=row["url"]
-            )
-            table = table.append_column(
-                SUBTASK, pa.array([row["subtask"]] * table.num_rows, pa.int32())
-            )
-            table = table.rename_columns(
-                [KEY_GROUP if c == "key_group" else c for c in table.column_names]
-            ).select(columns)
-            yield from table.to_batches()

@@ -1,0 +1,119 @@
+"""What the runtime runs on Spark's executors: writing a stage subtask's snapshot, reading the
+key groups a restored subtask owns, reading row-group splits.
+
+Kept apart from :mod:`checkpointing.spark.runtime` so that a Python worker imports only this,
+Arrow and the storage layer — not the coordinator, SQLAlchemy and pandas, which cost every
+worker seconds of start-up on a small machine (and a restore waits for them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from checkpointing.keygroups import KeyGroupRange, key_group_range
+from checkpointing.snapshot import read_keyed_snapshot, read_snapshot_info, write_keyed_snapshot
+from checkpointing.spark.keys import KEY_GROUP, SUBTASK
+
+if TYPE_CHECKING:
+    from pyspark.sql import types as T
+
+    from checkpointing.storage import CheckpointStorage
+
+#: one row per subtask snapshot written: what its acknowledgement carries
+WRITTEN = pa.schema(
+    [
+        ("subtask", pa.int32()),
+        ("url", pa.string()),
+        ("size", pa.int64()),
+        ("checksum", pa.string()),
+        ("sync_ms", pa.int32()),
+        ("async_ms", pa.int32()),
+        ("groups", pa.list_(pa.int32())),
+        ("group_bytes", pa.list_(pa.int64())),
+    ]
+)
+
+
+def write_subtask_snapshot(
+    storage: CheckpointStorage,
+    location_url: str,
+    parallelism: int,
+    max_parallelism: int,
+    key: list[str],
+    operator_id: str,
+    table: pa.Table,
+) -> pa.Table:
+    """One stage subtask's state → its snapshot file (recording the key columns, for readers
+    such as ``ckpt inspect``); one :data:`WRITTEN` row."""
+    started = time.monotonic()
+    subtask = int(table.column(SUBTASK)[0].as_py())
+    state = table.drop_columns([SUBTASK])
+    state = state.rename_columns(["key_group" if c == KEY_GROUP else c for c in state.column_names])
+    state = state.replace_schema_metadata(
+        {**(state.schema.metadata or {}), b"key_columns": json.dumps(key).encode()}
+    )
+    key_groups = key_group_range(max_parallelism, parallelism, subtask)
+    data = write_keyed_snapshot(
+        state, operator_id=operator_id, key_groups=key_groups, max_parallelism=max_parallelism
+    )
+    sync_ms = int((time.monotonic() - started) * 1000)
+    location = storage.location_for(location_url)
+    info = storage.write_bytes(location.file_url(f"{operator_id}-{subtask}.arrow"), data)
+    groups = read_snapshot_info(data).groups
+    return pa.table(
+        {
+            "subtask": [subtask],
+            "url": [info.url],
+            "size": [info.size],
+            "checksum": [info.checksum],
+            "sync_ms": [sync_ms],
+            "async_ms": [int((time.monotonic() - started) * 1000) - sync_ms],
+            "groups": [sorted(groups)],
+            "group_bytes": [[groups[g].nbytes for g in sorted(groups)]],
+        },
+        schema=WRITTEN,
+    )
+
+
+def read_subtask_snapshots(
+    storage: CheckpointStorage, columns: list[str], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """For each ``(subtask, url, checksum, start, end)``: just those key groups of that old
+    snapshot file (verified), tagged with the new subtask."""
+    for batch in batches:
+        for row in batch.to_pylist():
+            data = storage.read_bytes(row["url"], checksum=row["checksum"])
+            table = read_keyed_snapshot(
+                data, KeyGroupRange(row["start"], row["end"]), path=row["url"]
+            )
+            table = table.append_column(
+                SUBTASK, pa.array([row["subtask"]] * table.num_rows, pa.int32())
+            )
+            table = table.rename_columns(
+                [KEY_GROUP if c == "key_group" else c for c in table.column_names]
+            ).select(columns)
+            yield from table.to_batches()
+
+
+def read_row_groups(
+    schema: T.StructType, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """The rows of each ``(path, start, end)`` row-group range, as the input schema's Arrow
+    types (the same rows Spark's reader gives for the whole file)."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    target = to_arrow_schema(schema)
+    for batch in batches:
+        for row in batch.to_pylist():
+            file = pq.ParquetFile(row["path"])
+            for part in file.iter_batches(
+                row_groups=range(row["start"], row["end"]), columns=target.names
+            ):
+                table = pa.Table.from_batches([part]).select(target.names)
+                yield from table.cast(target).to_batches()
