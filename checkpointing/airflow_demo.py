@@ -65,7 +65,7 @@ dag = pipeline_dag(__file__, operator_args={operator_args!r})
 #: an Airflow (structlog) log line: timestamp, [level], message, then [logger] and key=value pairs
 _LOG_LINE = re.compile(r"^\S+\s+\[\s*\w+\s*\]\s+(?P<msg>.*?)(?:\s+\[[\w.]+\](?P<kv>.*))?$")
 _TRY = re.compile(r"job \S+: try (\d+) as coordinator (\S+), restore (\S+), parallelism (\d+)")
-_CRASH = re.compile(r"crash injected after epoch \d+")
+_CRASH = re.compile(r"crash injected after epoch (\d+)")
 _STATE = re.compile(r"\bnew_state=(\w+)")
 #: messages shown as they are (the epochs of ``ckpt run``, the failover, the end)
 _SHOWN = re.compile(
@@ -107,7 +107,11 @@ class DemoRun:
             if self.crashed:
                 return None
             self.crashed = True
-            return f"[red]{c.group(0)}[/red]: the Spark driver dies (the failure drill)"
+            # the runtime counts epochs from 0, the epoch lines from 1
+            return (
+                f"[red]the Spark driver dies after epoch {int(c.group(1)) + 1}[/red] "
+                f"(the failure drill: {c.group(0)})"
+            )
         if (shown := _SHOWN.search(msg)) is None or shown.group(0) in self._shown:
             return None
         self._shown.add(shown.group(0))
@@ -300,7 +304,7 @@ def run_airflow_demo(
         f"the retry restored checkpoint {restored['checkpoint_id']}, the latest completed "
         f"before the crash, and redid {redone if redone is not None else '?'} epoch(s).\n"
         f"  {time.monotonic() - started:.0f} s in all. Try: ckpt list {job} | "
-        f"ckpt restores {job} | make airflow (the UI)",
+        f"ckpt restores {job} | ckpt show {job} {restored['checkpoint_id']}",
         highlight=False,
         soft_wrap=True,
     )

