@@ -66,8 +66,8 @@ def airflow_env(
         }
     )
     if database_url.startswith("postgresql"):  # psycopg 3 for Airflow's async engine too
-        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"] = "postgresql+psycopg_async" + (
-            database_url[database_url.index("://") :]
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"] = (
+            "postgresql+psycopg_async" + (database_url[database_url.index("://") :])
         )
     return env
 
