@@ -305,6 +305,15 @@ def test_a_spec_becomes_a_dag_named_after_its_job_with_its_deployment_fields(
     run.parallelism = env.from_string(run.parallelism).render(params={"parallelism": 5})
     assert (run.parallelism_for(spec, 1), run.parallelism_for(spec, 2)) == (5, 2)
 
+    # operator arguments on top of the spec (what `ckpt demo` builds its DAG with)
+    drill = dag_factory.pipeline_dag(
+        tmp_path / "routes.py",
+        operator_args={"fail_first_try_after_epochs": 3, "conf": {"spark.ui.enabled": "false"}},
+    )
+    (run,) = drill.tasks
+    assert run.fail_first_try_after_epochs == 3 and run.retries == 4
+    assert run.conf == {"spark.ui.enabled": "false"}
+
 
 @needs_airflow
 @pytest.mark.parametrize(
