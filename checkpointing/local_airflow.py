@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -156,6 +157,15 @@ def run_local_airflow(
     SIGTERM) or until a component dies; then stop every component. Returns the exit code."""
     console.print(f"[bold]airflow[/bold]  {settings.home / 'airflow'} (SQLite)", highlight=False)
     console.print(f"[bold]DAGs[/bold]     {DAGS}", highlight=False)
+    with socket.socket() as probe:  # say so now, not as an api-server crash in its log
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the api-server does
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            raise RuntimeError(
+                f"port {port} on 127.0.0.1 is in use: choose another one "
+                "(make airflow AIRFLOW_PORT=8081, or ckpt airflow --port 8081)"
+            ) from None
     airflow = local_airflow(settings, port=port)
     stopping: list[int] = []
 
