@@ -96,3 +96,23 @@ def test_make_airflow_serves_the_dags_to_the_printed_login_and_stops_cleanly(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_make_airflow_on_a_port_in_use_says_so_and_starts_nothing(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CKPT_"))}
+    env["CKPT_HOME"] = str(tmp_path / "home")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [CKPT, "airflow", "--port", str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert f"port {port} on 127.0.0.1 is in use" in result.stderr
+    assert not (tmp_path / "home" / "airflow" / "airflow.db").exists()
