@@ -97,8 +97,8 @@ class DemoRun:
             self.tries.append((int(t.group(1)), t.group(3), int(t.group(4))))
             self._shown.clear()
             return (
-                f"[bold]try {t.group(1)}[/bold] (coordinator {t.group(2)}): restore "
-                f"{t.group(3)}, parallelism {t.group(4)}"
+                f"[bold]try {t.group(1)}[/bold] (coordinator {escape(t.group(2))}): restore "
+                f"{escape(t.group(3))}, parallelism {t.group(4)}"
             )
         if msg.startswith("Task instance state updated") and (s := _STATE.search(kv)):
             self.states.append(s.group(1))
