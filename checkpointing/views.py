@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 
 from checkpointing.errors import UnknownCheckpointError, UnknownJobError
 from checkpointing.ids import validate_checkpoint_id, validate_id
@@ -86,6 +86,18 @@ def checkpoint_summary(c: Checkpoint, acked: int) -> dict[str, Any]:
     }
 
 
+def _checkpoint_filter(
+    job_id: str, status: str | None, checkpoint_type: str | None
+) -> list[ColumnElement[bool]]:
+    """The WHERE clauses of a checkpoint listing, shared by the page and its count."""
+    clauses = [Checkpoint.job_id == job_id]
+    if status:
+        clauses.append(Checkpoint.status == status.upper())
+    if checkpoint_type:
+        clauses.append(Checkpoint.checkpoint_type == checkpoint_type.upper())
+    return clauses
+
+
 def list_checkpoints(
     metastore: Metastore,
     job_id: str,
@@ -98,15 +110,27 @@ def list_checkpoints(
     """Newest first."""
     with metastore.transaction() as s:
         _require_job(s, job_id)
-        query = select(Checkpoint, acked_count()).where(Checkpoint.job_id == job_id)
-        if status:
-            query = query.where(Checkpoint.status == status.upper())
-        if checkpoint_type:
-            query = query.where(Checkpoint.checkpoint_type == checkpoint_type.upper())
+        query = select(Checkpoint, acked_count()).where(
+            *_checkpoint_filter(job_id, status, checkpoint_type)
+        )
         query = query.order_by(Checkpoint.checkpoint_id.desc()).offset(offset)
         if limit:
             query = query.limit(limit)
         return [checkpoint_summary(c, n) for c, n in s.execute(query)]
+
+
+def count_checkpoints(
+    metastore: Metastore,
+    job_id: str,
+    *,
+    status: str | None = None,
+    checkpoint_type: str | None = None,
+) -> int:
+    """How many checkpoints :func:`list_checkpoints` would list without a limit (for paging)."""
+    with metastore.transaction() as s:
+        _require_job(s, job_id)
+        query = select(func.count()).select_from(Checkpoint)
+        return int(s.scalar(query.where(*_checkpoint_filter(job_id, status, checkpoint_type))) or 0)
 
 
 def checkpoint_detail(metastore: Metastore, job_id: str, checkpoint_id: int) -> dict[str, Any]:
