@@ -76,3 +76,25 @@ def test_unsupported_key_columns_are_refused(spark: Any) -> None:
         check_key_columns(df, ["x"])
     with pytest.raises(ValueError, match="column 'z' is not in the input"):
         check_key_columns(df, ["z"])
+
+
+def test_partition_keys_put_subtask_i_in_spark_partition_i(spark: Any) -> None:
+    """The state is hash-partitioned by its subtask column; its values must send subtask i to
+    partition i (plain indexes would crowd several subtasks into one Spark task)."""
+    from pyspark.sql import functions as F
+
+    from checkpointing.spark.keys import murmur3_int, partition_keys
+
+    values = [*range(-50, 300), 2**31 - 1, -(2**31)]
+    df = spark.createDataFrame([(v,) for v in values], "v int")
+    hashed = {r.v: r.h for r in df.select("v", F.hash("v").alias("h")).collect()}
+    assert {v: murmur3_int(v) for v in values} == hashed
+    for p in (1, 2, 3, 4, 7, 16):
+        keys = partition_keys(p)
+        placed = (
+            spark.createDataFrame([(k,) for k in keys], "s int")
+            .repartition(p, "s")
+            .select("s", F.spark_partition_id().alias("part"))
+            .collect()
+        )
+        assert sorted((keys.index(r.s), r.part) for r in placed) == [(i, i) for i in range(p)]

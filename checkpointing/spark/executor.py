@@ -42,16 +42,18 @@ WRITTEN = pa.schema(
 def write_subtask_snapshot(
     storage: CheckpointStorage,
     location_url: str,
-    parallelism: int,
+    partition_keys: list[int],
     max_parallelism: int,
     key: list[str],
     operator_id: str,
     table: pa.Table,
 ) -> pa.Table:
     """One stage subtask's state → its snapshot file (recording the key columns, for readers
-    such as ``ckpt inspect``); one :data:`WRITTEN` row."""
+    such as ``ckpt inspect``); one :data:`WRITTEN` row. ``partition_keys[i]`` is subtask ``i``'s
+    value in the subtask column."""
     started = time.monotonic()
-    subtask = int(table.column(SUBTASK)[0].as_py())
+    parallelism = len(partition_keys)
+    subtask = partition_keys.index(int(table.column(SUBTASK)[0].as_py()))
     state = table.drop_columns([SUBTASK])
     state = state.rename_columns(["key_group" if c == KEY_GROUP else c for c in state.column_names])
     state = state.replace_schema_metadata(
@@ -83,8 +85,8 @@ def write_subtask_snapshot(
 def read_subtask_snapshots(
     storage: CheckpointStorage, columns: list[str], batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """For each ``(subtask, url, checksum, start, end)``: just those key groups of that old
-    snapshot file (verified), tagged with the new subtask."""
+    """For each ``(part_key, url, checksum, start, end)``: just those key groups of that old
+    snapshot file (verified), tagged with the new subtask's partition key."""
     for batch in batches:
         for row in batch.to_pylist():
             data = storage.read_bytes(row["url"], checksum=row["checksum"])
@@ -92,7 +94,7 @@ def read_subtask_snapshots(
                 data, KeyGroupRange(row["start"], row["end"]), path=row["url"]
             )
             table = table.append_column(
-                SUBTASK, pa.array([row["subtask"]] * table.num_rows, pa.int32())
+                SUBTASK, pa.array([row["part_key"]] * table.num_rows, pa.int32())
             )
             table = table.rename_columns(
                 [KEY_GROUP if c == "key_group" else c for c in table.column_names]

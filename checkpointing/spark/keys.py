@@ -14,7 +14,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-#: the state's key-group and subtask columns (every stage's state carries them)
+#: the state's key-group and subtask columns (every stage's state carries them). The subtask
+#: column holds the subtask's *partition key* (see :func:`partition_keys`), not its index.
 KEY_GROUP, SUBTASK = "__key_group", "__subtask"
 
 _KEY_TYPES = (T.StringType, T.IntegralType, T.BooleanType, T.DateType)
@@ -47,3 +48,42 @@ def canonical_key_column(columns: Sequence[str]) -> Column:
 
 def key_group_column(columns: Sequence[str], max_parallelism: int) -> Column:
     return F.pmod(F.xxhash64(canonical_key_column(columns)), F.lit(max_parallelism)).cast("int")
+
+
+def partition_keys(parallelism: int) -> list[int]:
+    """For each subtask ``i``, the smallest int that Spark's hash partitioning
+    (``pmod(murmur3(value, 42), parallelism)``, as in ``repartition(parallelism, col)``) sends to
+    partition ``i``.
+
+    The state is hash-partitioned by its subtask column; with plain indexes in it, Murmur3 sends
+    several subtasks to one partition and leaves others empty (for 4 subtasks: 0, 1 and 3 all to
+    partition 3) — one Spark task would do most of the work. With these keys, subtask ``i`` is
+    exactly Spark partition ``i``: one task each, as Flink runs one task per subtask.
+    """
+    keys: dict[int, int] = {}
+    value = 0
+    while len(keys) < parallelism:
+        keys.setdefault(murmur3_int(value) % parallelism, value)
+        value += 1
+    return [keys[i] for i in range(parallelism)]
+
+
+def murmur3_int(value: int, seed: int = 42) -> int:
+    """Spark's ``Murmur3_x86_32.hashInt`` (the hash of ``F.hash`` and hash partitioning) of a
+    32-bit int, as a signed int."""
+    mask = 0xFFFFFFFF
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & mask
+
+    k1 = (value & mask) * 0xCC9E2D51 & mask
+    k1 = rotl(k1, 15) * 0x1B873593 & mask
+    h1 = (seed & mask) ^ k1
+    h1 = (rotl(h1, 13) * 5 + 0xE6546B64) & mask
+    h1 ^= 4  # the input's length in bytes
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & mask
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & mask
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1

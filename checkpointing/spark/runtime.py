@@ -56,7 +56,13 @@ from checkpointing.spark.executor import (
     read_subtask_snapshots,
     write_subtask_snapshot,
 )
-from checkpointing.spark.keys import KEY_GROUP, SUBTASK, check_key_columns, key_group_column
+from checkpointing.spark.keys import (
+    KEY_GROUP,
+    SUBTASK,
+    check_key_columns,
+    key_group_column,
+    partition_keys,
+)
 from checkpointing.spark.sink import TwoPhaseCommitSink
 from checkpointing.spark.stages import AggregationStage, Stage
 from checkpointing.spec import PipelineSpec, SpecError
@@ -188,6 +194,8 @@ class PipelineRun:
             raise SpecError(
                 f"parallelism {self.parallelism} exceeds max_parallelism {self.max_parallelism}"
             )
+        #: subtask i's value of the state's subtask column: Spark puts it in partition i
+        self.partition_keys = partition_keys(self.parallelism)
         self.attempt = self.options.attempt or f"a{uuid.uuid4().hex[:10]}"
         self.epochs = self._epochs()
         if stage is not None and stages:
@@ -369,9 +377,13 @@ class PipelineRun:
         )
 
     def _subtask_column(self) -> Any:
-        return (F.col(KEY_GROUP) * F.lit(self.parallelism) / F.lit(self.max_parallelism)).cast(
+        """The owning subtask's partition key: subtask ``floor(kg * p / maxP)`` (the inverse
+        of Flink's key-group ranges), as the value that sends it to Spark partition ``i``."""
+        index = (F.col(KEY_GROUP) * F.lit(self.parallelism) / F.lit(self.max_parallelism)).cast(
             "int"
         )
+        keys = F.array(*(F.lit(k) for k in self.partition_keys))
+        return F.element_at(keys, index + 1)
 
     def _empty_state(self, s: StageRun) -> DataFrame:
         assert s.input_schema is not None
@@ -443,12 +455,12 @@ class PipelineRun:
     def _snapshot_stage(self, s: StageRun, location_url: str) -> list[TaskAck]:
         """Every subtask of one keyed stage writes its snapshot from the executor; its acks."""
         state = s.state if s.state is not None else self._empty_state(s)
-        storage, parallelism, max_parallelism = self.storage, self.parallelism, self.max_parallelism
+        storage, keys, max_parallelism = self.storage, self.partition_keys, self.max_parallelism
         key, operator_id = list(s.key), s.operator_id
 
         def writer(table: pa.Table) -> pa.Table:  # annotated: Spark infers the UDF type from it
             return write_subtask_snapshot(
-                storage, location_url, parallelism, max_parallelism, key, operator_id, table
+                storage, location_url, keys, max_parallelism, key, operator_id, table
             )
 
         snapshots = state.groupBy(SUBTASK).applyInArrow(writer, from_arrow_schema(WRITTEN))
@@ -579,7 +591,13 @@ class PipelineRun:
         checksums = {h.handle: h.checksum for h in metadata.handles()}
         for s in self.stages:
             reads = [
-                (t.subtask_index, r.url, checksums.get(r.url), r.key_groups.start, r.key_groups.end)
+                (
+                    self.partition_keys[t.subtask_index],
+                    r.url,
+                    checksums.get(r.url),
+                    r.key_groups.start,
+                    r.key_groups.end,
+                )
                 for t in plan.operator(s.operator_id).subtasks
                 for r in t.reads
             ]
@@ -593,7 +611,7 @@ class PipelineRun:
         if not reads:
             return empty
         tasks = self.spark.createDataFrame(
-            reads, "subtask int, url string, checksum string, start int, end int"
+            reads, "part_key int, url string, checksum string, start int, end int"
         ).repartition(len(reads))
         reader = partial(read_subtask_snapshots, self.storage, empty.schema.names)
         loaded = tasks.mapInArrow(reader, empty.schema)
