@@ -1,211 +1,30 @@
 """The checkpoint REST API (``plugins/checkpointing_airflow/api.py``) in a real Airflow 3
-api-server on loopback, loaded from this project's ``plugins/`` like in production, with
-Airflow's SimpleAuthManager and three users: ``admin``, the read-only ``viewer`` and
-``outsider``, who has no role (no access to any DAG).
-
-The metastore is seeded through the core library (coordinators completing real checkpoints
-without Spark); the api-server finds it as the operators do (``CKPT_METASTORE_URL``). One
-server for the whole module: it takes most of the module's time.
+api-server on loopback (:mod:`tests.airflow_api_server`): SimpleAuthManager with ``admin``, the
+read-only ``viewer`` and ``outsider`` (no access to any DAG), and a metastore seeded through the
+core library. One server for the whole module: it takes most of the module's time.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import signal
-import socket
-import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from checkpointing.airflow_env import airflow_command, airflow_env, migrate
-from checkpointing.clock import ManualClock
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.metastore import Metastore
-from checkpointing.properties import JobStatus
-from checkpointing.restore import find_latest_valid, preview_restore, record_restore
-from checkpointing.storage import FileSystemCheckpointStorage
-from tests.helpers import ack_all, complete, new_coordinator, request_rows
-
-SIMPLE_AUTH_MANAGER = (
-    "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+from tests.airflow_api_server import (
+    FINISHED,
+    IDLE,
+    LIVE,
+    Server,
+    running_api_server,
+    take_requests,
 )
-FINISHED = "routes-finished"  # 7 checkpoints and a savepoint, then FINISHED
-LIVE = "routes-live"  # RUNNING: takes savepoints
-IDLE = "routes-idle"  # registered, never ran: no checkpoints
-
-
-@dataclass
-class Response:
-    status: int
-    body: Any
-    headers: dict[str, str]
-
-
-@dataclass
-class Server:
-    url: str
-    tokens: dict[str, str]
-    metastore: Metastore
-    storage: FileSystemCheckpointStorage
-    live: CheckpointCoordinator
-    log: Path
-
-    def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        user: str | None = None,
-        token: str | None = None,
-        body: Any = None,
-        headers: dict[str, str] | None = None,
-    ) -> Response:
-        """``path`` under the plugin's prefix; ``user`` sends that user's bearer token."""
-        sent = {"Accept": "application/json", **(headers or {})}
-        if user is not None:
-            token = self.tokens[user]
-        if token is not None:
-            sent["Authorization"] = f"Bearer {token}"
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            sent["Content-Type"] = "application/json"
-        request = urllib.request.Request(
-            f"{self.url}/checkpoints{path}", data=data, headers=sent, method=method
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as r:
-                return Response(r.status, _json(r.read()), dict(r.headers))
-        except urllib.error.HTTPError as e:
-            return Response(e.code, _json(e.read()), dict(e.headers))
-
-
-def _json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw.decode(errors="replace")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _token(url: str, user: str, password: str) -> str:
-    request = urllib.request.Request(
-        f"{url}/auth/token",
-        json.dumps({"username": user, "password": password}).encode(),
-        {"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as r:
-        return str(json.loads(r.read())["access_token"])
-
-
-def _seed(metastore: Metastore, storage: FileSystemCheckpointStorage) -> CheckpointCoordinator:
-    """Three jobs through the core API: FINISHED with a history (completed, subsumed, a
-    savepoint, an aborted one) and a restore; RUNNING with one checkpoint; CREATED with none."""
-    clock = ManualClock()
-    done = new_coordinator(metastore, storage, clock, job_id=FINISHED, retained=2)
-    done.activate()
-    done.job_status_changed(JobStatus.RUNNING)
-    for _ in range(6):
-        clock.advance(60)
-        complete(done)
-    clock.advance(60)
-    complete(done, savepoint=True)  # checkpoint 7
-    clock.advance(60)
-    done.trigger_checkpoint()  # 8: still pending when the job ends, so aborted
-    decision = find_latest_valid(metastore, storage, FINISHED)
-    plan = preview_restore(metastore, storage, FINISHED, parallelism=3, deep=False).plan
-    record_restore(metastore, decision, attempt="try-2", parallelism=3, assignment=plan.to_dict())
-    done.job_status_changed(JobStatus.FINISHED)
-
-    live = new_coordinator(metastore, storage, clock, job_id=LIVE)
-    live.activate()
-    live.job_status_changed(JobStatus.RUNNING)
-    complete(live)
-
-    new_coordinator(metastore, storage, clock, job_id=IDLE).activate()
-    return live
+from tests.helpers import request_rows
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("checkpoint-api")
-    url_metastore = f"sqlite:///{root / 'metastore.db'}"
-    Metastore(url_metastore, check_schema=False).upgrade()
-    metastore = Metastore(url_metastore)
-    storage = FileSystemCheckpointStorage(f"file://{root / 'checkpoints'}")
-    live = _seed(metastore, storage)
-
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    (root / "dags").mkdir()
-    env = airflow_env(root / "airflow", root / "dags", ckpt_home=root / "ckpt")
-    passwords = {u: secrets.token_urlsafe(12) for u in ("admin", "viewer", "outsider")}
-    (root / "passwords.json").write_text(json.dumps(passwords))
-    env.update(
-        {
-            "CKPT_METASTORE_URL": url_metastore,
-            "CKPT_STORAGE_URL": storage.base_url,
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__API__PORT": str(port),
-            "AIRFLOW__API__BASE_URL": url,
-            "AIRFLOW__API__WORKERS": "1",
-            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(48),
-            "AIRFLOW__CORE__AUTH_MANAGER": SIMPLE_AUTH_MANAGER,
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer,outsider:",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(root / "passwords.json"),
-        }
-    )
-    migrate(env)
-    log = root / "api-server.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [airflow_command(), "api-server"],
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(
-                    f"the api-server exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
-                )
-            try:
-                with urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the api-server did not come up:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-        tokens = {user: _token(url, user, password) for user, password in passwords.items()}
-        yield Server(url, tokens, metastore, storage, live, log)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        metastore.dispose()
+    with running_api_server(tmp_path_factory.mktemp("checkpoint-api")) as s:
+        yield s
 
 
 READS = [
@@ -319,7 +138,7 @@ def test_the_ui_cookie_authenticates_but_cannot_be_used_for_a_cross_site_action(
     r = server.call("POST", path, body={}, headers=own)
     assert r.status == 202, r.body
     assert r.body["requested_by"] == "airflow:admin"
-    _take_requests(server)
+    take_requests(server)
 
 
 # ============================================================================ reads
@@ -492,15 +311,6 @@ def test_restore_plan_preview(server: Server) -> None:
 # ============================================================================ actions
 
 
-def _take_requests(server: Server) -> list[int]:
-    """The live job's next epoch boundary: it triggers the queued savepoints and acks them."""
-    taken = []
-    for pending in server.live.process_requests():
-        assert ack_all(server.live, pending).completed is not None
-        taken.append(pending.checkpoint_id)
-    return taken
-
-
 def test_an_admin_requests_a_savepoint_and_follows_it_to_completion(server: Server) -> None:
     r = server.call("POST", f"/api/pipelines/{LIVE}/savepoints", user="admin", body={})
     assert r.status == 202, r.body
@@ -520,7 +330,7 @@ def test_an_admin_requests_a_savepoint_and_follows_it_to_completion(server: Serv
     listed = server.call("GET", f"/api/pipelines/{LIVE}/requests", user="viewer").body["requests"]
     assert listed[0]["request_id"] == queued["request_id"] and listed[0]["status"] == "QUEUED"
 
-    (savepoint_id,) = _take_requests(server)
+    (savepoint_id,) = take_requests(server)
     done = server.call("GET", path, user="viewer").body
     assert (done["status"], done["done"], done["succeeded"]) == ("COMPLETED", True, True)
     assert done["checkpoint_id"] == savepoint_id
@@ -547,7 +357,7 @@ def test_a_savepoint_of_a_pipeline_that_is_not_running_is_a_clear_409(server: Se
 def test_stop_with_savepoint_ends_the_job(server: Server) -> None:
     r = server.call("POST", f"/api/pipelines/{LIVE}/savepoints", user="admin", body={"stop": True})
     assert r.status == 202 and r.body["checkpoint_type"] == "SAVEPOINT_THEN_STOP", r.body
-    _take_requests(server)
+    take_requests(server)
     done = server.call(
         "GET", f"/api/pipelines/{LIVE}/requests/{r.body['request_id']}", user="admin"
     )

@@ -26,12 +26,13 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response, status
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -67,6 +68,8 @@ MAX_PARALLELISM = 32768
 UNPROCESSABLE = 422
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
+#: the Checkpoints page: one self-contained HTML file with plain JS (no build step, no CDN)
+UI_PAGE = FilePath(__file__).with_name("ui.html")
 
 # ============================================================================ response models
 
@@ -512,6 +515,29 @@ def openapi(request: Request, _caller: CallerDep) -> JSONResponse:
 def docs(_caller: CallerDep) -> HTMLResponse:
     """Swagger UI; relative URLs, so it works behind any path prefix."""
     return get_swagger_ui_html(openapi_url="openapi.json", title="Checkpoints API")
+
+
+@app.get("/ui/", include_in_schema=False, response_model=None)
+async def ui(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> HTMLResponse | RedirectResponse:
+    """The Checkpoints page (``?pipeline=<job id>`` selects one). It calls the JSON API with
+    relative URLs and the UI's cookie; a visitor who is not logged in is sent to Airflow's login
+    page and back."""
+    try:
+        await authenticated(request, credentials)
+    except HTTPException as exc:
+        if exc.status_code != status.HTTP_401_UNAUTHORIZED:
+            raise
+        from airflow.api_fastapi.app import get_auth_manager
+
+        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(get_auth_manager().get_url_login(next_url=here), status_code=303)
+    return HTMLResponse(
+        UI_PAGE.read_text(encoding="utf-8"),
+        headers={"Cache-Control": "no-store", "X-Frame-Options": "SAMEORIGIN"},
+    )
 
 
 def _pipeline(row: dict[str, Any], latest: list[dict[str, Any]], can_edit: bool) -> Pipeline:

@@ -11,10 +11,24 @@ from __future__ import annotations
 from airflow.plugins_manager import AirflowPlugin
 
 from checkpointing_airflow.api import URL_PREFIX, app
+from checkpointing_airflow.links import UI_PATH, CheckpointsLink
 
 
 class CheckpointingPlugin(AirflowPlugin):
-    """Checkpoints in Airflow: the REST API that the Checkpoints UI and scripts use."""
+    """Checkpoints in Airflow: the REST API, the Checkpoints page in the UI's navigation (an
+    external view: Airflow shows it in an iframe at ``/plugin/checkpoints``) and the operator
+    link from a pipeline's task to its page."""
 
     name = "checkpointing"
     fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "Checkpoints API"}]
+    external_views = [
+        {
+            "name": "Checkpoints",
+            "href": UI_PATH,
+            "url_route": "checkpoints",
+            "destination": "nav",
+            "category": "browse",
+        }
+    ]
+    # the api-server resolves the operator's link by its class: it must be registered here
+    operator_extra_links = [CheckpointsLink()]

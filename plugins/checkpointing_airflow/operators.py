@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from checkpointing_airflow.hooks import CheckpointMetastoreHook, aws_environment, open_metastore
+from checkpointing_airflow.links import CheckpointsLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -96,6 +97,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         "storage_url",
     )
     ui_color = "#e8f4ea"
+    #: "Checkpoints" on its task instances: the pipeline's page in the Checkpoints UI
+    operator_extra_links = (CheckpointsLink(),)
 
     def __init__(
         self,
