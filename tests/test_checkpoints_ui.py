@@ -9,6 +9,7 @@ checkpoints-ui/`` (look at them: they are the evidence that the page renders rig
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import urllib.request
@@ -21,14 +22,15 @@ import pytest
 from tests.airflow_api_server import FINISHED, IDLE, LIVE, Server, running_api_server, take_requests
 from tests.helpers import request_rows
 
-CHROMIUM = Path("/usr/bin/chromium")
+#: Debian's chromium (Playwright's own browser download is not used)
+CHROMIUM = Path(os.environ.get("CKPT_TEST_CHROMIUM", "/usr/bin/chromium"))
 ARTIFACTS = Path(__file__).resolve().parent.parent / ".ckpt" / "test-artifacts" / "checkpoints-ui"
 TIMEOUT_MS = 30_000
 
 if not CHROMIUM.exists():
     pytest.skip(
-        f"the browser test needs Debian's Chromium at {CHROMIUM}: run `apt-get install chromium` "
-        "as root (make test tries it when apt-get is available)",
+        f"the browser test needs Debian's Chromium at {CHROMIUM}: install it with "
+        "`apt-get install chromium` as root (make test does when it can)",
         allow_module_level=True,
     )
 playwright_api = pytest.importorskip(
