@@ -22,6 +22,7 @@ from checkpointing.models import (
     RestoreEvent,
 )
 from checkpointing.pending import acked_count
+from checkpointing.properties import CheckpointStatus, CheckpointType
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -244,3 +245,58 @@ def list_requests(
             }
             for r in s.scalars(query)
         ]
+
+
+def _spread(values: list[int]) -> dict[str, float | int] | None:
+    """min, avg and max of some numbers (None when there are none)."""
+    if not values:
+        return None
+    return {"min": min(values), "avg": round(sum(values) / len(values), 1), "max": max(values)}
+
+
+def checkpoint_stats(metastore: Metastore, job_id: str) -> dict[str, Any]:
+    """A pipeline's checkpoints at a glance (Flink's checkpoint summary): counts by status,
+    min/avg/max end-to-end duration and state size of the completed ones (subsumed included),
+    and the latest completed, failed (aborted) and savepoint checkpoints and latest restore."""
+    with metastore.transaction() as s:
+        _require_job(s, job_id)
+        own = Checkpoint.job_id == job_id
+        counts = {
+            status: int(n)
+            for status, n in s.execute(
+                select(Checkpoint.status, func.count()).where(own).group_by(Checkpoint.status)
+            )
+        }
+        done = s.execute(
+            select(Checkpoint.trigger_at, Checkpoint.completed_at, Checkpoint.state_size).where(
+                own, Checkpoint.completed_at.is_not(None)
+            )
+        ).all()
+        durations = [d for t, c, _ in done if (d := _duration_ms(t, c)) is not None]
+        sizes = [size for _, _, size in done if size is not None]
+
+        def latest(*clauses: ColumnElement[bool]) -> dict[str, Any] | None:
+            row = s.execute(
+                select(Checkpoint, acked_count())
+                .where(own, *clauses)
+                .order_by(Checkpoint.checkpoint_id.desc())
+                .limit(1)
+            ).first()
+            return checkpoint_summary(row[0], row[1]) if row else None
+
+        summary = {
+            "job_id": job_id,
+            "counts": counts,
+            "completed": len(done),
+            "duration_ms": _spread(durations),
+            "state_size": _spread(sizes),
+            "latest_completed": latest(Checkpoint.completed_at.is_not(None)),
+            "latest_failed": latest(Checkpoint.status == CheckpointStatus.ABORTED.value),
+            "latest_savepoint": latest(
+                Checkpoint.checkpoint_type != CheckpointType.CHECKPOINT.value,
+                Checkpoint.completed_at.is_not(None),
+            ),
+        }
+    restores = list_restores(metastore, job_id)
+    summary["latest_restore"] = restores[0] if restores else None
+    return summary

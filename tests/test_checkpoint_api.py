@@ -30,6 +30,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 READS = [
     "/api/pipelines",
     f"/api/pipelines/{FINISHED}",
+    f"/api/pipelines/{FINISHED}/summary",
     f"/api/pipelines/{FINISHED}/checkpoints",
     f"/api/pipelines/{FINISHED}/checkpoints/1",
     f"/api/pipelines/{FINISHED}/restores",
@@ -70,6 +71,7 @@ def test_a_logged_in_user_reads_and_the_openapi_schema_describes_the_api(server:
     assert set(paths) == {
         "/api/pipelines",
         "/api/pipelines/{pipeline_id}",
+        "/api/pipelines/{pipeline_id}/summary",
         "/api/pipelines/{pipeline_id}/checkpoints",
         "/api/pipelines/{pipeline_id}/checkpoints/{checkpoint_id}",
         "/api/pipelines/{pipeline_id}/restores",
@@ -108,7 +110,7 @@ def test_a_user_without_access_to_the_dags_sees_no_pipeline(server: Server) -> N
         "pipelines": [],
         "total": 0,
     }
-    for path in READS[1:8]:
+    for path in READS[1:9]:
         r = server.call("GET", path, user="outsider")
         assert r.status == 403 and "no read access" in r.body["detail"], (path, r.body)
     r = server.call("GET", "/api/pipelines/nope", user="outsider")
@@ -157,6 +159,47 @@ def test_pipelines_with_their_status_and_latest_checkpoint(server: Server) -> No
     assert finished["checkpoints"] == {"COMPLETED": 3, "SUBSUMED": 4, "ABORTED": 1}
     assert idle["latest_checkpoint"] is None and idle["checkpoints"] == {}
     assert server.call("GET", f"/api/pipelines/{LIVE}", user="viewer").body["job_id"] == LIVE
+
+
+def test_a_pipelines_summary(server: Server) -> None:
+    body = server.call("GET", f"/api/pipelines/{FINISHED}/summary", user="viewer").body
+    assert body["counts"] == {"COMPLETED": 3, "SUBSUMED": 4, "ABORTED": 1}
+    assert body["completed"] == 7
+    history = server.call("GET", f"/api/pipelines/{FINISHED}/checkpoints", user="viewer").body
+    done = [c for c in history["checkpoints"] if c["completed_at"]]
+    sizes = [c["state_size"] for c in done]
+    durations = [c["duration_ms"] for c in done]
+    assert body["state_size"] == {
+        "min": min(sizes),
+        "avg": round(sum(sizes) / len(sizes), 1),
+        "max": max(sizes),
+    }
+    assert body["duration_ms"]["min"] == min(durations)
+    assert body["duration_ms"]["max"] == max(durations)
+    assert body["latest_completed"]["checkpoint_id"] == 7
+    assert (body["latest_failed"]["checkpoint_id"], body["latest_failed"]["status"]) == (
+        8,
+        "ABORTED",
+    )
+    assert body["latest_savepoint"]["type"] == "SAVEPOINT"
+    assert body["latest_savepoint"]["checkpoint_id"] == 7
+    assert (body["latest_restore"]["attempt"], body["latest_restore"]["checkpoint_id"]) == (
+        "try-2",
+        7,
+    )
+
+    idle = server.call("GET", f"/api/pipelines/{IDLE}/summary", user="viewer").body
+    assert idle == {
+        "job_id": IDLE,
+        "counts": {},
+        "completed": 0,
+        "duration_ms": None,
+        "state_size": None,
+        "latest_completed": None,
+        "latest_failed": None,
+        "latest_savepoint": None,
+        "latest_restore": None,
+    }
 
 
 def test_checkpoint_history_is_paged_and_filtered(server: Server) -> None:
@@ -217,6 +260,7 @@ def test_unknown_ids_are_404_and_malformed_ones_422(server: Server) -> None:
     not_found = [
         "/api/pipelines/nope",
         "/api/pipelines/nope/checkpoints",
+        "/api/pipelines/nope/summary",
         "/api/pipelines/nope/checkpoints/1",
         "/api/pipelines/nope/restores",
         "/api/pipelines/nope/requests",

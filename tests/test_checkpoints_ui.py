@@ -99,6 +99,12 @@ def test_a_finished_pipelines_history_summary_details_and_restores(
     expect(summary).to_contain_text("COMPLETED 3")
     expect(summary).to_contain_text("SUBSUMED 4")
     expect(summary).to_contain_text("ABORTED 1")
+    stats = server.call("GET", f"/api/pipelines/{FINISHED}/summary", user="admin").body
+    assert stats["state_size"]["max"] < 1024  # shown in bytes
+    expect(summary).to_contain_text(
+        f"State size min / avg / max{stats['state_size']['min']} B / "
+        f"{round(stats['state_size']['avg'])} B / {stats['state_size']['max']} B"
+    )
     expect(summary).to_contain_text("Latest savepoint#7")
     expect(summary).to_contain_text("Latest failed#8")
     expect(summary).to_contain_text("from #7, attempt try-2")

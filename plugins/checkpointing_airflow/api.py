@@ -181,6 +181,26 @@ class RestoreList(BaseModel):
     restores: list[Restore]
 
 
+class Spread(BaseModel):
+    min: int
+    avg: float
+    max: int
+
+
+class PipelineSummary(BaseModel):
+    """A pipeline's checkpoints at a glance, like Flink's checkpoint summary."""
+
+    job_id: str
+    counts: dict[str, int] = Field(description="number of checkpoints by status")
+    completed: int = Field(description="checkpoints that completed (subsumed ones included)")
+    duration_ms: Spread | None = Field(description="end-to-end duration of the completed ones")
+    state_size: Spread | None = Field(description="bytes of state of the completed ones")
+    latest_completed: CheckpointSummary | None
+    latest_failed: CheckpointSummary | None = Field(description="the newest aborted checkpoint")
+    latest_savepoint: CheckpointSummary | None = Field(description="the newest completed one")
+    latest_restore: Restore | None
+
+
 class SavepointRequestBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -579,6 +599,16 @@ def get_pipeline(pipeline_id: ReadablePipeline, caller: CallerDep, store: Metast
             latest = views.list_checkpoints(store, pipeline_id, limit=1)
             return _pipeline(row, latest, may_access(caller, pipeline_id, "PUT"))
     raise UnknownJobError(f"unknown pipeline {pipeline_id!r}")
+
+
+@app.get(
+    "/api/pipelines/{pipeline_id}/summary",
+    response_model=PipelineSummary,
+    responses=ERRORS,
+    summary="Counts by status, min/avg/max duration and size, latest of each kind",
+)
+def pipeline_summary(pipeline_id: ReadablePipeline, store: MetastoreDep) -> PipelineSummary:
+    return PipelineSummary(**views.checkpoint_stats(store, pipeline_id))
 
 
 @app.get(
