@@ -243,10 +243,13 @@ def test_the_page_is_in_airflows_navigation_and_the_operator_links_to_it(
         f"https://x.example/airflow/checkpoints/ui/?pipeline={LIVE}"
     )
 
-    # Airflow's UI shows the page in its frame at /plugin/checkpoints
+    # Browse → Checkpoints in Airflow's UI shows the page in its frame at /plugin/checkpoints
     page = log_in(browser, server, "admin", IDLE, viewport={"width": 1280, "height": 900})
     expect(page.locator("#history tbody")).to_contain_text("No checkpoint yet.")
-    page.goto(f"{server.url}/plugin/checkpoints")
+    page.goto(f"{server.url}/")
+    page.get_by_role("button", name="Browse").click()
+    page.get_by_role("menuitem", name="Checkpoints").click()
+    expect(page).to_have_url(f"{server.url}/plugin/checkpoints")
     frame = page.frame_locator("iframe")
     expect(frame.locator("h1")).to_have_text("Checkpoints")
     expect(frame.locator("#pipeline option")).to_have_count(3)
