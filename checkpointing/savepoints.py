@@ -11,14 +11,18 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from checkpointing import decider
 from checkpointing.clock import Clock, SystemClock
-from checkpointing.errors import CheckpointingError, UnknownJobError
+from checkpointing.errors import CheckpointingError, UnknownCheckpointError, UnknownJobError
 from checkpointing.ids import validate_id
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointRequest, Job
 from checkpointing.properties import CheckpointStatus, CheckpointType, JobStatus, RequestStatus
+
+if TYPE_CHECKING:
+    from checkpointing.storage import CheckpointStorage
 
 
 class JobNotRunningError(CheckpointingError):
@@ -156,3 +160,37 @@ def wait_for_request(
                 f"(see `ckpt requests {job_id}`)"
             )
         time.sleep(poll)
+
+
+class NotASavepointError(CheckpointingError):
+    """Only a completed savepoint can be discarded by a user (checkpoints follow retention)."""
+
+
+def discard_savepoint(
+    metastore: Metastore,
+    storage: CheckpointStorage,
+    job_id: str,
+    checkpoint_id: int,
+    *,
+    clock: Clock | None = None,
+) -> str:
+    """Discard a completed savepoint: it is marked DISCARDED (no restore will pick it) and then
+    its files are deleted. Returns its location; refuses anything but a completed savepoint."""
+    from checkpointing import store
+
+    validate_id(job_id, "job id")
+    now = (clock or SystemClock()).now()
+    with metastore.transaction() as s:
+        if s.get(Job, job_id) is None:
+            raise UnknownJobError(f"unknown job {job_id!r}")
+        disposal = store.discard_savepoint(s, job_id, checkpoint_id, now)
+        if disposal is None:
+            row = s.get(Checkpoint, (job_id, checkpoint_id))
+            if row is None:
+                raise UnknownCheckpointError(f"job {job_id!r} has no checkpoint {checkpoint_id}")
+            raise NotASavepointError(
+                f"checkpoint {checkpoint_id} of job {job_id!r} is a {row.status} "
+                f"{row.checkpoint_type}: only a COMPLETED savepoint can be discarded"
+            )
+    storage.location_for(disposal.storage_location).dispose_on_failure()
+    return disposal.storage_location

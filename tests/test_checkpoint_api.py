@@ -18,7 +18,7 @@ from tests.airflow_api_server import (
     running_api_server,
     take_requests,
 )
-from tests.helpers import request_rows
+from tests.helpers import location_exists, request_rows
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,7 @@ def test_a_logged_in_user_reads_and_the_openapi_schema_describes_the_api(server:
         "/api/pipelines/{pipeline_id}/summary",
         "/api/pipelines/{pipeline_id}/checkpoints",
         "/api/pipelines/{pipeline_id}/checkpoints/{checkpoint_id}",
+        "/api/pipelines/{pipeline_id}/checkpoints/{checkpoint_id}/discard",
         "/api/pipelines/{pipeline_id}/restores",
         "/api/pipelines/{pipeline_id}/requests",
         "/api/pipelines/{pipeline_id}/requests/{request_id}",
@@ -396,6 +397,32 @@ def test_a_savepoint_of_a_pipeline_that_is_not_running_is_a_clear_409(server: Se
         assert r.status == 409, r.body
         assert f"job '{job}' is not running (status {state})" in r.body["detail"]
     assert request_rows(server.metastore, FINISHED) == []
+
+
+def test_a_completed_savepoint_is_discarded_with_its_files(server: Server) -> None:
+    r = server.call("POST", f"/api/pipelines/{LIVE}/savepoints", user="admin", body={})
+    (savepoint_id,) = take_requests(server)
+    location = server.storage.savepoint_url(LIVE, savepoint_id)
+    assert location_exists(server.storage, location)
+    discard = f"/api/pipelines/{LIVE}/checkpoints/{savepoint_id}/discard"
+    r = server.call("POST", discard, user="viewer")
+    assert r.status == 403 and "no edit access" in r.body["detail"], r.body
+    cookie = {"Cookie": f"_token={server.tokens['admin']}"}
+    assert server.call("POST", discard, headers=cookie).status == 403  # no X-Requested-By
+    assert location_exists(server.storage, location)
+
+    r = server.call("POST", discard, user="admin")
+    assert r.status == 200, r.body
+    assert (r.body["checkpoint_id"], r.body["status"]) == (savepoint_id, "DISCARDED")
+    assert not location_exists(server.storage, location)
+    r = server.call("POST", discard, user="admin")
+    assert r.status == 409 and "only a COMPLETED savepoint" in r.body["detail"], r.body
+    r = server.call("POST", f"/api/pipelines/{LIVE}/checkpoints/1/discard", user="admin")
+    assert r.status == 409 and "CHECKPOINT: only a COMPLETED savepoint" in r.body["detail"]
+    r = server.call("POST", f"/api/pipelines/{LIVE}/checkpoints/999/discard", user="admin")
+    assert r.status == 404, r.body
+    r = server.call("POST", f"/api/pipelines/{LIVE}/checkpoints/0/discard", user="admin")
+    assert r.status == 422, r.body
 
 
 def test_stop_with_savepoint_ends_the_job(server: Server) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.airflow_api_server import FINISHED, IDLE, LIVE, Server, running_api_server, take_requests
-from tests.helpers import request_rows
+from tests.helpers import location_exists, request_rows
 
 #: Debian's chromium (Playwright's own browser download is not used)
 CHROMIUM = Path(os.environ.get("CKPT_TEST_CHROMIUM", "/usr/bin/chromium"))
@@ -167,6 +167,18 @@ def test_an_admin_triggers_a_savepoint_and_watches_it_complete(
     expect(trigger).to_be_enabled()
     screenshot(page, tmp_path, "3-savepoint-completed")
 
+    # discard it from its details: confirmed, marked DISCARDED, its files deleted
+    location = server.storage.savepoint_url(LIVE, savepoint_id)
+    assert location_exists(server.storage, location)
+    history_row(page, savepoint_id).click()
+    page.once("dialog", lambda d: d.accept())
+    page.locator("#discard-savepoint").click()
+    expect(page.locator("#message")).to_contain_text(f"Savepoint #{savepoint_id} discarded.")
+    expect(history_row(page, savepoint_id)).to_contain_text("DISCARDED")
+    expect(page.locator("#detail-title")).to_contain_text("DISCARDED")
+    expect(page.locator("#discard-savepoint")).to_have_count(0)
+    assert not location_exists(server.storage, location)
+
     # a pipeline that is not running: the API's message, nothing queued
     page.locator("#pipeline").select_option(FINISHED)
     expect(history_row(page, 8)).to_be_visible()
@@ -211,6 +223,12 @@ def test_a_read_only_user_cannot_trigger_a_savepoint(
     )
     assert answer[0] == 403 and "no edit access" in answer[1], answer
     assert len(request_rows(server.metastore, LIVE)) == before
+
+    # a completed savepoint's details: the discard button is there, disabled
+    page.locator("#pipeline").select_option(FINISHED)
+    history_row(page, 7).click()
+    expect(page.locator("#detail-title")).to_have_text("Checkpoint #7 (SAVEPOINT, COMPLETED)")
+    expect(page.locator("#discard-savepoint")).to_be_disabled()
     page.context.close()
 
 

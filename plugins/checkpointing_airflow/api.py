@@ -473,7 +473,9 @@ def _status_of(exc: CheckpointingError) -> int:
         return status.HTTP_404_NOT_FOUND
     if isinstance(exc, InvalidIdError | StateAssignmentError):
         return UNPROCESSABLE
-    if isinstance(exc, savepoints.JobNotRunningError | StorageError):
+    if isinstance(
+        exc, savepoints.JobNotRunningError | savepoints.NotASavepointError | StorageError
+    ):
         return status.HTTP_409_CONFLICT
     if isinstance(exc, MetastoreUnavailable | SchemaOutdated):
         return status.HTTP_503_SERVICE_UNAVAILABLE
@@ -655,6 +657,39 @@ def get_checkpoint(
     store: MetastoreDep,
 ) -> CheckpointDetail:
     return CheckpointDetail(**views.checkpoint_detail(store, pipeline_id, checkpoint_id))
+
+
+@app.post(
+    "/api/pipelines/{pipeline_id}/checkpoints/{checkpoint_id}/discard",
+    response_model=CheckpointSummary,
+    responses={
+        **ERRORS,
+        403: {"model": Problem, "description": "no edit access, or a cross-site request"},
+        409: {"model": Problem, "description": "not a completed savepoint"},
+    },
+    summary="Discard a completed savepoint (its files are deleted)",
+)
+def discard_savepoint(
+    pipeline_id: EditablePipeline,
+    checkpoint_id: Annotated[int, Path(ge=1, le=MAX_ID)],
+    store: MetastoreDep,
+) -> CheckpointSummary:
+    """Marks the savepoint DISCARDED, so that no restore picks it, then deletes its files.
+    Checkpoints are not user-owned (retention discards them): 409, as for any savepoint that is
+    not COMPLETED."""
+    from checkpointing.models import Job
+    from checkpointing.storage import CheckpointStorage
+
+    with store.transaction() as s:
+        job = s.get(Job, pipeline_id)
+        if job is None:
+            raise UnknownJobError(f"unknown pipeline {pipeline_id!r}")
+        storage_url = job.storage_url
+    savepoints.discard_savepoint(
+        store, CheckpointStorage.from_url(storage_url), pipeline_id, checkpoint_id
+    )
+    detail = views.checkpoint_detail(store, pipeline_id, checkpoint_id)
+    return CheckpointSummary(**detail)
 
 
 @app.get(
