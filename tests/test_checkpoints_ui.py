@@ -245,7 +245,7 @@ def test_the_page_is_in_airflows_navigation_and_the_operator_links_to_it(
     (view,) = plugin["external_views"]
     assert (view["name"], view["href"], view["url_route"], view["destination"]) == (
         "Checkpoints",
-        "/checkpoints/ui/",
+        "checkpoints/ui/",
         "checkpoints",
         "nav",
     )

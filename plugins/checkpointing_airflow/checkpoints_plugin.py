@@ -24,7 +24,9 @@ class CheckpointingPlugin(AirflowPlugin):
     external_views = [
         {
             "name": "Checkpoints",
-            "href": UI_PATH,
+            # relative: resolved against the <base href> of Airflow's UI, so that the frame
+            # follows Airflow behind a path prefix ([api] base_url)
+            "href": UI_PATH.lstrip("/"),
             "url_route": "checkpoints",
             "destination": "nav",
             "category": "browse",
