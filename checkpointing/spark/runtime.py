@@ -394,7 +394,9 @@ class PipelineRun:
                 T.StructField(KEY_GROUP, T.IntegerType()),
             ],
         )
-        return self.spark.createDataFrame([], schema)
+        # hash-partitioned by subtask like every later state: the first merge's union then
+        # keeps that partitioning instead of shuffling by every grouping column from then on
+        return self.spark.createDataFrame([], schema).repartition(self.parallelism, SUBTASK)
 
     # ------------------------------------------------------------------ checkpoints
 
