@@ -9,6 +9,12 @@ callbacks best-effort, so the retry recomputes the same plan when none was recor
 
 ``on_failure_callback`` (no retry left): the job is FAILED, its checkpoints are kept or
 discarded per the retention policy, and the log names the checkpoint to resume from.
+
+Callbacks may run late: after a killed worker, Airflow's dag-processor runs them some time after
+the scheduler found the task without heartbeats, possibly when the retry is already running. A
+callback of a try that a later try of the same run has superseded as coordinator does nothing: it
+must not abort the running try's checkpoints or mark its job FAILED, and the retry has planned its
+restore itself (its activation aborted the dead try's pending checkpoints as coordinator failover).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ def restore_from_latest(context: Any) -> None:
     spec = task.load_spec()
     metastore = _metastore(task)
     failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+    if _superseded(metastore, spec.job, failed, ti.try_number):
+        return
     fail_attempt(metastore, spec.job, f"try {ti.try_number} ({failed}) failed", final=False)
     next_try = ti.try_number + 1
     plan = plan_recovery(
@@ -51,10 +59,11 @@ def job_failed(context: Any) -> None:
 
     task, ti = context["task"], context["ti"]
     spec = task.load_spec()
+    metastore = _metastore(task)
     failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
-    info = fail_attempt(
-        _metastore(task), spec.job, f"try {ti.try_number} ({failed}) failed", final=True
-    )
+    if _superseded(metastore, spec.job, failed, ti.try_number):
+        return
+    info = fail_attempt(metastore, spec.job, f"try {ti.try_number} ({failed}) failed", final=True)
     if info["resume_from"] is not None:
         log.error(
             "job %s failed after %d tries; resume it from checkpoint %s (%s): trigger the "
@@ -75,6 +84,35 @@ def job_failed(context: Any) -> None:
             ti.try_number,
             info["discarded"] or "none",
         )
+
+
+def newer_coordinator(metastore: Any, job_id: str, failed: str, try_number: int) -> str | None:
+    """The coordinator id of a later try of the same DAG run that already coordinates the job
+    (``failed`` is the failed try's attempt id, ``<run>-<hash>-t<try>``), else None."""
+    from checkpointing.models import Job
+
+    with metastore.transaction() as s:
+        job = s.get(Job, job_id)
+        current = job.coordinator_id if job is not None else None
+    run = failed.removesuffix(f"-t{try_number}")
+    if current is None or not current.startswith(f"{run}-t"):
+        return None
+    later = current.removeprefix(f"{run}-t")
+    return current if later.isdigit() and int(later) > try_number else None
+
+
+def _superseded(metastore: Any, job_id: str, failed: str, try_number: int) -> bool:
+    newer = newer_coordinator(metastore, job_id, failed, try_number)
+    if newer is not None:
+        log.warning(
+            "job %s: the callback of failed try %d (%s) ran after %s took over coordination; "
+            "nothing to do (the running try planned its own restore)",
+            job_id,
+            try_number,
+            failed,
+            newer,
+        )
+    return newer is not None
 
 
 def _metastore(task: Any) -> Any:

@@ -1,0 +1,107 @@
+"""The failure callbacks run in-process against a real metastore: a callback that Airflow runs late
+(after a killed worker, the dag-processor runs it when the retry may already coordinate the job)
+leaves the running try alone; the callback of the current try does its work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from checkpointing.coordinator import CheckpointCoordinator
+from checkpointing.metastore import Metastore
+from checkpointing.models import Checkpoint, Job
+from checkpointing.properties import JobStatus
+from checkpointing.recovery import pipeline_plan
+from checkpointing.spec import load_spec
+from checkpointing.storage import CheckpointStorage
+from checkpointing.views import list_restores
+from checkpointing_airflow.callbacks import newer_coordinator, restore_from_latest
+from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator, attempt_id
+
+DAG, RUN, JOB = "late_callback", "manual__2026-01-01T00:00:00+00:00", "late_callback"
+
+
+@dataclass
+class TaskInstance:
+    """What the callbacks read of Airflow's task instance."""
+
+    dag_id: str
+    run_id: str
+    try_number: int
+
+
+@pytest.fixture
+def task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CheckpointedSparkSubmitOperator:
+    url = f"sqlite:///{tmp_path / 'metastore.db'}"
+    Metastore(url, check_schema=False).upgrade()
+    monkeypatch.setenv("CKPT_METASTORE_URL", url)  # no checkpoint_metastore connection
+    spec = tmp_path / f"{JOB}.yaml"
+    spec.write_text(
+        f"""
+job: {JOB}
+source: {{format: parquet, path: "{tmp_path}/*.parquet"}}
+key: user
+aggregations: {{n: count()}}
+sink: {{path: {tmp_path / "out"}}}
+parallelism: 1
+max_parallelism: 16
+"""
+    )
+    return CheckpointedSparkSubmitOperator(
+        task_id="run", pipeline=str(spec), storage_url=(tmp_path / "checkpoints").as_uri()
+    )
+
+
+def running_try(task: CheckpointedSparkSubmitOperator, try_number: int) -> tuple[Metastore, int]:
+    """Try ``try_number`` coordinates the job, which runs, with one checkpoint pending."""
+    spec = load_spec(task.pipeline)
+    metastore = Metastore(task.metastore_url())
+    attempt = attempt_id(DAG, RUN, try_number)
+    coordinator = CheckpointCoordinator(
+        JOB,
+        metastore,
+        CheckpointStorage.from_url(task.storage_for(spec)),
+        spec.checkpoint.config(),
+        coordinator_id=attempt,
+    )
+    coordinator.activate()
+    coordinator.job_status_changed(JobStatus.RUNNING)
+    pending = coordinator.trigger_checkpoint(tasks=pipeline_plan(attempt, 1, 16))
+    return metastore, pending.checkpoint_id
+
+
+def test_newer_coordinator_is_a_later_try_of_the_same_run(
+    task: CheckpointedSparkSubmitOperator,
+) -> None:
+    metastore, _ = running_try(task, 2)
+    t1, t2, t3 = (attempt_id(DAG, RUN, n) for n in (1, 2, 3))
+    assert newer_coordinator(metastore, JOB, t1, 1) == t2
+    assert newer_coordinator(metastore, JOB, t2, 2) is None  # itself
+    assert newer_coordinator(metastore, JOB, t3, 3) is None  # an older try
+    other = attempt_id(DAG, "another-run", 1)
+    assert newer_coordinator(metastore, JOB, other, 1) is None  # another run's
+    assert newer_coordinator(metastore, "no_such_job", t1, 1) is None
+
+
+def test_a_late_retry_callback_leaves_the_try_that_took_over_alone(
+    task: CheckpointedSparkSubmitOperator,
+) -> None:
+    metastore, checkpoint_id = running_try(task, 2)
+
+    restore_from_latest({"task": task, "ti": TaskInstance(DAG, RUN, 1)})  # try 1's, late
+    with metastore.transaction() as s:
+        job, pending = s.get(Job, JOB), s.get(Checkpoint, (JOB, checkpoint_id))
+        assert job is not None and pending is not None
+        assert (job.status, job.coordinator_id) == ("RUNNING", attempt_id(DAG, RUN, 2))
+        assert pending.status == "PENDING"
+    assert list_restores(metastore, JOB) == []
+
+    restore_from_latest({"task": task, "ti": TaskInstance(DAG, RUN, 2)})  # try 2's own
+    with metastore.transaction() as s:
+        job, pending = s.get(Job, JOB), s.get(Checkpoint, (JOB, checkpoint_id))
+        assert job is not None and pending is not None
+        assert job.status == "FAILED"
+        assert (pending.status, pending.failure_reason) == ("ABORTED", "JOB_FAILOVER")
+    assert [r["attempt"] for r in list_restores(metastore, JOB)] == [attempt_id(DAG, RUN, 3)]
