@@ -151,9 +151,11 @@ def take_requests(server: Server) -> list[int]:
 
 
 @contextmanager
-def running_api_server(root: Path) -> Iterator[Server]:
+def running_api_server(root: Path, *, prefix: str = "") -> Iterator[Server]:
     """An api-server on a free loopback port, its files under ``root``, with the seeded
-    metastore; stopped (its whole process group) on exit."""
+    metastore; stopped (its whole process group) on exit. ``prefix`` (e.g. ``/airflow``) serves
+    Airflow under that path (``[api] base_url``), as behind a reverse proxy; ``Server.url``
+    includes it."""
     url_metastore = f"sqlite:///{root / 'metastore.db'}"
     Metastore(url_metastore, check_schema=False).upgrade()
     metastore = Metastore(url_metastore)
@@ -161,7 +163,7 @@ def running_api_server(root: Path) -> Iterator[Server]:
     live = _seed(metastore, storage)
 
     port = _free_port()
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{port}{prefix}"
     (root / "dags").mkdir()
     env = airflow_env(root / "airflow", root / "dags", ckpt_home=root / "ckpt")
     passwords = {u: secrets.token_urlsafe(12) for u in ("admin", "viewer", "outsider")}

@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -77,6 +78,17 @@ def screenshot(page: Any, tmp_path: Path, name: str) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(shot, ARTIFACTS / shot.name)
     return shot
+
+
+def open_from_browse_menu(page: Any, server: Server) -> Any:
+    """Browse → Checkpoints in Airflow's UI: the page in Airflow's frame at /plugin/checkpoints;
+    Airflow then mirrors the frame's path into its own URL (a deep link), with the prefix."""
+    page.goto(f"{server.url}/")
+    page.get_by_role("button", name="Browse").click()
+    page.get_by_role("menuitem", name="Checkpoints").click()
+    prefix = urlsplit(server.url).path
+    expect(page).to_have_url(f"{server.url}/plugin/checkpoints{prefix}/checkpoints/ui/")
+    return page.frame_locator("iframe")
 
 
 def history_row(page: Any, checkpoint_id: int) -> Any:
@@ -264,12 +276,32 @@ def test_the_page_is_in_airflows_navigation_and_the_operator_links_to_it(
     # Browse → Checkpoints in Airflow's UI shows the page in its frame at /plugin/checkpoints
     page = log_in(browser, server, "admin", IDLE, viewport={"width": 1280, "height": 900})
     expect(page.locator("#history tbody")).to_contain_text("No checkpoint yet.")
-    page.goto(f"{server.url}/")
-    page.get_by_role("button", name="Browse").click()
-    page.get_by_role("menuitem", name="Checkpoints").click()
-    expect(page).to_have_url(f"{server.url}/plugin/checkpoints")
-    frame = page.frame_locator("iframe")
+    frame = open_from_browse_menu(page, server)
     expect(frame.locator("h1")).to_have_text("Checkpoints")
     expect(frame.locator("#pipeline option")).to_have_count(3)
     screenshot(page, tmp_path, "6-in-airflow-navigation")
     page.context.close()
+
+
+def test_the_page_works_behind_a_path_prefix(
+    browser: Any, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """Airflow served under ``/airflow`` (``[api] base_url``, as behind a reverse proxy): the
+    login, the page's relative API calls and actions, and Airflow's frame around it."""
+    with running_api_server(tmp_path_factory.mktemp("prefixed"), prefix="/airflow") as server:
+        assert server.url.endswith("/airflow")
+        page = log_in(browser, server, "admin", LIVE, viewport={"width": 1280, "height": 900})
+        assert page.url == f"{server.url}/checkpoints/ui/?pipeline={LIVE}"
+        expect(history_row(page, 1)).to_contain_text("COMPLETED")
+        page.once("dialog", lambda d: d.accept())
+        page.locator("#trigger-savepoint").click()
+        expect(page.locator("#request-status")).to_contain_text("QUEUED")
+        (savepoint_id,) = take_requests(server)
+        expect(page.locator("#request-status")).to_contain_text("COMPLETED")
+        expect(history_row(page, savepoint_id)).to_contain_text("SAVEPOINT")
+
+        frame = open_from_browse_menu(page, server)
+        expect(frame.locator("#pipeline option")).to_have_count(3)
+        expect(frame.locator("#history tbody tr").first).to_be_visible()
+        screenshot(page, tmp_path, "7-behind-path-prefix")
+        page.context.close()
