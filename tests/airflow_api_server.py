@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +41,8 @@ SIMPLE_AUTH_MANAGER = (
 )
 FINISHED = "routes-finished"  # 7 checkpoints and a savepoint, then FINISHED
 LIVE = "routes-live"  # RUNNING: takes savepoints
+#: the project's deploy DAG, served (and serialized into Airflow's database) for "Restore from here"
+DEPLOY_DAG = Path(__file__).resolve().parent.parent / "dags" / "checkpoint_deploy.py"
 IDLE = "routes-idle"  # registered, never ran: no checkpoints
 
 
@@ -183,6 +186,19 @@ def running_api_server(root: Path, *, prefix: str = "") -> Iterator[Server]:
         }
     )
     migrate(env)
+    # the deploy DAG (no pipeline specs next to it: its pipeline param takes any job id), in
+    # Airflow's database as the dag-processor would put it, so that the API can trigger it
+    shutil.copy(DEPLOY_DAG, root / "dags" / DEPLOY_DAG.name)
+    serialized = subprocess.run(
+        [airflow_command(), "dags", "reserialize"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if serialized.returncode != 0:
+        pytest.fail(f"airflow dags reserialize failed:\n{serialized.stderr[-3000:]}")
     log = root / "api-server.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(

@@ -6,7 +6,11 @@ core library. One server for the whole module: it takes most of the module's tim
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote, urlsplit
 
 import pytest
 
@@ -75,6 +79,7 @@ def test_a_logged_in_user_reads_and_the_openapi_schema_describes_the_api(server:
         "/api/pipelines/{pipeline_id}/checkpoints",
         "/api/pipelines/{pipeline_id}/checkpoints/{checkpoint_id}",
         "/api/pipelines/{pipeline_id}/checkpoints/{checkpoint_id}/discard",
+        "/api/pipelines/{pipeline_id}/checkpoints/{checkpoint_id}/restore",
         "/api/pipelines/{pipeline_id}/restores",
         "/api/pipelines/{pipeline_id}/requests",
         "/api/pipelines/{pipeline_id}/requests/{request_id}",
@@ -354,6 +359,71 @@ def test_restore_plan_preview(server: Server) -> None:
 
 
 # ============================================================================ actions
+
+
+def deploy_runs(server: Server) -> list[dict]:
+    """The runs of the deploy DAG, from Airflow's own REST API."""
+    request = urllib.request.Request(
+        f"{server.url}/api/v2/dags/checkpoint_deploy/dagRuns",
+        headers={"Authorization": f"Bearer {server.tokens['admin']}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return list(json.loads(r.read())["dag_runs"])
+
+
+def test_restore_from_here_runs_the_deploy_dag_from_that_checkpoint(server: Server) -> None:
+    restore = f"/api/pipelines/{FINISHED}/checkpoints/7/restore"
+    # a read-only user, or no access at all: refused, nothing triggered
+    for user in ("viewer", "outsider"):
+        r = server.call("POST", restore, user=user, body={})
+        assert r.status == 403 and "no edit access" in r.body["detail"], (user, r.body)
+    assert deploy_runs(server) == []
+
+    r = server.call("POST", restore, user="admin", body={"parallelism": 2})
+    assert r.status == 202, r.body
+    savepoint = server.call("GET", f"/api/pipelines/{FINISHED}/checkpoints/7", user="admin").body
+    conf = {"pipeline": FINISHED, "from": savepoint["metadata_path"], "parallelism": 2}
+    assert r.body["dag_id"] == "checkpoint_deploy" and r.body["conf"] == conf
+    assert r.body["state"] == "queued"
+    run_id = r.body["dag_run_id"]
+    assert r.body["url"] == f"/dags/checkpoint_deploy/runs/{quote(run_id, safe='')}"
+    (run,) = deploy_runs(server)
+    assert (run["dag_run_id"], run["state"], run["conf"]) == (run_id, "queued", conf)
+    assert run["run_type"] == "manual" and run["triggering_user_name"] == "admin"
+
+    # a retained checkpoint too; no parallelism: the spec's
+    r = server.call("POST", f"/api/pipelines/{FINISHED}/checkpoints/6/restore", user="admin")
+    assert r.status == 202, r.body
+    assert r.body["conf"]["parallelism"] is None
+    assert r.body["conf"]["from"].endswith("/_metadata")
+    assert len(deploy_runs(server)) == 2
+
+    # only a completed checkpoint whose files verify, of a pipeline that is not running
+    for checkpoint_id, state in ((1, "SUBSUMED"), (8, "ABORTED")):
+        path = f"/api/pipelines/{FINISHED}/checkpoints/{checkpoint_id}/restore"
+        r = server.call("POST", path, user="admin", body={})
+        assert r.status == 409 and f"is {state}" in r.body["detail"], r.body
+    r = server.call("POST", f"/api/pipelines/{LIVE}/checkpoints/1/restore", user="admin")
+    assert r.status == 409 and "is running" in r.body["detail"], r.body
+    detail = server.call("GET", f"/api/pipelines/{FINISHED}/checkpoints/6", user="admin").body
+    state_file = Path(urlsplit(detail["tasks"][0]["state_handle"]).path)
+    original = state_file.read_bytes()
+    state_file.write_bytes(original + b"corrupt")
+    try:
+        r = server.call("POST", f"/api/pipelines/{FINISHED}/checkpoints/6/restore", user="admin")
+    finally:
+        state_file.write_bytes(original)
+    assert r.status == 409 and "do not verify" in r.body["detail"], r.body
+    # unknown → 404, malformed → 422
+    r = server.call("POST", f"/api/pipelines/{FINISHED}/checkpoints/999/restore", user="admin")
+    assert r.status == 404, r.body
+    r = server.call("POST", "/api/pipelines/nope/checkpoints/1/restore", user="admin")
+    assert r.status == 404, r.body
+    for body in ({"parallelism": 0}, {"parallelism": "x"}, {"other": 1}):
+        assert server.call("POST", restore, user="admin", body=body).status == 422, body
+    r = server.call("POST", restore, user="admin", body={"parallelism": 17})  # max is 16
+    assert r.status == 422 and "16" in r.body["detail"], r.body
+    assert len(deploy_runs(server)) == 2
 
 
 def test_an_admin_requests_a_savepoint_and_follows_it_to_completion(server: Server) -> None:

@@ -28,7 +28,7 @@ from datetime import datetime
 from enum import StrEnum
 from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response, status
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -51,6 +51,7 @@ from checkpointing.errors import (
 from checkpointing.ids import validate_id
 from checkpointing.metastore import Metastore
 from checkpointing.properties import CheckpointStatus, CheckpointType
+from checkpointing_airflow.dag_factory import DEPLOY_DAG_ID
 
 #: where the api-server mounts this app (not under Airflow's reserved /api/v2, /ui, /auth …)
 URL_PREFIX = "/checkpoints"
@@ -205,6 +206,24 @@ class SavepointRequestBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     stop: bool = Field(False, description="end the job once the savepoint completes")
+
+
+class RestoreRequestBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    parallelism: int | None = Field(
+        None, ge=1, le=MAX_PARALLELISM, description="empty: the pipeline spec's parallelism"
+    )
+
+
+class DeployRun(BaseModel):
+    """The run of the deploy DAG that restores the pipeline from a checkpoint or savepoint."""
+
+    dag_id: str
+    dag_run_id: str
+    state: str
+    conf: dict[str, Any] = Field(description="the deploy DAG's params: pipeline, from, parallelism")
+    url: str = Field(description="the run's page in Airflow's UI (a path)")
 
 
 class RequestSummary(BaseModel):
@@ -690,6 +709,157 @@ def discard_savepoint(
     )
     detail = views.checkpoint_detail(store, pipeline_id, checkpoint_id)
     return CheckpointSummary(**detail)
+
+
+def may_trigger(caller: Caller, dag_id: str) -> bool:
+    """Whether the auth manager lets the caller trigger runs of ``dag_id``: what Airflow's own
+    ``POST /api/v2/dags/{dag_id}/dagRuns`` asks (``POST`` on the DAG's runs)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        DagAccessEntity,
+        DagDetails,
+    )
+    from airflow.models.dag import DagModel
+
+    return bool(
+        get_auth_manager().is_authorized_dag(
+            method="POST",
+            access_entity=DagAccessEntity.RUN,
+            details=DagDetails(id=dag_id, team_name=DagModel.get_team_name(dag_id)),
+            user=caller.user,
+        )
+    )
+
+
+@app.post(
+    "/api/pipelines/{pipeline_id}/checkpoints/{checkpoint_id}/restore",
+    response_model=DeployRun,
+    status_code=status.HTTP_202_ACCEPTED,
+    responses={
+        **ERRORS,
+        403: {
+            "model": Problem,
+            "description": "no edit access, no permission to trigger the deploy DAG, or a "
+            "cross-site request",
+        },
+        409: {
+            "model": Problem,
+            "description": "not a completed checkpoint or savepoint, its files do not verify, "
+            "the pipeline is running, or the deploy DAG is not available",
+        },
+    },
+    summary="Restore from here: run the deploy DAG from this checkpoint or savepoint",
+)
+def restore_from_checkpoint(
+    pipeline_id: EditablePipeline,
+    checkpoint_id: Annotated[int, Path(ge=1, le=MAX_ID)],
+    caller: CallerDep,
+    store: MetastoreDep,
+    request: Request,
+    body: RestoreRequestBody | None = None,
+) -> DeployRun:
+    """Triggers a run of the ``checkpoint_deploy`` DAG with ``from`` = the checkpoint's
+    ``_metadata`` path, once the checkpoint is COMPLETED, its ``_metadata`` and file sizes verify
+    (as the deploy's ``check`` does) and, given a parallelism, its state can be assigned to it.
+    Needs edit access to the pipeline's DAG and the permission to trigger the deploy DAG."""
+    from checkpointing.models import Job
+    from checkpointing.properties import JobStatus
+    from checkpointing.restore import load_checkpoint, preview_restore
+    from checkpointing.storage import CheckpointStorage
+
+    if not may_trigger(caller, DEPLOY_DAG_ID):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"user {caller.name!r} may not trigger the DAG {DEPLOY_DAG_ID}: restoring needs the "
+            "permission to run it",
+        )
+    parallelism = body.parallelism if body else None
+    row = views.checkpoint_detail(store, pipeline_id, checkpoint_id)  # unknown: 404
+    if row["status"] != CheckpointStatus.COMPLETED.value:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"checkpoint {checkpoint_id} of pipeline {pipeline_id} is {row['status']}: only a "
+            "COMPLETED checkpoint or savepoint can be restored",
+        )
+    with store.transaction() as s:
+        job = s.get(Job, pipeline_id)
+        if job is None:
+            raise UnknownJobError(f"unknown pipeline {pipeline_id!r}")
+        storage_url, job_status = job.storage_url, job.status
+    if job_status == JobStatus.RUNNING:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"pipeline {pipeline_id} is running: stop it first (Stop with savepoint), then restore",
+        )
+    storage = CheckpointStorage.from_url(storage_url)
+    try:
+        decision = load_checkpoint(store, storage, pipeline_id, checkpoint_id, deep=False)
+        if parallelism is not None:
+            preview_restore(
+                store,
+                storage,
+                pipeline_id,
+                parallelism=parallelism,
+                source=str(checkpoint_id),
+                deep=False,
+            )
+    except (StorageError, ValueError) as exc:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"checkpoint {checkpoint_id} of pipeline {pipeline_id} cannot be restored: its "
+            f"files do not verify ({exc})",
+        ) from None
+    conf = {"pipeline": pipeline_id, "from": decision.metadata_path, "parallelism": parallelism}
+    run_id, run_state = _trigger_deploy(conf, caller)
+    root = request.scope.get("root_path", "").rstrip("/").removesuffix(URL_PREFIX)
+    return DeployRun(
+        dag_id=DEPLOY_DAG_ID,
+        dag_run_id=run_id,
+        state=run_state,
+        conf=conf,
+        url=f"{root}/dags/{DEPLOY_DAG_ID}/runs/{quote(run_id, safe='')}",
+    )
+
+
+def _trigger_deploy(conf: dict[str, Any], caller: Caller) -> tuple[str, str]:
+    """A queued manual run of the deploy DAG, as Airflow's REST API creates one (its params
+    validated against the conf), else 409 when the DAG is not in Airflow's database."""
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.exceptions import DagNotFound, ParamValidationError
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from airflow.utils.types import DagRunTriggeredByType
+    from sqlalchemy import select
+
+    unavailable = HTTPException(
+        status.HTTP_409_CONFLICT,
+        f"deploy DAG {DEPLOY_DAG_ID} is not available: deploy dags/{DEPLOY_DAG_ID}.py to "
+        "Airflow's DAGs folder and let the dag-processor parse it",
+    )
+    with create_session() as session:
+        deployed = session.scalar(
+            select(DagModel.dag_id).where(~DagModel.is_stale, DagModel.dag_id == DEPLOY_DAG_ID)
+        )
+        if deployed is None:
+            raise unavailable
+        try:
+            run = trigger_dag(
+                DEPLOY_DAG_ID,
+                triggered_by=DagRunTriggeredByType.REST_API,
+                triggering_user_name=caller.name,
+                conf=conf,
+                session=session,
+            )
+        except DagNotFound:
+            raise unavailable from None
+        except (ParamValidationError, ValueError) as exc:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, f"the deploy DAG refused the run: {exc}"
+            ) from None
+        if run is None:
+            raise unavailable
+        session.flush()
+        return str(run.run_id), str(getattr(run.state, "value", run.state))
 
 
 @app.get(
