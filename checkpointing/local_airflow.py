@@ -21,7 +21,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -115,13 +115,22 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
 
 
 def local_airflow(
-    settings: Settings, *, port: int = 8080, home: Path | None = None
+    settings: Settings,
+    *,
+    port: int = 8080,
+    home: Path | None = None,
+    dags: Path = DAGS,
+    extra_env: Mapping[str, str] | None = None,
 ) -> LocalAirflow:
     """Configure (not start) the local Airflow: its environment, its admin password (generated
-    once, kept in ``home/passwords.json``) and its metadata database (migrated)."""
+    once, kept in ``home/passwords.json``) and its metadata database (migrated).
+
+    :param dags: the DAGs folder (default: this project's ``dags/``).
+    :param extra_env: more environment on top of the defaults, e.g. ``AIRFLOW__SCHEDULER__*``
+        settings of a test."""
     home = home or settings.home / "airflow"
     url = f"http://127.0.0.1:{port}"
-    env = airflow_env(home, DAGS, ckpt_home=settings.home)
+    env = airflow_env(home, dags, ckpt_home=settings.home)
     passwords = home / "passwords.json"
     env.update(
         {
@@ -141,6 +150,7 @@ def local_airflow(
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         }
     )
+    env.update(extra_env or {})
     known: dict[str, Any] = json.loads(passwords.read_text()) if passwords.exists() else {}
     if USER not in known:
         known[USER] = secrets.token_urlsafe(12)
