@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 
@@ -242,6 +242,51 @@ def test_a_read_only_user_cannot_trigger_a_savepoint(
     history_row(page, 7).click()
     expect(page.locator("#detail-title")).to_have_text("Checkpoint #7 (SAVEPOINT, COMPLETED)")
     expect(page.locator("#discard-savepoint")).to_be_disabled()
+    expect(page.locator("#restore-from-here")).to_be_disabled()
+    page.context.close()
+
+
+def test_an_admin_restores_from_a_savepoint_with_the_deploy_dag(
+    server: Server, browser: Any, tmp_path: Path
+) -> None:
+    page = log_in(browser, server, "admin", FINISHED, viewport={"width": 1280, "height": 900})
+    history_row(page, 7).click()
+    expect(page.locator("#detail-title")).to_have_text("Checkpoint #7 (SAVEPOINT, COMPLETED)")
+    page.locator("#restore-from-here").click()
+    confirm = page.locator("#restore-confirm")
+    expect(confirm).to_contain_text(f"Start pipeline {FINISHED} from savepoint #7")
+    page.locator("#restore-parallelism").fill("2")
+    screenshot(page, tmp_path, "8-restore-confirm")
+    page.locator("#restore-confirm-button").click()
+    link = page.locator("#restore-run")
+    expect(link).to_be_visible()
+    expect(page.locator("#restore-result")).to_contain_text("DAG run of checkpoint_deploy queued")
+    expect(confirm).to_be_hidden()
+    run_id = link.inner_text()
+    assert run_id.startswith("manual__"), run_id
+    assert link.get_attribute("href") == f"../../dags/checkpoint_deploy/runs/{quote(run_id)}"
+    screenshot(page, tmp_path, "9-restore-from-here")
+    # the run Airflow queued: from the savepoint's _metadata, at the parallelism asked for
+    request = urllib.request.Request(
+        f"{server.url}/api/v2/dags/checkpoint_deploy/dagRuns/{quote(run_id)}",
+        headers={"Authorization": f"Bearer {server.tokens['admin']}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        run = json.loads(r.read())
+    metadata = server.call("GET", f"/api/pipelines/{FINISHED}/checkpoints/7", user="admin").body
+    assert run["conf"] == {
+        "pipeline": FINISHED,
+        "from": metadata["metadata_path"],
+        "parallelism": 2,
+    }
+    assert run["state"] == "queued" and run["triggering_user_name"] == "admin"
+
+    # an aborted checkpoint cannot be restored: no button
+    history_row(page, 8).click()
+    expect(page.locator("#detail-title")).to_contain_text("ABORTED")
+    expect(page.locator("#restore-from-here")).to_have_count(0)
+    history_row(page, 7).click()
+    expect(page.locator("#restore-result")).to_be_empty()  # a new panel: no stale result
     page.context.close()
 
 
