@@ -7,8 +7,10 @@ core library. One server for the whole module: it takes most of the module's tim
 from __future__ import annotations
 
 import json
+import sqlite3
 import urllib.request
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -423,6 +425,20 @@ def test_restore_from_here_runs_the_deploy_dag_from_that_checkpoint(server: Serv
         assert server.call("POST", restore, user="admin", body=body).status == 422, body
     r = server.call("POST", restore, user="admin", body={"parallelism": 17})  # max is 16
     assert r.status == 422 and "16" in r.body["detail"], r.body
+    assert len(deploy_runs(server)) == 2
+
+    # the deploy DAG gone from the DAGs folder (stale, as the dag-processor marks it): 409
+    airflow_db = server.log.parent / "airflow" / "airflow.db"
+    stale = "UPDATE dag SET is_stale = ? WHERE dag_id = 'checkpoint_deploy'"
+    with closing(sqlite3.connect(airflow_db)) as db, db:
+        assert db.execute(stale, (True,)).rowcount == 1
+    try:
+        r = server.call("POST", restore, user="admin", body={})
+    finally:
+        with closing(sqlite3.connect(airflow_db)) as db, db:
+            db.execute(stale, (False,))
+    assert r.status == 409, r.body
+    assert "deploy DAG checkpoint_deploy is not available" in r.body["detail"]
     assert len(deploy_runs(server)) == 2
 
 
