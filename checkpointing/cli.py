@@ -331,6 +331,74 @@ def restores_cmd(
     out.print(table if rows else "no restores")
 
 
+@app.command("summary")
+@handles_errors
+def summary_cmd(
+    job: Annotated[str, typer.Argument(help="Job id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """A job's checkpoints at a glance (the UI's summary): counts by status, min/avg/max
+    duration and state size, the latest completed, failed and savepoint, the latest restore."""
+    from checkpointing.views import checkpoint_stats
+
+    stats = checkpoint_stats(state.metastore(), job)
+    if as_json:
+        print_json(stats)
+        return
+
+    def spread(values: dict[str, Any] | None, unit: str) -> str:
+        if not values:
+            return "-"
+        return " / ".join(f"{values[k]:,}{unit}" for k in ("min", "avg", "max"))
+
+    def which(row: dict[str, Any] | None) -> str:
+        if not row:
+            return "-"
+        when = (row["completed_at"] or row["ended_at"] or row["trigger_at"] or "")[:19]
+        when = when.replace("T", " ")
+        return f"{row['type'].lower()} {row['checkpoint_id']} ({row['status']}, {when})"
+
+    restore = stats["latest_restore"]
+    table = Table(title=f"Summary of {job}", title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("value", overflow="fold")
+    counts = " · ".join(f"{k} {v}" for k, v in sorted(stats["counts"].items()))
+    table.add_row("Checkpoints", counts or "none")
+    table.add_row("Duration min / avg / max", spread(stats["duration_ms"], " ms"))
+    table.add_row("State size min / avg / max", spread(stats["state_size"], " B"))
+    table.add_row("Latest completed", which(stats["latest_completed"]))
+    table.add_row("Latest failed", which(stats["latest_failed"]))
+    table.add_row("Latest savepoint", which(stats["latest_savepoint"]))
+    table.add_row(
+        "Latest restore",
+        "-"
+        if restore is None
+        else f"{restore['attempt']} from "
+        + ("empty state" if restore["checkpoint_id"] is None else str(restore["checkpoint_id"])),
+    )
+    out.print(table)
+
+
+@app.command("discard")
+@handles_errors
+def discard_cmd(
+    job: Annotated[str, typer.Argument(help="Job id.")],
+    checkpoint_id: Annotated[str, typer.Argument(help="The savepoint's checkpoint id.")],
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Discard a completed savepoint: marked DISCARDED (no restore picks it), then its files
+    are deleted. Refuses anything but a completed savepoint."""
+    from checkpointing.ids import validate_checkpoint_id
+    from checkpointing.savepoints import discard_savepoint
+
+    cid = validate_checkpoint_id(checkpoint_id)
+    if not yes and not typer.confirm(f"Discard savepoint {cid} of {job} and delete its files?"):
+        raise typer.Exit(EXIT_ERROR)
+    metastore = state.metastore()
+    location = discard_savepoint(metastore, _job_storage(metastore, job), job, cid)
+    out.print(f"discarded savepoint {cid} of {job}: {location}")
+
+
 # ------------------------------------------------------------------------------------ state
 
 

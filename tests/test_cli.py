@@ -199,3 +199,48 @@ def test_demo_runs_a_full_cycle_on_embedded_defaults(tmp_path: Path) -> None:
         restores[0]["fallbacks"]
         and restores[0]["checkpoint_id"] < restores[0]["fallbacks"][0]["checkpoint_id"]
     )
+
+
+def test_summary_and_discard_savepoint(metastore: Metastore, tmp_path: Path) -> None:
+    """CLI parity with the Checkpoints page: its summary, and discarding a savepoint."""
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    make_history(metastore, storage)
+    url = metastore.url.render_as_string(hide_password=False)
+    runner = CliRunner()
+    base = ["--metastore-url", url, "--storage-url", f"file://{tmp_path / 'ckpt'}"]
+
+    result = runner.invoke(app, [*base, "summary", "etl", "--json"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout)
+    assert stats["counts"] == {"COMPLETED": 1, "SUBSUMED": 1, "ABORTED": 1}
+    assert stats["state_size"] == {"min": 20, "avg": 20.0, "max": 20}
+    assert stats["latest_completed"]["checkpoint_id"] == 2
+    assert stats["latest_failed"]["checkpoint_id"] == 3
+    assert stats["latest_savepoint"] is None
+    table = runner.invoke(app, [*base, "summary", "etl"])
+    assert table.exit_code == 0, table.output
+    assert "Latest completed" in table.stdout and "checkpoint 2 (COMPLETED" in table.stdout
+
+    # a checkpoint is not a savepoint: refused, nothing deleted
+    refused = run_ckpt(*base, "discard", "etl", "2", "--yes")
+    assert refused.returncode == 1 and "savepoint" in refused.stderr + refused.stdout
+    assert (tmp_path / "ckpt" / "etl" / "chk-2" / "_metadata").exists()
+
+    plan = [TaskSpec("agg", 0, "att-0", 1)]
+    coord = CheckpointCoordinator(
+        "etl", metastore, storage, CheckpointConfig(), plan_provider=lambda: plan
+    )
+    pending = coord.trigger_savepoint()
+    loc = storage.location_for(pending.location)
+    info = storage.write_bytes(loc.file_url("agg-0"), b"y" * 5)
+    done = coord.receive_acknowledge(
+        pending.checkpoint_id, [TaskAck("att-0", info.url, info.size, info.checksum)]
+    ).completed
+    assert done is not None
+    savepoint_dir = Path(done.location.removeprefix("file://"))
+    assert savepoint_dir.exists()
+    result = runner.invoke(app, [*base, "discard", "etl", str(done.checkpoint_id), "--yes"])
+    assert result.exit_code == 0, result.output
+    assert not savepoint_dir.exists()
+    rows = json.loads(runner.invoke(app, [*base, "list", "etl", "--json"]).stdout)
+    assert {r["checkpoint_id"]: r["status"] for r in rows}[done.checkpoint_id] == "DISCARDED"
