@@ -54,6 +54,38 @@ class AirflowHome:
         return path
 
 
+#: the aggregations of the Airflow tests' pipelines (over ``datasets.generate_events``)
+AGGS: dict[str, tuple[str, str | None]] = {
+    "n": ("count", None),
+    "total": ("sum", "amount"),
+    "avg_amount": ("avg", "amount"),
+}
+
+
+def write_events_spec(
+    path: Path, job: str, events: Path, out: Path, *, checkpoint: str, **fields: object
+) -> Path:
+    """A pipeline spec at ``path``: job ``job`` aggregating :data:`AGGS` per user over the
+    Parquet files in ``events`` into the sink ``out``, parallelism 2 of 16 key groups, the
+    ``checkpoint`` section given as YAML flow text; ``fields`` are further top-level fields."""
+    aggs = ", ".join(f"{k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
+    extra = "\n".join(f"{k}: {v}" for k, v in fields.items())
+    path.write_text(
+        f"""
+job: {job}
+source: {{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}
+key: user
+aggregations: {{{aggs}}}
+sink: {{path: {out}}}
+parallelism: 2
+max_parallelism: 16
+checkpoint: {checkpoint}
+{extra}
+"""
+    )
+    return path
+
+
 def make_airflow_home(root: Path, database_url: str, ckpt_home: Path) -> AirflowHome:
     """Create and migrate an Airflow home whose metadata database is ``database_url``."""
     home, dags = root / "airflow", root / "dags"

@@ -16,10 +16,15 @@ from sqlalchemy import create_engine, text
 
 from checkpointing import datasets, views
 from checkpointing.metastore import Metastore
-from tests.airflow_harness import AirflowHome, assert_exactly_once, make_airflow_home
+from tests.airflow_harness import (
+    AGGS,
+    AirflowHome,
+    assert_exactly_once,
+    make_airflow_home,
+    write_events_spec,
+)
 
 FILES = 4
-AGGS = {"n": ("count", None), "total": ("sum", "amount"), "avg_amount": ("avg", "amount")}
 
 DAG = """
 from datetime import timedelta
@@ -74,23 +79,14 @@ def airflow(
 def write_pipeline(
     airflow: AirflowHome, tmp_path: Path, events: Path, job: str, **fields: object
 ) -> Path:
-    spec = tmp_path / f"{job}.yaml"
-    extra = "\n".join(f"{k}: {v}" for k, v in fields.items())
-    aggs = ", ".join(f"{k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
-    spec.write_text(
-        f"""
-job: {job}
-source: {{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}
-key: user
-aggregations: {{{aggs}}}
-sink: {{path: {tmp_path / "out"}}}
-parallelism: 2
-max_parallelism: 16
-checkpoint: {{every_epochs: 1, retained: 2}}
-{extra}
-"""
+    return write_events_spec(
+        tmp_path / f"{job}.yaml",
+        job,
+        events,
+        tmp_path / "out",
+        checkpoint="{every_epochs: 1, retained: 2}",
+        **fields,
     )
-    return spec
 
 
 def metastore_of(airflow: AirflowHome) -> Metastore:

@@ -35,17 +35,18 @@ from checkpointing import datasets, views
 from checkpointing.metastore import Metastore
 from checkpointing_airflow.dag_factory import sync_dag_files
 from tests.airflow_harness import (
+    AGGS,
     AIRFLOW,
     CKPT,
     REPO,
     AirflowHome,
     assert_exactly_once,
     make_airflow_home,
+    write_events_spec,
 )
 
 JOB = "served"
 FILES = 24
-AGGS = {"n": ("count", None), "total": ("sum", "amount"), "avg_amount": ("avg", "amount")}
 DEADLINE_S = 600  # JVM and Airflow start-ups are slow when other jobs share the 2 cores
 
 
@@ -62,20 +63,13 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> AirflowHome:
 
 
 def write_spec(airflow: AirflowHome, events: Path, out: Path) -> Path:
-    aggs = ", ".join(f"{k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
-    spec = airflow.dags / "pipelines" / f"{JOB}.yaml"
-    spec.write_text(
-        f"""
-job: {JOB}
-source: {{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}
-key: user
-aggregations: {{{aggs}}}
-sink: {{path: {out}}}
-parallelism: 2
-max_parallelism: 16
-retry_delay: 1s
-checkpoint: {{every_epochs: 4, retained: 2}}
-"""
+    spec = write_events_spec(
+        airflow.dags / "pipelines" / f"{JOB}.yaml",
+        JOB,
+        events,
+        out,
+        checkpoint="{every_epochs: 4, retained: 2}",
+        retry_delay="1s",
     )
     sync_dag_files(spec.parent)
     return spec

@@ -30,7 +30,6 @@ from typing import Any
 
 import psutil
 import pytest
-from sqlalchemy import select
 
 from checkpointing import datasets, views
 from checkpointing.config import Settings
@@ -38,12 +37,12 @@ from checkpointing.failure import CheckpointFailureReason
 from checkpointing.local_airflow import LocalAirflow, local_airflow
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, Job
-from tests.airflow_harness import CKPT, assert_exactly_once
+from tests.airflow_harness import AGGS, CKPT, assert_exactly_once, write_events_spec
+from tests.helpers import checkpoint_rows
 
 JOB = "killed_worker"
 TASK = "run"
 FILES = 24
-AGGS = {"n": ("count", None), "total": ("sum", "amount"), "avg_amount": ("avg", "amount")}
 #: the scheduler fails a running task whose supervisor has not heartbeat for this long
 HEARTBEAT_TIMEOUT_S = 20
 FAILOVER_REASONS = {"CHECKPOINT_COORDINATOR_FAILOVER", "JOB_FAILOVER"}
@@ -128,19 +127,12 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
     Metastore(settings.metastore_url, check_schema=False).upgrade()
     events = tmp_path / "events"
     datasets.generate_events(events, events=24_000, keys=200, files=FILES, seed=5)
-    spec = tmp_path / f"{JOB}.yaml"
-    aggs = ", ".join(f"{k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
-    spec.write_text(
-        f"""
-job: {JOB}
-source: {{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}
-key: user
-aggregations: {{{aggs}}}
-sink: {{path: {tmp_path / "out"}}}
-parallelism: 2
-max_parallelism: 16
-checkpoint: {{every_epochs: 1, retained: 2, tolerable_failures: 0}}
-"""
+    spec = write_events_spec(
+        tmp_path / f"{JOB}.yaml",
+        JOB,
+        events,
+        tmp_path / "out",
+        checkpoint="{every_epochs: 1, retained: 2, tolerable_failures: 0}",
     )
     dags = tmp_path / "dags"
     dags.mkdir()
@@ -183,17 +175,6 @@ def leftovers(root: Path) -> list[psutil.Process]:
         if str(root) in cmdline or home.startswith(str(root)):
             found.append(proc)
     return found
-
-
-def checkpoints(metastore: Metastore) -> list[Checkpoint]:
-    with metastore.transaction() as s:
-        return list(
-            s.scalars(
-                select(Checkpoint)
-                .where(Checkpoint.job_id == JOB)
-                .order_by(Checkpoint.checkpoint_id)
-            )
-        )
 
 
 def reason(checkpoint: Checkpoint) -> CheckpointFailureReason:
@@ -275,7 +256,7 @@ def test_a_killed_worker_is_retried_and_the_retry_resumes_coordination(
 
     # --- kill try 1's whole process tree while a checkpoint of it is pending, after one completed
     def try_1_pending() -> Checkpoint | None:
-        rows = checkpoints(metastore)
+        rows = checkpoint_rows(metastore, JOB)
         with metastore.transaction() as s:
             job = s.get(Job, JOB)
         assert job is None or job.status != "FINISHED", "try 1 ended before it could be killed"
@@ -295,7 +276,7 @@ def test_a_killed_worker_is_retried_and_the_retry_resumes_coordination(
         if (pending := try_1_pending()) is None:  # it completed before the freeze: next one
             thaw(frozen)
             continue
-        latest = max(c.checkpoint_id for c in checkpoints(metastore) if c.completed_at)
+        latest = max(c.checkpoint_id for c in checkpoint_rows(metastore, JOB) if c.completed_at)
         killed = {p.pid: described(p) for p in frozen}
         for p in frozen:
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -309,7 +290,7 @@ def test_a_killed_worker_is_retried_and_the_retry_resumes_coordination(
     assert any("SparkSubmit" in cmd for _, cmd in killed.values()), killed
 
     # try 1's checkpoints were 1 … latest (each after its epoch) and the pending one
-    ours = [c for c in checkpoints(metastore) if c.coordinator_id == first]
+    ours = [c for c in checkpoint_rows(metastore, JOB) if c.coordinator_id == first]
     assert [c.checkpoint_id for c in ours] == list(range(1, pending.checkpoint_id + 1))
     assert pending.checkpoint_id == latest + 1
 
@@ -331,7 +312,7 @@ def test_a_killed_worker_is_retried_and_the_retry_resumes_coordination(
         assert job is not None
         assert job.coordinator_id == second
         assert job.failure_cause is None and job.consecutive_failures == 0
-    rows = {c.checkpoint_id: c for c in checkpoints(metastore)}
+    rows = {c.checkpoint_id: c for c in checkpoint_rows(metastore, JOB)}
     aborted = rows[pending.checkpoint_id]
     assert aborted.status == "ABORTED"
     assert aborted.failure_reason in FAILOVER_REASONS, aborted.failure_reason

@@ -105,17 +105,22 @@ def expected(events: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
 
 
-def pipeline(workdir: Path, events: Path, name: str, calls: Path) -> Pipeline:
+def api_pipeline(workdir: Path, events: Path, name: str, **stages: Any) -> Pipeline:
+    """A job over the test events keyed by user, with ``stage=`` or ``stages=``."""
     return Pipeline(
         job=name,
         source={"format": "parquet", "path": f"{events}/*.parquet"},
         key="user",
-        stage=user_stage(calls),
         sink=str(workdir / f"{name}-out"),
         parallelism=3,
         max_parallelism=MAX_PARALLELISM,
         checkpoint={"every_epochs": 1, "retained": 2},
+        **stages,
     )
+
+
+def pipeline(workdir: Path, events: Path, name: str, calls: Path) -> Pipeline:
+    return api_pipeline(workdir, events, name, stage=user_stage(calls))
 
 
 def tables(spark: Any, p: Pipeline) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -285,6 +290,12 @@ def per_item() -> Any:
     )
 
 
+def per_item_with_uid(uid: str) -> Any:
+    stage = per_item()
+    stage.uid = uid
+    return stage
+
+
 def expected_items(events: pd.DataFrame) -> pd.DataFrame:
     firsts = events.sort_values("seq").drop_duplicates(["user", "item"])
     grouped = firsts.groupby("item")
@@ -294,16 +305,7 @@ def expected_items(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def chain(workdir: Path, events: Path, name: str) -> Pipeline:
-    return Pipeline(
-        job=name,
-        source={"format": "parquet", "path": f"{events}/*.parquet"},
-        key="user",
-        stages=[first_purchases(), per_item()],
-        sink=str(workdir / f"{name}-out"),
-        parallelism=3,
-        max_parallelism=MAX_PARALLELISM,
-        checkpoint={"every_epochs": 1, "retained": 2},
-    )
+    return api_pipeline(workdir, events, name, stages=[first_purchases(), per_item()])
 
 
 def item_tables(spark: Any, p: Pipeline) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -362,6 +364,8 @@ def test_a_chain_needs_keys_and_distinct_operator_ids(
     twice = [first_purchases(), first_purchases().with_key(["seq"])]
     with pytest.raises(SpecError, match="operator id 'first-purchase' is taken"):
         chained_stages(twice, ["user"])
+    with pytest.raises(ValueError, match="invalid stage 1 uid"):
+        chained_stages([per_item_with_uid("../state")], ["item"])
     runs = chained_stages([first_purchases(), per_item()], ["user"])
     assert [(r.operator_id, r.key) for r in runs] == [
         ("first-purchase", ["user"]),

@@ -21,9 +21,12 @@ KEY_GROUP, SUBTASK = "__key_group", "__subtask"
 _KEY_TYPES = (T.StringType, T.IntegralType, T.BooleanType, T.DateType)
 
 
-def check_key_columns(df: DataFrame, columns: Sequence[str], where: str = "key") -> None:
+def check_key_columns(
+    df: DataFrame | T.StructType, columns: Sequence[str], where: str = "key"
+) -> None:
     """Refuse key columns that are missing or of a type without a canonical text form."""
-    fields = {f.name: f.dataType for f in df.schema.fields}
+    schema = df if isinstance(df, T.StructType) else df.schema
+    fields = {f.name: f.dataType for f in schema.fields}
     for name in columns:
         if name not in fields:
             raise ValueError(f"{where}: column {name!r} is not in the input ({sorted(fields)})")

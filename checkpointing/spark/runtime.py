@@ -275,7 +275,7 @@ class PipelineRun:
             schema = df.schema
             for s in self.stages:  # e.g. key columns exist, aggregated columns are numeric
                 s.input_schema = schema
-                check_key_columns(self.spark.createDataFrame([], schema), s.key)
+                check_key_columns(schema, s.key)
                 s.stage.check(schema)
                 schema = s.stage.output_schema(schema)  # what it emits: the next one's input
             self.input_schema = df.schema
