@@ -4,7 +4,7 @@ The runtime keeps per-key state as *partial aggregates* (one row per key) and fo
 input into it:
 
     delta = epoch.groupBy(*key).agg(*plan.partials())
-    state = plan.merge(state, delta, key)   # union + groupBy: no join, no shuffle of the state
+    state = plan.merge(state, delta, key)  # union + groupBy: no join, no shuffle of the state
     result = plan.final(state)
 
 Partial columns, per aggregation ``name``:
@@ -23,7 +23,7 @@ avg(c)         ``__sum_<name>``, ``__cnt_<name>``      as sum and count
 sum/min/max are null when a key has no non-null value, avg is ``sum / count`` as a double (null
 when the count is 0). Everything runs in the JVM: no Python UDFs, nothing per record in Python.
 
-Null key values are one key, as in ``groupBy``: the merge joins null-safely (``<=>``). With
+Null key values are one key, as in ``groupBy`` (the merge is a ``groupBy`` too). With
 Spark's default ANSI mode an overflowing integer sum fails the query, in the epoch's aggregate and
 in the merge alike, instead of wrapping around. NaN is a value to Spark, not a null: it is counted,
 it is the largest double for min/max, and it makes sum and avg NaN.

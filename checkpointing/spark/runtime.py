@@ -200,11 +200,14 @@ class PipelineRun:
         self.epochs = self._epochs()
         if stage is not None and stages:
             raise ValueError("give either stage or stages, not both")
-        chain = list(stages) if stages else [stage] if stage is not None else []
-        if not chain:
-            if not spec.aggregations:
-                raise SpecError("aggregations: needs at least one aggregation (or a stage)")
+        if stages:
+            chain = list(stages)
+        elif stage is not None:
+            chain = [stage]
+        elif spec.aggregations:
             chain = [AggregationStage(AggregationPlan(spec.key, spec.aggregations))]
+        else:
+            raise SpecError("aggregations: needs at least one aggregation (or a stage)")
         self.stages = chained_stages(chain, spec.key)
         self.sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path))
         self.operators = [SOURCE, *(s.operator_id for s in self.stages), SINK]
