@@ -18,10 +18,12 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from checkpointing.config import Settings
-from checkpointing.errors import CheckpointingError, SchemaOutdated
+from checkpointing.errors import CheckpointingError, ConfigError, SchemaOutdated
 from checkpointing.metastore import Metastore
+from checkpointing.properties import CheckpointStatus, CheckpointType
 
 app = typer.Typer(
     help="Flink-style checkpoints for Airflow-orchestrated PySpark batch pipelines.",
@@ -32,12 +34,17 @@ app = typer.Typer(
 db_app = typer.Typer(help="Create, migrate and inspect the metastore schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-out = Console()
+# markup off: ids, paths and stored messages are printed as typed (``[/x]`` is text, not a
+# tag); styles are given as Text objects. ``styled`` (markup on) is for the demos' own lines.
+out = Console(markup=False)
 if not out.is_terminal:  # logs and CI: wide enough for the tables, never wrapped mid-word
-    out = Console(width=160)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+    out = Console(width=160, markup=False)
+styled = Console(width=None if out.is_terminal else 160)
+err = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
 
 EXIT_ERROR, EXIT_SCHEMA = 1, 3
+#: the largest ``--limit`` (a SQL LIMIT must fit a 32-bit integer everywhere)
+MAX_LIMIT = 2**31 - 1
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,8 +57,8 @@ class State:
     def settings(self) -> Settings:
         return Settings.resolve(self.metastore_url, self.storage_url)
 
-    def metastore(self, *, check_schema: bool = True) -> Metastore:
-        return Metastore(self.settings.metastore_url, check_schema=check_schema)
+    def metastore(self, *, check_schema: bool = True, create: bool | None = None) -> Metastore:
+        return Metastore(self.settings.metastore_url, check_schema=check_schema, create=create)
 
 
 state = State()
@@ -87,13 +94,20 @@ def handles_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except SchemaOutdated as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            print_error(exc)
             raise typer.Exit(EXIT_SCHEMA) from None
         except CheckpointingError as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            print_error(exc)
+            raise typer.Exit(EXIT_ERROR) from None
+        except OSError as exc:  # a file the user named: unreadable, a directory, the disk full
+            print_error(exc)
             raise typer.Exit(EXIT_ERROR) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def print_error(message: object) -> None:
+    err.print(Text("error:", style="red"), Text(str(message)))
 
 
 def print_json(data: Any) -> None:
@@ -148,7 +162,7 @@ def checkpoints_table(rows: list[dict[str, Any]], title: str) -> Table:
         table.add_row(
             str(r["checkpoint_id"]),
             r["type"].lower().replace("_", "-"),
-            f"[{style}]{r['status']}[/{style}]" if style else r["status"],
+            Text(r["status"], style=style),
             (r["trigger_at"] or "")[:23].replace("T", " "),
             human_ms(r["duration_ms"]),
             f"{r['acked_tasks']}/{r['num_tasks']}",
@@ -184,7 +198,7 @@ def db_upgrade(
 @handles_errors
 def db_current() -> None:
     """Show the schema revision of the metastore and the one this version needs."""
-    store = state.metastore(check_schema=False)
+    store = state.metastore(check_schema=False, create=False)  # a read: creates nothing
     current, head = store.current_revision(), store.head_revision()
     out.print(f"metastore {store.display_url}: revision {current or 'none'} (this version: {head})")
     if current != head:
@@ -240,12 +254,15 @@ def jobs_cmd(
 @handles_errors
 def list_cmd(
     job: Annotated[str, typer.Argument(help="Job id.")],
-    status: Annotated[str | None, typer.Option(help="Only this status (e.g. COMPLETED).")] = None,
+    status: Annotated[
+        CheckpointStatus | None, typer.Option(case_sensitive=False, help="Only this status.")
+    ] = None,
     checkpoint_type: Annotated[
-        str | None, typer.Option("--type", help="checkpoint | savepoint | savepoint_then_stop")
+        CheckpointType | None,
+        typer.Option("--type", case_sensitive=False, help="Only this type."),
     ] = None,
     limit: Annotated[
-        int | None, typer.Option(min=1, help="At most this many, newest first.")
+        int | None, typer.Option(min=1, max=MAX_LIMIT, help="At most this many, newest first.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
@@ -280,7 +297,7 @@ def show_cmd(
     out.print(f"location: {detail['storage_location']}")
     out.print(f"metadata: {detail['metadata_path'] or '-'}")
     if detail["notify_error"]:
-        out.print(f"[red]notification error:[/red] {detail['notify_error']}")
+        out.print(Text("notification error:", style="red"), detail["notify_error"])
     table = Table(title="Tasks", title_justify="left")
     for col in ("Operator", "Subtask", "Attempt", "Acked", "Size", "Sync", "Async", "Handle"):
         table.add_column(col, overflow="fold")
@@ -289,7 +306,9 @@ def show_cmd(
             t["operator_id"],
             f"{t['subtask_index']}/{t['parallelism']} (max {t['max_parallelism']})",
             t["attempt_id"],
-            (t["acked_at"] or "")[:23].replace("T", " ") if t["acked"] else "[yellow]no[/yellow]",
+            (t["acked_at"] or "")[:23].replace("T", " ")
+            if t["acked"]
+            else Text("no", style="yellow"),
             human_bytes(t["state_size"]),
             human_ms(t["sync_ms"]),
             human_ms(t["async_ms"]),
@@ -449,6 +468,12 @@ def restore_plan_cmd(
         typer.Option("--from", help="latest (with fallback past corrupt ones), an id, or a path"),
     ] = "latest",
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    allow_other_job: Annotated[
+        bool,
+        typer.Option(
+            "--allow-other-job", help="Allow --from to be another job's checkpoint or savepoint."
+        ),
+    ] = False,
 ) -> None:
     """Dry run of a restore: which checkpoint, and what each new subtask would read.
 
@@ -457,7 +482,12 @@ def restore_plan_cmd(
 
     metastore = state.metastore()
     preview = preview_restore(
-        metastore, _job_storage(metastore, job), job, parallelism=parallelism, source=source
+        metastore,
+        _job_storage(metastore, job),
+        job,
+        parallelism=parallelism,
+        source=source,
+        allow_other_job=allow_other_job,
     )
     data = preview.to_dict()
     if as_json:
@@ -474,7 +504,8 @@ def restore_plan_cmd(
     )
     for s in data["skipped"]:
         out.print(
-            f"[yellow]skipped[/yellow] checkpoint {s['checkpoint_id']}: {s['reason']}",
+            Text("skipped", style="yellow"),
+            f"checkpoint {s['checkpoint_id']}: {s['reason']}",
             soft_wrap=True,
         )
     lists = [op["operator_id"] for op in data["operators"] if op["list_mode"] is not None]
@@ -519,7 +550,9 @@ def inspect_cmd(
         str | None,
         typer.Option(help="Comma-separated key columns, when the snapshot does not record them."),
     ] = None,
-    limit: Annotated[int, typer.Option(min=0, help="At most this many rows (0: all).")] = 50,
+    limit: Annotated[
+        int, typer.Option(min=0, max=MAX_LIMIT, help="At most this many rows (0: all).")
+    ] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Read the state in a checkpoint (Flink's State Processor API): keyed rows, one key, or
@@ -649,7 +682,7 @@ def savepoint_cmd(
 @handles_errors
 def requests_cmd(
     job: Annotated[str, typer.Argument(help="Job id.")],
-    limit: Annotated[int, typer.Option(min=1, help="Most recent N requests.")] = 20,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_LIMIT, help="Most recent N requests.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """Savepoint and checkpoint requests of a job (from the CLI, the UI, DAGs) and their fate."""
@@ -666,7 +699,7 @@ def requests_cmd(
         table.add_row(
             str(r["request_id"]),
             r["type"],
-            f"[{STATUS_STYLE.get(r['status'], 'white')}]{r['status']}[/]",
+            Text(r["status"], style=STATUS_STYLE.get(r["status"], "white")),
             str(r["checkpoint_id"] or "-"),
             r["requested_by"],
             r["requested_at"] or "-",
@@ -701,6 +734,10 @@ def run_cmd(
         bool,
         typer.Option(help="Restore even if the checkpoint has state of operators no longer here."),
     ] = False,
+    allow_other_job: Annotated[
+        bool,
+        typer.Option(help="Let --restore be a checkpoint or savepoint path of another job."),
+    ] = False,
     result_json: Annotated[
         Path | None,
         typer.Option(help="Write the run's outcome here as JSON (for the Airflow operator)."),
@@ -723,28 +760,55 @@ def run_cmd(
     for value, name in ((attempt, "attempt"), (coordinator_id, "coordinator id")):
         if value is not None:
             validate_id(value, name)
+    if parallelism is not None and parallelism > spec.max_parallelism:
+        raise ConfigError(
+            f"--parallelism {parallelism} exceeds max_parallelism {spec.max_parallelism} of "
+            f"{pipeline}"
+        )
     settings = state.settings
     storage = CheckpointStorage.from_url(
         state.storage_url or (spec.storage and spec.resolve(spec.storage)) or settings.storage_url
     )
-    metastore = state.metastore()
-    from checkpointing.spark.runtime import PipelineRun, RunOptions, spark_session
+    from checkpointing.spark.runtime import (
+        PipelineRun,
+        RestoreSourceError,
+        RunOptions,
+        check_run,
+        spark_session,
+    )
 
-    spark = spark_session(f"ckpt-{spec.job}", master)
     options = RunOptions(
         restore=restore,
         parallelism=parallelism,
         attempt=attempt,
         coordinator_id=coordinator_id,
         allow_non_restored_state=allow_non_restored_state,
+        allow_other_job=allow_other_job,
         crash_after_epochs=fail_after_epochs,
     )
+    # everything checked before Spark starts and before anything is written; the embedded
+    # default metastore is created on a first run, a user-supplied one needs `ckpt db upgrade`
+    metastore = state.metastore(check_schema=not settings.embedded_metastore, create=False)
+    schema = metastore.current_revision()
+    if schema is not None:  # an older embedded schema is migrated by `ckpt db upgrade` only
+        metastore.check_schema()
+    try:
+        check_run(spec, options, storage, metastore if schema is not None else None)
+    except RestoreSourceError as exc:  # "restore 'x': why" names the option
+        raise ConfigError(f"--{exc}") from None
+    if schema is None:
+        metastore.dispose()
+        metastore = state.metastore(check_schema=False)
+        metastore.upgrade()
+    spark = spark_session(f"ckpt-{spec.job}", master)
     interactive = out.is_terminal
     progress = Progress(
-        TextColumn(f"[bold]{spec.job}[/bold]"),
+        TextColumn(spec.job, style="bold", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("epochs  {task.fields[rate]}  last checkpoint {task.fields[checkpoint]}"),
+        TextColumn(
+            "epochs  {task.fields[rate]}  last checkpoint {task.fields[checkpoint]}", markup=False
+        ),
         console=out,
         disable=not interactive,
     )
@@ -775,7 +839,7 @@ def run_cmd(
         raise
     except Exception as exc:  # Spark errors: one line here, the details are in the log
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        err.print(f"[red]error:[/red] job {spec.job} failed: {first}")
+        print_error(f"job {spec.job} failed: {first}")
         raise typer.Exit(EXIT_ERROR) from None
     finally:
         spark.stop()
@@ -818,7 +882,7 @@ def generate_data_cmd(
     events: Annotated[int, typer.Option(min=1, help="synthetic: number of events")] = 1_000_000,
     keys: Annotated[int, typer.Option(min=1, help="synthetic: distinct keys")] = 100_000,
     files: Annotated[int, typer.Option(min=1, help="synthetic: number of files")] = 20,
-    seed: Annotated[int, typer.Option(help="synthetic: random seed")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="synthetic: random seed")] = 0,
 ) -> None:
     """Write input data for pipelines and benchmarks."""
     from checkpointing import datasets
@@ -876,7 +940,7 @@ def demo_cmd(
     if core:
         from checkpointing.demo import run_demo
 
-        run_demo(state.settings, job or "demo-core", out)
+        run_demo(state.settings, job or "demo-core", styled)
         return
     from checkpointing.flights_demo import SPEC_PATH
 
@@ -884,14 +948,14 @@ def demo_cmd(
         from checkpointing.airflow_demo import DEFAULT_JOB, run_airflow_demo
 
         check = run_airflow_demo(
-            state.settings, out, job=job or DEFAULT_JOB, spec_path=spec or SPEC_PATH,
+            state.settings, styled, job=job or DEFAULT_JOB, spec_path=spec or SPEC_PATH,
             crash_after=crash_after,
         )  # fmt: skip
     else:
         from checkpointing.flights_demo import DEFAULT_JOB, run_flights_demo
 
         check = run_flights_demo(
-            state.settings, out, job=job or DEFAULT_JOB, spec_path=spec or SPEC_PATH,
+            state.settings, styled, job=job or DEFAULT_JOB, spec_path=spec or SPEC_PATH,
             crash_after=crash_after, master=master,
         )  # fmt: skip
     if not check.ok:
@@ -914,9 +978,9 @@ def airflow_cmd(
     from checkpointing.local_airflow import run_local_airflow
 
     try:
-        code = run_local_airflow(state.settings, out, port=port, ready_timeout=ready_timeout)
+        code = run_local_airflow(state.settings, styled, port=port, ready_timeout=ready_timeout)
     except RuntimeError as exc:  # e.g. airflow db migrate failed: Airflow's own message
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        print_error(exc)
         raise typer.Exit(EXIT_ERROR) from None
     if code:
         raise typer.Exit(code)

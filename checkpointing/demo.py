@@ -18,6 +18,7 @@ from datetime import timedelta
 from functools import partial
 
 from rich.console import Console
+from rich.markup import escape
 from sqlalchemy import delete, select
 
 from checkpointing import restore
@@ -116,7 +117,7 @@ def run_demo(settings: Settings, job_id: str, console: Console) -> None:
     from checkpointing.cli import checkpoints_table
     from checkpointing.views import list_checkpoints, list_restores
 
-    console.print(f"[bold]metastore[/bold] {settings.metastore_url}")
+    console.print(f"[bold]metastore[/bold] {escape(settings.display_metastore_url)}")
     console.print(f"[bold]storage  [/bold] {settings.storage_url}")
     metastore = Metastore(settings.metastore_url, check_schema=False)
     metastore.upgrade()

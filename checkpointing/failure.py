@@ -25,6 +25,15 @@ class CheckpointFailureReason(StrEnum):
     NOT_ALL_REQUIRED_TASKS_RUNNING = "NOT_ALL_REQUIRED_TASKS_RUNNING"
     TRIGGER_CHECKPOINT_FAILURE = "TRIGGER_CHECKPOINT_FAILURE"
     CHECKPOINT_DECLINED = "CHECKPOINT_DECLINED"
+    #: declines a task sends when it cannot take part, not a failed snapshot (not counted)
+    CHECKPOINT_DECLINED_TASK_NOT_READY = "CHECKPOINT_DECLINED_TASK_NOT_READY"
+    CHECKPOINT_DECLINED_TASK_CLOSING = "CHECKPOINT_DECLINED_TASK_CLOSING"
+    CHECKPOINT_DECLINED_SUBSUMED = "CHECKPOINT_DECLINED_SUBSUMED"
+    CHECKPOINT_DECLINED_ON_CANCELLATION_BARRIER = "CHECKPOINT_DECLINED_ON_CANCELLATION_BARRIER"
+    CHECKPOINT_DECLINED_INPUT_END_OF_STREAM = "CHECKPOINT_DECLINED_INPUT_END_OF_STREAM"
+    #: the task's snapshot failed (counted)
+    CHECKPOINT_ASYNC_EXCEPTION = "CHECKPOINT_ASYNC_EXCEPTION"
+    IO_EXCEPTION = "IO_EXCEPTION"
     CHECKPOINT_EXPIRED = "CHECKPOINT_EXPIRED"
     CHECKPOINT_SUBSUMED = "CHECKPOINT_SUBSUMED"
     CHECKPOINT_COORDINATOR_SUSPEND = "CHECKPOINT_COORDINATOR_SUSPEND"
@@ -45,8 +54,37 @@ _COUNTED = frozenset(
         CheckpointFailureReason.CHECKPOINT_DECLINED,
         CheckpointFailureReason.CHECKPOINT_EXPIRED,
         CheckpointFailureReason.FINALIZE_CHECKPOINT_FAILURE,
+        CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION,
+        CheckpointFailureReason.IO_EXCEPTION,
     }
 )
+
+#: the reasons a task may decline a checkpoint with (Flink's ``DeclineCheckpoint``); the others
+#: belong to the coordinator, so a task cannot dress a failure up as, say, a suspension
+DECLINE_REASONS = frozenset(
+    {
+        CheckpointFailureReason.CHECKPOINT_DECLINED,
+        CheckpointFailureReason.CHECKPOINT_DECLINED_TASK_NOT_READY,
+        CheckpointFailureReason.CHECKPOINT_DECLINED_TASK_CLOSING,
+        CheckpointFailureReason.CHECKPOINT_DECLINED_SUBSUMED,
+        CheckpointFailureReason.CHECKPOINT_DECLINED_ON_CANCELLATION_BARRIER,
+        CheckpointFailureReason.CHECKPOINT_DECLINED_INPUT_END_OF_STREAM,
+        CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION,
+        CheckpointFailureReason.IO_EXCEPTION,
+    }
+)
+
+
+def decline_reason(reason: CheckpointFailureReason | str) -> CheckpointFailureReason:
+    """The :data:`DECLINE_REASONS` member named ``reason``; a ValueError naming it otherwise."""
+    try:
+        parsed = CheckpointFailureReason(reason)
+    except ValueError:
+        parsed = None
+    if parsed not in DECLINE_REASONS:
+        allowed = ", ".join(sorted(r.value for r in DECLINE_REASONS))
+        raise ValueError(f"decline reason {str(reason)!r} is not one of {allowed}")
+    return parsed  # type: ignore[return-value]
 
 
 class CheckpointException(CheckpointingError):
@@ -56,6 +94,18 @@ class CheckpointException(CheckpointingError):
         self.reason = reason
         self.message = message or reason.value.replace("_", " ").lower()
         super().__init__(f"{reason.value}: {self.message}")
+
+
+class CoordinatorSuperseded(CheckpointException):
+    """A newer coordinator took over the job (the job row names it): this one may change nothing
+    of the job's any more, like a JobMaster that lost leadership (Flink's fencing token)."""
+
+    def __init__(self, coordinator_id: str, job_id: str, successor: str) -> None:
+        super().__init__(
+            CheckpointFailureReason.COORDINATOR_SHUTDOWN,
+            f"coordinator {coordinator_id} of job {job_id} was superseded by {successor}",
+        )
+        self.successor = successor
 
 
 class TolerableFailuresExceeded(CheckpointingError):

@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from sqlalchemy import delete
 
@@ -89,7 +90,8 @@ def open_demo_home(
 ) -> tuple[Metastore, CheckpointStorage, pd.DataFrame, Path, list[Path]]:
     """What both demos start with, printed as they go: the metastore (migrated), the storage,
     and the flights of 2013 as daily files under the embedded home (written once)."""
-    console.print(f"[bold]metastore[/bold] {settings.metastore_url}", highlight=False)
+    shown = escape(settings.display_metastore_url)
+    console.print(f"[bold]metastore[/bold] {shown}", highlight=False)
     console.print(f"[bold]storage  [/bold] {settings.storage_url}", highlight=False)
     console.print(f"[bold]spec     [/bold] {spec_path}", highlight=False)
     metastore = Metastore(settings.metastore_url, check_schema=False)

@@ -192,7 +192,8 @@ def run_local_airflow(
                 f"\n[bold green]Airflow is up[/bold green]: {airflow.url}\n"
                 f"  login: user [bold]{airflow.user}[/bold], password "
                 f"[bold]{airflow.password}[/bold] (kept in {airflow.home / 'passwords.json'})\n"
-                f"  metastore {settings.metastore_url}, checkpoints {settings.storage_url}\n"
+                f"  metastore {settings.display_metastore_url},"
+                f" checkpoints {settings.storage_url}\n"
                 "  Ctrl-C stops it.",
                 highlight=False,
                 soft_wrap=True,

@@ -8,6 +8,7 @@ SQLite runs in WAL mode with a busy timeout, and every transaction starts with
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,28 +30,67 @@ SCHEMA_REVISION = "0002"
 SQLITE_BUSY_TIMEOUT_S = 60
 
 
+#: query parameters that may carry a credential (libpq's ``password``, ``sslpassword``, …)
+_SECRET_PARAM = re.compile(r"pass|secret|token|key|auth", re.IGNORECASE)
+
+
+def safe_url(url: URL) -> str:
+    """``url`` for messages and logs: the password and any credential-like query parameter
+    masked. Never quote a metastore URL any other way."""
+    query = {k: ("***" if _SECRET_PARAM.search(k) else v) for k, v in url.query.items()}
+    return url.set(query=query).render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
+
+
 def normalize_url(url: str | URL) -> URL:
-    """Parse ``url``; plain ``postgresql://`` means psycopg 3, the driver this project ships."""
+    """Parse ``url``; plain ``postgresql://`` means psycopg 3, the driver this project ships.
+
+    A URL that cannot be parsed is never quoted back (it may hold a password): the message says
+    what is wrong and shows the scheme only."""
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ConfigError(f"metastore URL {url!r} is not a valid SQLAlchemy URL: {exc}") from None
+    except (ArgumentError, ValueError):  # ValueError: e.g. a port that is not a number
+        raise ConfigError(
+            f"the metastore URL ({_scheme(url)}) is not a valid SQLAlchemy URL: expected "
+            "dialect://user:password@host:port/database, with special characters in the user "
+            "and password percent-encoded (the URL is not shown: it may contain a password)"
+        ) from None
+    if "@" in (parsed.host or ""):  # user:p@ss@host parses as password "p", host "ss@host"
+        raise ConfigError(
+            f"the metastore URL ({_scheme(url)}) has an '@' in its password: percent-encode it "
+            "as %40 (the URL is not shown: it contains a password)"
+        )
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() not in ("sqlite", "postgresql"):
         raise ConfigError(
-            f"metastore URL {parsed.render_as_string(hide_password=True)!r}: "
-            "only sqlite:// and postgresql:// are supported"
+            f"metastore URL {safe_url(parsed)!r}: only sqlite:// and postgresql:// are supported"
         )
     return parsed
+
+
+def _scheme(url: str | URL) -> str:
+    """What precedes ``://``, when it looks like a scheme: safe to show."""
+    scheme = str(url).split("://", 1)[0] if "://" in str(url) else ""
+    return f"{scheme}://…" if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,40}", scheme) else "…"
 
 
 class Metastore:
     """An engine plus transaction helpers and schema checks."""
 
-    def __init__(self, url: str | URL, *, check_schema: bool = True, **engine_kwargs: Any) -> None:
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        check_schema: bool = True,
+        create: bool | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        """``create``: may an embedded (SQLite) metastore's file and directories be created
+        (default: only when the schema is not checked, i.e. to create or migrate it). A read
+        against a SQLite file that does not exist creates nothing: the schema check says so."""
         self.url = normalize_url(url)
-        self.engine = _create_engine(self.url, **engine_kwargs)
+        self.create = not check_schema if create is None else create
+        self.engine = _create_engine(self.url, create=self.create, **engine_kwargs)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         if check_schema:
             self.check_schema()
@@ -58,7 +98,7 @@ class Metastore:
     @property
     def display_url(self) -> str:
         """The URL with any password masked: safe for logs and messages."""
-        return self.url.render_as_string(hide_password=True)
+        return safe_url(self.url)
 
     @property
     def dialect(self) -> str:
@@ -101,7 +141,21 @@ class Metastore:
 
     # ---------------------------------------------------------------- schema
 
+    @property
+    def missing(self) -> bool:
+        """An embedded (SQLite) metastore whose file does not exist (yet)."""
+        db = self.url.database
+        return (
+            self.url.get_backend_name() == "sqlite"
+            and bool(db)
+            and db != ":memory:"
+            and not self.url.query.get("uri")
+            and not Path(db).exists()
+        )
+
     def current_revision(self) -> str | None:
+        if self.missing and not self.create:  # connecting would create the file
+            return None
         try:
             with self.engine.connect() as conn:
                 if not inspect(conn).has_table("alembic_version"):
@@ -120,6 +174,11 @@ class Metastore:
         """Refuse to work against a missing or older schema (``ckpt db upgrade`` fixes it)."""
         current, head = self.current_revision(), self.head_revision()
         if current != head:
+            if self.missing and not self.create:
+                raise SchemaOutdated(
+                    f"there is no metastore at {self.display_url} (is CKPT_HOME or the metastore "
+                    "URL mistyped?): run `ckpt db upgrade` to create one"
+                )
             state = (
                 "has no checkpointing schema" if current is None else f"is at revision {current}"
             )
@@ -132,6 +191,9 @@ class Metastore:
         """Create or migrate the schema; returns (before, after) revisions."""
         from alembic import command
 
+        if self.missing:  # creating it is what an upgrade is for
+            Path(str(self.url.database)).parent.mkdir(parents=True, exist_ok=True)
+        self.create = True
         before = self.current_revision()
         with self.engine.begin() as conn:
             cfg = _alembic_config(conn)
@@ -148,9 +210,9 @@ def _alembic_config(connection: Any) -> Any:
     return cfg
 
 
-def _create_engine(url: URL, **kwargs: Any) -> Engine:
+def _create_engine(url: URL, *, create: bool = True, **kwargs: Any) -> Engine:
     if url.get_backend_name() == "sqlite":
-        if url.database and url.database != ":memory:":
+        if create and url.database and url.database != ":memory:":
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
         connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}
         engine = create_engine(url, connect_args=connect_args, **kwargs)

@@ -14,12 +14,14 @@ Everything here runs inside the caller's transaction. The rules that make concur
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, cast
 
+from pydantic import ValidationError
 from sqlalchemy import (
     String,
     Table,
@@ -38,7 +40,12 @@ from sqlalchemy.sql.selectable import ScalarSelect
 
 from checkpointing.failure import CheckpointFailureReason
 from checkpointing.ids import validate_id
-from checkpointing.metadata import StateDescriptor
+from checkpointing.metadata import (
+    CheckpointMetadata,
+    OperatorState,
+    StateDescriptor,
+    SubtaskStateHandle,
+)
 from checkpointing.models import Checkpoint, CheckpointAck, CheckpointRequest, CheckpointTask
 from checkpointing.properties import (
     CheckpointProperties,
@@ -46,6 +53,7 @@ from checkpointing.properties import (
     CheckpointType,
     RequestStatus,
 )
+from checkpointing.storage import CheckpointStorage, StorageLocation
 
 _CHUNK = 900  # bound IN-lists and multi-row statements on every backend
 
@@ -92,6 +100,123 @@ class TaskAck:
     def __post_init__(self) -> None:
         if self.state_meta is not None:  # refuse a bad descriptor now, not at completion
             StateDescriptor.model_validate(self.state_meta)
+
+
+#: bounds of what an ack may carry: the columns' limits (BIGINT, INTEGER, VARCHAR) and sanity; a
+#: state file of a petabyte is a bug, and the bound keeps a checkpoint's total within BIGINT
+MAX_STATE_SIZE = 1 << 50
+MAX_MS = (1 << 31) - 1
+MAX_HANDLE_LENGTH = 2048
+_CHECKSUM = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def subtask_handle(
+    subtask_index: int,
+    attempt_id: str,
+    handle: str | None,
+    size: int,
+    checksum: str | None,
+    state_meta: Mapping[str, Any] | None,
+) -> SubtaskStateHandle:
+    """The ``_metadata`` entry of one acked subtask: built once when the ack arrives (to refuse
+    what would not fit) and again at completion from the recorded ack, the same way."""
+    if state_meta is not None and not isinstance(state_meta, Mapping):
+        raise ValueError("state_meta must be a JSON object")
+    # a descriptor only: no key of its own may stand in for the handle, size or attempt
+    descriptor = StateDescriptor.model_validate(state_meta or {})
+    return SubtaskStateHandle.model_validate(
+        {
+            **descriptor.model_dump(exclude_unset=True),
+            "subtask_index": subtask_index,
+            "attempt_id": attempt_id,
+            "handle": handle,
+            "size": size,
+            "checksum": checksum,
+        }
+    )
+
+
+def ack_problem(
+    ack: TaskAck, location: StorageLocation, roots: Sequence[str], storage: CheckpointStorage
+) -> str | None:
+    """Why ``ack`` must not count, or None. The restore lookup's rule applied at ack time: a
+    handle lies inside its checkpoint's directory (or the job's shared state) and is not the
+    ``_metadata``; sizes, times and the checksum are sane; the state descriptor is well formed.
+    Anything accepted here can be written into ``_metadata`` at completion."""
+    handle, size = ack.state_handle, ack.state_size
+    if type(size) is not int or not 0 <= size <= MAX_STATE_SIZE:
+        return f"state_size {size!r} is not a size in bytes (0 to {MAX_STATE_SIZE})"
+    for name in ("sync_ms", "async_ms"):
+        value = getattr(ack, name)
+        if type(value) is not int or not 0 <= value <= MAX_MS:
+            return f"{name} {value!r} is not a duration in ms (0 to {MAX_MS})"
+    if ack.checksum is not None and (
+        not isinstance(ack.checksum, str) or not _CHECKSUM.fullmatch(ack.checksum)
+    ):
+        return f"checksum {str(ack.checksum)[:80]!r} is not 'sha256:<64 hex digits>'"
+    if handle is not None:
+        if not isinstance(handle, str) or len(handle) > MAX_HANDLE_LENGTH:
+            return f"state handle {str(handle)[:100]!r} is not a URL of at most 2048 characters"
+        if not any(storage.contains(handle, root) for root in roots):
+            return f"state handle {handle!r} is outside the checkpoint's directory {location.url}"
+        if handle in (location.url, location.metadata_url):
+            return f"state handle {handle!r} is the checkpoint's own directory or _metadata"
+    elif size or ack.checksum is not None:
+        return "state_size or checksum without a state handle"
+    try:
+        subtask_handle(0, ack.attempt_id, handle, size, ack.checksum, ack.state_meta)
+        if "\\u0000" in json.dumps(ack.state_meta, allow_nan=False):  # PostgreSQL's JSON refuses
+            raise ValueError("a NUL character")
+    except (ValidationError, ValueError, TypeError, RecursionError) as exc:
+        first = exc.errors()[0] if isinstance(exc, ValidationError) else None
+        detail = f"{'.'.join(map(str, first['loc']))}: {first['msg']}" if first else str(exc)
+        return f"state_meta is malformed ({detail})"
+    return None
+
+
+def build_metadata(
+    job_id: str,
+    checkpoint_id: int,
+    ctype: CheckpointType,
+    trigger_at: datetime,
+    now: datetime,
+    tasks: Sequence[CheckpointTask],
+    acks: Mapping[str, CheckpointAck],
+) -> CheckpointMetadata:
+    """Flink's ``PendingCheckpoint.finalizeCheckpoint``: the ``_metadata`` of a fully
+    acknowledged checkpoint, per operator (parallelism, max parallelism) and subtask."""
+    by_operator: dict[str, list[CheckpointTask]] = {}
+    for t in tasks:
+        by_operator.setdefault(t.operator_id, []).append(t)
+    operators = []
+    for op_id in sorted(by_operator):
+        subtasks = sorted(by_operator[op_id], key=lambda t: t.subtask_index)
+        operators.append(
+            OperatorState(
+                operator_id=op_id,
+                parallelism=subtasks[0].parallelism,
+                max_parallelism=subtasks[0].max_parallelism,
+                subtasks=[
+                    subtask_handle(
+                        t.subtask_index,
+                        t.attempt_id,
+                        acks[t.attempt_id].state_handle,
+                        acks[t.attempt_id].state_size,
+                        acks[t.attempt_id].checksum,
+                        acks[t.attempt_id].state_meta,
+                    )
+                    for t in subtasks
+                ],
+            )
+        )
+    return CheckpointMetadata(
+        job_id=job_id,
+        checkpoint_id=checkpoint_id,
+        checkpoint_type=ctype.value,
+        trigger_at=trigger_at,
+        completed_at=now,
+        operators=operators,
+    )
 
 
 class AckResult(StrEnum):
@@ -421,6 +546,46 @@ def claim_completion(session: Session, job_id: str, checkpoint_id: int, token: s
         .values(completing_by=token)
     )
     return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def decline(
+    session: Session,
+    job_id: str,
+    checkpoint_id: int,
+    messages: Mapping[str, str],
+    reason: CheckpointFailureReason,
+    now: datetime,
+    *,
+    may_abort: bool = True,
+) -> tuple[dict[str, AckResult], list[AbortedCheckpoint]]:
+    """Declines (attempt → why): the first planned attempt aborts the PENDING checkpoint with
+    ``reason`` (unless ``may_abort`` is False: the caller's fence says no). Per attempt:
+    DISCARDED when planned (nothing of it counts), UNKNOWN when not in the plan (ignored, as
+    Flink ignores such declines)."""
+    planned = {
+        t.attempt_id: t
+        for t in session.scalars(
+            select(CheckpointTask).where(
+                CheckpointTask.job_id == job_id,
+                CheckpointTask.checkpoint_id == checkpoint_id,
+                CheckpointTask.attempt_id.in_(list(messages)),
+            )
+        )
+    }
+    first = next((a for a in messages if a in planned), None)
+    aborted: list[AbortedCheckpoint] = []
+    if first is not None and may_abort:
+        t = planned[first]
+        aborted = abort(
+            session,
+            job_id,
+            reason,
+            f"declined by {t.operator_id}[{t.subtask_index}] ({first}): {messages[first]}",
+            now,
+            checkpoint_ids=[checkpoint_id],
+        )
+    results = {a: AckResult.DISCARDED if a in planned else AckResult.UNKNOWN for a in messages}
+    return results, aborted
 
 
 @dataclass(frozen=True)

@@ -160,15 +160,26 @@ def planned_recovery(metastore: Metastore, job_id: str, attempt: str) -> Recover
         )
 
 
-def fail_attempt(metastore: Metastore, job_id: str, reason: str, *, final: bool) -> dict[str, Any]:
+def fail_attempt(
+    metastore: Metastore,
+    job_id: str,
+    reason: str,
+    *,
+    final: bool,
+    coordinator_id: str | None = None,
+) -> dict[str, Any]:
     """A task attempt failed: abort its pending checkpoints as job failover (not counted as
     checkpoint failures). On the final failure the job is FAILED and the retention policy is
-    applied; the returned dict names the checkpoint to resume from."""
+    applied; the returned dict names the checkpoint to resume from.
+
+    ``coordinator_id``: the failed attempt's coordinator, acted for. Once another coordinator
+    leads the job (a later try took over), nothing is changed, checked in each transaction that
+    would change something; ``superseded`` then names that coordinator."""
     with metastore.transaction() as s:
         known = s.get(Job, validate_id(job_id, "job id")) is not None
     if not known:
-        return {"job_id": job_id, "aborted": [], "resume_from": None}
-    coordinator = CheckpointCoordinator(job_id, metastore)
+        return {"job_id": job_id, "aborted": [], "resume_from": None, "superseded": None}
+    coordinator = CheckpointCoordinator(job_id, metastore, coordinator_id=coordinator_id)
     aborted = coordinator.failover(reason)
     latest = restore.find_latest_valid(metastore, coordinator.storage, job_id, deep=False)
     discarded: list[int] = []
@@ -176,6 +187,9 @@ def fail_attempt(metastore: Metastore, job_id: str, reason: str, *, final: bool)
         discarded = coordinator.shutdown(JobStatus.FAILED)  # the retention policy applies
     else:
         coordinator.job_status_changed(JobStatus.FAILED)
+    with metastore.transaction() as s:
+        job = s.get(Job, job_id)
+        current = job.coordinator_id if job is not None else None
     kept = latest.checkpoint_id is not None and latest.checkpoint_id not in discarded
     return {
         "job_id": job_id,
@@ -183,4 +197,5 @@ def fail_attempt(metastore: Metastore, job_id: str, reason: str, *, final: bool)
         "discarded": discarded,
         "resume_from": latest.checkpoint_id if kept else None,
         "resume_path": latest.metadata_path if kept else None,
+        "superseded": current if coordinator_id and current not in (None, coordinator_id) else None,
     }

@@ -9,7 +9,7 @@ in strict mode.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +17,7 @@ from checkpointing import store
 from checkpointing.assignment import RestorePlan, plan_restore, snapshots_from_metadata
 from checkpointing.clock import Clock, SystemClock
 from checkpointing.errors import (
+    CheckpointingError,
     CorruptSnapshotError,
     NoCheckpointError,
     StorageError,
@@ -31,6 +32,10 @@ from checkpointing.properties import CheckpointStatus, RestoreStatus
 from checkpointing.storage import METADATA_FILE, CheckpointStorage
 
 log = logging.getLogger(__name__)
+
+
+class ForeignSnapshotError(CheckpointingError):
+    """A restore from another job's checkpoint or savepoint that was not asked for explicitly."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,14 @@ class RestoreDecision:
     skipped: list[SkippedCheckpoint] = field(default_factory=list)
 
     @property
+    def from_job_id(self) -> str | None:
+        """The job whose checkpoint or savepoint this is, when it is not ``job_id``: a restore
+        from another job's state (which :func:`load_external` refuses unless allowed)."""
+        if self.metadata is None or self.metadata.job_id == self.job_id:
+            return None
+        return self.metadata.job_id
+
+    @property
     def start_empty(self) -> bool:
         return self.metadata is None
 
@@ -63,6 +76,8 @@ class RestoreDecision:
                 f"job {self.job_id}: restoring from {kind} {self.checkpoint_id} "
                 f"({self.metadata_path})"
             )
+            if self.from_job_id is not None:
+                base += f" of another job, {self.from_job_id}"
         if self.skipped:
             base += "; skipped " + ", ".join(
                 f"{s.checkpoint_id} ({s.reason})" for s in self.skipped
@@ -149,16 +164,40 @@ def load_checkpoint(
     return RestoreDecision(job_id, checkpoint_id, ctype, path, metadata)
 
 
-def load_external(storage: CheckpointStorage, path: str, *, deep: bool = True) -> RestoreDecision:
-    """A savepoint or retained checkpoint by path (its directory or its ``_metadata``), e.g. from
-    another job or an older deployment."""
+def load_external(
+    storage: CheckpointStorage,
+    path: str,
+    *,
+    deep: bool = True,
+    job_id: str | None = None,
+    allow_other_job: bool = False,
+) -> RestoreDecision:
+    """A savepoint or retained checkpoint by path (its directory or its ``_metadata``), e.g. of
+    an older deployment.
+
+    Given ``job_id`` (the job that restores), the decision is that job's, and a checkpoint or
+    savepoint of another job is refused with :class:`ForeignSnapshotError` unless
+    ``allow_other_job``; when allowed, the decision names the other job (``from_job_id``, also
+    in :meth:`RestoreDecision.describe`, which the restore event keeps as its message)."""
     path = path.rstrip("/")
     url = path if path.endswith("/" + METADATA_FILE) else f"{path}/{METADATA_FILE}"
     url = storage.check_target(url)  # a plain absolute path becomes a file:// URL
     metadata = read_metadata(storage, url)
+    foreign = job_id is not None and metadata.job_id != validate_id(job_id, "job id")
+    if foreign and not allow_other_job:
+        raise ForeignSnapshotError(
+            f"{url} is {(metadata.checkpoint_type or 'checkpoint').lower()} "
+            f"{metadata.checkpoint_id} of job {metadata.job_id}, not of job {job_id}: a "
+            "restore from another job's state must be asked for explicitly (allow another "
+            "job, e.g. --allow-other-job)"
+        )
     verify_handles(storage, metadata, deep=deep, roots=(url.rsplit("/", 1)[0],))
     return RestoreDecision(
-        metadata.job_id, metadata.checkpoint_id, metadata.checkpoint_type, url, metadata
+        job_id or metadata.job_id,
+        metadata.checkpoint_id,
+        metadata.checkpoint_type,
+        url,
+        metadata,
     )
 
 
@@ -281,6 +320,7 @@ class RestorePreview:
             "checkpoint_id": d.checkpoint_id,
             "checkpoint_type": d.checkpoint_type,
             "metadata_path": d.metadata_path,
+            "from_job_id": d.from_job_id,
             "completed_at": m.completed_at.isoformat(),
             "skipped": [{"checkpoint_id": s.checkpoint_id, "reason": s.reason} for s in d.skipped],
             "parallelism": self.parallelism,
@@ -318,6 +358,7 @@ def preview_restore(
     parallelism: int,
     source: str = "latest",
     deep: bool = True,
+    allow_other_job: bool = False,
 ) -> RestorePreview:
     """Dry run of a restore at ``parallelism``: the same lookup as the runtime's (``latest``
     falls back past corrupt checkpoints; an id or a path is taken as chosen) and the same state
@@ -326,7 +367,9 @@ def preview_restore(
     The operators, their max parallelism and the new parallelism of every operator come from the
     checkpoint (the runtime runs every operator at one parallelism and keeps max parallelism).
     Raises :class:`UnknownJobError`, :class:`UnknownCheckpointError`, :class:`NoCheckpointError`
-    or :class:`~checkpointing.assignment.StateAssignmentError` (e.g. parallelism above max).
+    or :class:`~checkpointing.assignment.StateAssignmentError` (e.g. parallelism above max); a
+    path to another job's checkpoint or savepoint raises :class:`ForeignSnapshotError` unless
+    ``allow_other_job``.
     """
     source = source.strip()
     if source == "latest":
@@ -335,8 +378,9 @@ def preview_restore(
         require_job(metastore, job_id)
         decision = load_checkpoint(metastore, storage, job_id, int(source), deep=deep)
     elif "/" in source:
-        validate_id(job_id, "job id")
-        decision = replace(load_external(storage, source, deep=deep), job_id=job_id, skipped=[])
+        decision = load_external(
+            storage, source, deep=deep, job_id=job_id, allow_other_job=allow_other_job
+        )
     else:
         raise UnknownCheckpointError(
             f"cannot restore job {job_id} from {source!r}: expected 'latest', a checkpoint id "

@@ -36,7 +36,7 @@ import re
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 
 from checkpointing.errors import CorruptSnapshotError, InvalidIdError, StorageError
 from checkpointing.ids import validate_id
+from checkpointing.ipc_guard import is_compressed_record_batch
 from checkpointing.keygroups import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange
 from checkpointing.storage import CHECKSUM_ALGO
 
@@ -90,14 +91,8 @@ class Segment:
     sha256: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "batch": self.first_batch,
-            "batches": self.num_batches,
-            "rows": self.rows,
-            "offset": self.offset,
-            "bytes": self.nbytes,
-            "sha256": self.sha256,
-        }
+        names = ("batch", "batches", "rows", "offset", "bytes", "sha256")  # in field order
+        return dict(zip(names, astuple(self), strict=True))
 
 
 @dataclass(frozen=True)
@@ -524,6 +519,8 @@ class _Snapshot:
                 message = pa.ipc.read_message(stream)
                 if message.type != "record batch":
                     raise self.corrupt(f"{what}: unexpected {message.type} message")
+                if is_compressed_record_batch(message.metadata):  # unbounded once decoded
+                    raise self.corrupt(f"{what}: compressed record batch (never written), refused")
                 batch = pa.ipc.read_record_batch(message, self.schema)
                 batch.validate(full=True)
                 batches.append(batch)

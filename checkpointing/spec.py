@@ -30,6 +30,7 @@ from checkpointing.config import CheckpointConfig, describe_validation_error, pa
 from checkpointing.errors import ConfigError
 from checkpointing.ids import validate_id
 from checkpointing.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
+from checkpointing.sink_guard import check_pipeline_sink
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _AGG = re.compile(r"^\s*(count|sum|min|max|avg)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)?\s*\)\s*$")
@@ -77,7 +78,7 @@ class SourceSpec(BaseModel):
     format: SourceFormat
     #: a glob of input files, relative to the spec file's directory unless absolute or a URL
     path: str
-    splits_per_epoch: int = Field(default=1, ge=1)
+    splits_per_epoch: int = Field(default=1, ge=1, strict=True)
     #: parquet only: split files larger than this into runs of row groups (e.g. ``128MiB``);
     #: unset, every file is one split
     max_split_bytes: ByteSize | None = Field(default=None, gt=0)
@@ -98,7 +99,7 @@ class CheckpointSpec(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    every_epochs: int | None = Field(default=None, ge=1)
+    every_epochs: int | None = Field(default=None, ge=1, strict=True)
 
     def config(self) -> CheckpointConfig:
         return CheckpointConfig.model_validate(self.model_extra or {})
@@ -114,9 +115,10 @@ class PipelineSpec(BaseModel):
     #: :class:`checkpointing.spark.stages.Pipeline`)
     aggregations: dict[str, Aggregation] = {}
     sink: SinkSpec
-    parallelism: int = Field(default=2, ge=1)
+    # strict: a YAML ``true`` is not the integer 1
+    parallelism: int = Field(default=2, ge=1, strict=True)
     max_parallelism: int = Field(
-        default=DEFAULT_MAX_PARALLELISM, ge=1, le=UPPER_BOUND_MAX_PARALLELISM
+        default=DEFAULT_MAX_PARALLELISM, ge=1, le=UPPER_BOUND_MAX_PARALLELISM, strict=True
     )
     checkpoint: CheckpointSpec = CheckpointSpec()
     storage: str | None = None
@@ -124,10 +126,10 @@ class PipelineSpec(BaseModel):
     #: a cron expression or preset (``@daily``); none: triggered by hand or by a deploy
     schedule: str | None = None
     #: automatic failover reruns, each resuming from the latest checkpoint
-    retries: int = Field(default=2, ge=0, le=100)
+    retries: int = Field(default=2, ge=0, le=100, strict=True)
     retry_delay: timedelta = timedelta(seconds=30)
     #: the parallelism of retries (a rescaled restore); default: ``parallelism``
-    parallelism_on_retry: int | None = Field(default=None, ge=1)
+    parallelism_on_retry: int | None = Field(default=None, ge=1, strict=True)
     owner: str = "airflow"
     tags: list[str] = []
     #: where the spec was loaded from (set by :func:`load_spec`, not part of the file)
@@ -141,7 +143,10 @@ class PipelineSpec(BaseModel):
     @field_validator("retry_delay", mode="before")
     @classmethod
     def _retry_delay(cls, v: Any) -> timedelta:
-        return parse_duration(v)
+        delay = parse_duration(v)
+        if delay < timedelta(0):
+            raise ValueError("must not be negative")
+        return delay
 
     @field_validator("key", mode="before")
     @classmethod
@@ -194,11 +199,17 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> Pipe
     """Read and validate a pipeline spec; :class:`SpecError` names the file and the field."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # safe loader
     except FileNotFoundError:
         raise SpecError(f"{path}: no such pipeline spec") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a directory, not a pipeline spec (a YAML file)") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}): not a pipeline spec") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the pipeline spec: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+        raise SpecError(f"{path}: {_yaml_problem(exc)}") from None
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: a pipeline spec is a mapping (job:, source:, key:, …)")
     raw = {**raw, **(overrides or {})}
@@ -215,7 +226,45 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> Pipe
         raise SpecError(describe_validation_error(exc, str(path), prefix="checkpoint.")) from None
     except ValueError as exc:
         raise SpecError(f"{path}: {exc}") from None
-    return spec.model_copy(update={"spec_path": path.resolve()})
+    spec = spec.model_copy(update={"spec_path": path.resolve()})
+    try:  # a sink that is the input, the storage, the spec's folder, ~ or / would lose files
+        check_pipeline_sink(spec)
+    except ConfigError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    return spec
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (the YAML
+    spec says keys are unique; PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<:`` merges may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # unhashable: the base class reports it
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {first + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: where (line, column) and what, without PyYAML's multi-line context dump."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}not valid YAML: {problem}"
 
 
 def _check_checkpoint_fields(section: Any) -> None:

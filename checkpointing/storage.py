@@ -21,6 +21,7 @@ import hashlib
 import io
 import os
 import shutil
+import stat
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -40,6 +41,12 @@ from checkpointing.ids import validate_checkpoint_id, validate_id
 
 CHECKSUM_ALGO = "sha256"
 METADATA_FILE = "_metadata"
+#: the largest ``_metadata`` read: real ones are kilobytes to a few MiB, and an unbounded read of
+#: a planted file (a link to ``/dev/zero``) would exhaust the reader's memory
+DEFAULT_MAX_METADATA_BYTES = 64 << 20
+#: environment variable overriding :data:`DEFAULT_MAX_METADATA_BYTES` (bytes, a positive integer)
+MAX_METADATA_BYTES_ENV = "CKPT_MAX_METADATA_BYTES"
+_CHUNK = 1 << 20
 
 
 def checksum_of(data: bytes) -> str:
@@ -60,6 +67,8 @@ class CheckpointStorage(ABC):
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
+        #: reads of a ``_metadata`` file without a known size stop here (see :meth:`read_bytes`)
+        self.max_metadata_bytes = max_metadata_bytes()
 
     @staticmethod
     def from_url(url: str) -> CheckpointStorage:
@@ -153,10 +162,34 @@ class CheckpointStorage(ABC):
         return FileInfo(url, len(data), checksum_of(data))
 
     def read_bytes(
-        self, url: str, *, checksum: str | None = None, size: int | None = None
+        self,
+        url: str,
+        *,
+        checksum: str | None = None,
+        size: int | None = None,
+        max_size: int | None = None,
     ) -> bytes:
-        """Read a whole file; verify ``size`` and ``checksum`` when given."""
-        data = self._read(url)
+        """Read a whole file; verify ``size`` and ``checksum`` when given.
+
+        The read is bounded before anything is buffered: by ``size`` (the size a metadata file
+        or an ack recorded), else by ``max_size``, else, for a ``_metadata`` file, by
+        :attr:`max_metadata_bytes`. A file whose stat/HEAD size is over the bound is refused
+        unread, and reading stops one byte past it (a file growing meanwhile). Devices, FIFOs
+        and other non-regular files are never read.
+        """
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+            raise CorruptSnapshotError(url, f"invalid recorded size {size!r}")
+        limit = size if size is not None else max_size
+        if limit is None and url.rsplit("/", 1)[-1] == METADATA_FILE:
+            limit = self.max_metadata_bytes
+        try:
+            data = self._read(url, limit)
+        except TooBigError as exc:
+            if size is not None:  # say what was expected, as for any size mismatch
+                raise CorruptSnapshotError(url, f"size {exc.size} bytes, expected {size}") from None
+            raise
+        if size is None and limit is not None and len(data) > limit:
+            raise TooBigError(url, len(data), limit)
         if size is not None and len(data) != size:
             raise CorruptSnapshotError(url, f"size {len(data)} bytes, expected {size}")
         if checksum is not None and checksum_of(data) != checksum:
@@ -167,7 +200,9 @@ class CheckpointStorage(ABC):
     def _write(self, url: str, stream: IO[bytes], size: int, *, overwrite: bool) -> None: ...
 
     @abstractmethod
-    def _read(self, url: str) -> bytes: ...
+    def _read(self, url: str, limit: int | None) -> bytes:
+        """The file's bytes: :class:`TooBigError` when its size is over ``limit``, and never
+        more than ``limit + 1`` bytes read (the caller's size check refuses those)."""
 
     @abstractmethod
     def size_of(self, url: str) -> int | None:
@@ -221,6 +256,39 @@ class StorageLocation:
         self.storage.delete_tree(self.url)
 
 
+def max_metadata_bytes() -> int:
+    """The ``_metadata`` read limit: :data:`MAX_METADATA_BYTES_ENV` or the default."""
+    text = os.environ.get(MAX_METADATA_BYTES_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_METADATA_BYTES
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{MAX_METADATA_BYTES_ENV}={text!r}: expected a positive number of bytes")
+    return int(text)
+
+
+class TooBigError(CorruptSnapshotError):
+    """A file is larger than its read may be (names the file, its size and the limit)."""
+
+    def __init__(self, url: str, size: int, limit: int) -> None:
+        super().__init__(url, f"size {size} bytes is over the read limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+def _read_at_most(stream: Any, limit: int | None) -> bytes:
+    """Read ``stream`` to its end, but never more than ``limit + 1`` bytes."""
+    if limit is None:
+        return bytes(stream.read())
+    chunks, left = [], limit + 1
+    while left > 0:
+        chunk = stream.read(min(left, _CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def _check_normalised(url: str) -> None:
     _scheme, sep, rest = url.partition("://")
     path = rest if sep else url
@@ -272,13 +340,25 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         finally:
             tmp.unlink(missing_ok=True)
 
-    def _read(self, url: str) -> bytes:
+    def _read(self, url: str, limit: int | None) -> bytes:
+        path = self.path_of(url)
         try:
-            return self.path_of(url).read_bytes()
+            # O_NONBLOCK: opening a FIFO must not wait for a writer (no effect on regular files)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise CorruptSnapshotError(url, "file is missing") from None
         except OSError as exc:
             raise StorageError(f"cannot read {url}: {exc}") from exc
+        with os.fdopen(fd, "rb", buffering=0) as fh:
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode):
+                    raise CorruptSnapshotError(url, "not a regular file; refusing to read it")
+                if limit is not None and info.st_size > limit:
+                    raise TooBigError(url, info.st_size, limit)
+                return _read_at_most(fh, limit)
+            except OSError as exc:
+                raise StorageError(f"cannot read {url}: {exc}") from exc
 
     def size_of(self, url: str) -> int | None:
         try:
@@ -388,10 +468,20 @@ class S3CheckpointStorage(CheckpointStorage):
         except Exception as exc:
             raise _classify_s3_error(url, exc) from exc
 
-    def _read(self, url: str) -> bytes:
+    def _read(self, url: str, limit: int | None) -> bytes:
         bucket, key = self.split(url)
         with _s3_errors("read", url, missing=CorruptSnapshotError(url, "file is missing")):
-            return bytes(self.client.get_object(Bucket=bucket, Key=key)["Body"].read())
+            response = self.client.get_object(Bucket=bucket, Key=key)
+            body = response["Body"]
+            try:
+                # the response's Content-Length is the object's size: refuse before the body
+                length = response.get("ContentLength")
+                if limit is not None and isinstance(length, int) and length > limit:
+                    raise TooBigError(url, length, limit)
+                return _read_at_most(body, limit)
+            finally:
+                body.close()
+        raise AssertionError("unreachable")  # _s3_errors re-raises a missing object
 
     def size_of(self, url: str) -> int | None:
         bucket, key = self.split(url)

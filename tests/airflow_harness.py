@@ -91,6 +91,9 @@ def make_airflow_home(root: Path, database_url: str, ckpt_home: Path) -> Airflow
     home, dags = root / "airflow", root / "dags"
     dags.mkdir(parents=True, exist_ok=True)
     env = airflow_env(home, dags, ckpt_home=ckpt_home, database_url=database_url)
+    # `airflow dags test` triggers as `dag_test`: the savepoint and deploy DAGs check that the
+    # triggering user may edit the pipeline's DAG (SimpleAuthManager's users)
+    env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = "admin:admin,dag_test:user"
     migrate(env)
     return AirflowHome(home, dags, env)
 

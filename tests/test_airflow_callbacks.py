@@ -41,7 +41,7 @@ def task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CheckpointedSparkSu
     spec.write_text(
         f"""
 job: {JOB}
-source: {{format: parquet, path: "{tmp_path}/*.parquet"}}
+source: {{format: parquet, path: "{tmp_path}/in/*.parquet"}}
 key: user
 aggregations: {{n: count()}}
 sink: {{path: {tmp_path / "out"}}}

@@ -7,11 +7,15 @@ core library. One server for the whole module: it takes most of the module's tim
 from __future__ import annotations
 
 import json
+import re
+import socket
 import sqlite3
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import pytest
@@ -44,7 +48,6 @@ READS = [
     f"/api/pipelines/{FINISHED}/requests/1",
     f"/api/pipelines/{FINISHED}/restore-plan?parallelism=2",
     "/openapi.json",
-    "/docs",
 ]
 
 
@@ -315,7 +318,10 @@ def test_restore_history(server: Server) -> None:
     assert restore["status"] == "PLANNED" and restore["fallbacks"] == []
     assert [op["operator_id"] for op in restore["assignment"]["operators"]] == ["sink", "source"]
     assert server.call("GET", f"/api/pipelines/{LIVE}/restores", user="viewer").body == {
-        "restores": []
+        "restores": [],
+        "total": 0,
+        "limit": 50,
+        "offset": 0,
     }
 
 
@@ -519,3 +525,169 @@ def test_stop_with_savepoint_ends_the_job(server: Server) -> None:
         "GET", f"/api/pipelines/{LIVE}/requests/{r.body['request_id']}", user="admin"
     )
     assert done.body["succeeded"] is True, done.body
+
+
+# ============================================================================ issue 10 §4
+
+
+def test_the_restore_history_is_paged_and_bounded(server: Server) -> None:
+    """Every retry records a restore: the history is read a page at a time, like the others."""
+    from checkpointing.restore import RestoreDecision, record_restore
+
+    empty = RestoreDecision(IDLE, None, None, None, None)
+    for attempt in range(5):
+        record_restore(server.metastore, empty, attempt=f"paged-{attempt}")
+    base = f"/api/pipelines/{IDLE}/restores"
+    pages = [
+        server.call("GET", f"{base}?limit=2&offset={o}", user="viewer").body for o in (0, 2, 4)
+    ]
+    assert [[r["attempt"] for r in p["restores"]] for p in pages] == [
+        ["paged-4", "paged-3"],
+        ["paged-2", "paged-1"],
+        ["paged-0"],
+    ]
+    assert [(p["total"], p["limit"], p["offset"]) for p in pages] == [
+        (5, 2, 0),
+        (5, 2, 2),
+        (5, 2, 4),
+    ]
+    assert server.call("GET", base, user="viewer").body["limit"] == 50  # the default page
+    for bad in ("limit=0", "limit=501", "offset=-1", "limit=x"):
+        r = server.call("GET", f"{base}?{bad}", user="viewer")
+        assert r.status == 422, (bad, r.body)
+
+
+def _airflow_api(server: Server, method: str, path: str, body: Any = None) -> int:
+    """Airflow's own REST API as admin; the HTTP status."""
+    request = urllib.request.Request(
+        f"{server.url}/api/v2{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={
+            "Authorization": f"Bearer {server.tokens['admin']}",
+            "Content-Type": "application/json",
+        },
+        method=method,
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def test_a_metastore_problem_is_shown_without_its_details(server: Server) -> None:
+    """The `checkpoint_metastore` connection pointing at a server that is down, then at a URL
+    that does not parse: every caller, even one without access to any DAG, learns only that the
+    metastore is unavailable; the reason goes to the api-server's log, without the password."""
+    password = "pw-Zq81xK3v"
+    broken = [
+        {"conn_type": "postgres", "host": "127.0.0.1", "port": 1, "schema": "ckpt"},
+        {
+            "conn_type": "postgres",
+            "extra": json.dumps(
+                {"sqlalchemy_url": f"postgresql+psycopg://ckpt:{password}@@127.0.0.1:x/ckpt"}
+            ),
+        },
+    ]
+    for connection in broken:
+        body = {"connection_id": "checkpoint_metastore", "login": "ckpt", "password": password}
+        assert _airflow_api(server, "POST", "/connections", {**body, **connection}) == 201
+        try:
+            for user in ("outsider", "viewer", "admin"):
+                for path in ("/api/pipelines", f"/api/pipelines/{FINISHED}/checkpoints"):
+                    r = server.call("GET", path, user=user)
+                    if r.status == 403:  # the outsider reads no pipeline: refused first
+                        continue
+                    assert r.status == 503, (user, path, r.body)
+                    detail = r.body["detail"]
+                    assert "checkpoint metastore is unavailable" in detail, detail
+                    for leak in ("127.0.0.1", "ckpt:", password, "psycopg", "postgres"):
+                        assert leak not in detail, (leak, detail)
+        finally:
+            assert _airflow_api(server, "DELETE", "/connections/checkpoint_metastore") == 204
+    log = server.log.read_text(errors="replace")
+    assert "checkpoint API: metastore problem" in log
+    assert password not in log
+    assert server.call("GET", "/api/pipelines", user="viewer").status == 200  # back again
+
+
+def _raw_post(server: Server, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+    """A POST over a plain socket, so that the body may be shorter than its Content-Length (or
+    chunked); the status and what came back within 15 s."""
+    parts = urlsplit(server.url)
+    head = [f"POST {parts.path}/checkpoints/api/pipelines/{LIVE}/savepoints HTTP/1.1"]
+    head += [f"Host: {parts.netloc}", *(f"{k}: {v}" for k, v in headers.items()), "", ""]
+    with socket.create_connection((parts.hostname, parts.port), timeout=15) as conn:
+        conn.sendall("\r\n".join(head).encode() + body)
+        received = b""
+        try:
+            while b"\r\n\r\n" not in received:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+        except TimeoutError:
+            pytest.fail("no answer in 15 s: the server waits for the whole body")
+    status_line = received.split(b"\r\n", 1)[0].split()
+    return int(status_line[1]), received
+
+
+def test_request_bodies_are_bounded_and_the_login_is_checked_before_the_body_is_read(
+    server: Server,
+) -> None:
+    before = len(request_rows(server.metastore, LIVE))
+    path = f"/api/pipelines/{LIVE}/savepoints"
+    # a body announced as a gigabyte: refused at once, by its length, not read
+    status_code, answer = _raw_post(
+        server,
+        {"Content-Type": "application/json", "Content-Length": str(10**9)},
+        b'{"stop": false, "pad": "',
+    )
+    assert status_code == 413, answer
+    # a chunked body, whose size is not known in advance: refused too
+    status_code, answer = _raw_post(
+        server,
+        {
+            "Content-Type": "application/json",
+            "Transfer-Encoding": "chunked",
+            "Authorization": f"Bearer {server.tokens['admin']}",
+        },
+        b"5\r\n{}   \r\n",
+    )
+    assert status_code == 411, answer
+    # too large for an admin as well (before: read whole, then 422 for the unknown field)
+    r = server.call("POST", path, user="admin", body={"stop": False, "pad": "x" * 100_000})
+    assert r.status == 413 and "larger than" in r.body["detail"], r.body
+    # without a login, a body is never parsed: 401, not a JSON error
+    sent = urllib.request.Request(
+        f"{server.url}/checkpoints{path}",
+        data=b"{not json",
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(sent, timeout=30)
+    assert refused.value.code == 401
+    assert "not authenticated" in json.loads(refused.value.read())["detail"]
+    # a body of ordinary size still works
+    r = server.call("POST", path, user="viewer", body={"stop": False})
+    assert r.status == 403, r.body
+    assert len(request_rows(server.metastore, LIVE)) == before
+
+
+def test_nothing_is_loaded_from_another_site(server: Server) -> None:
+    """The Swagger page loaded its scripts from a public CDN inside Airflow's origin (and
+    offline clusters cannot reach it): it is gone; the schema is at openapi.json."""
+    for user in ("admin", "viewer"):
+        r = server.call("GET", "/docs", user=user)
+        assert r.status == 404, r.body
+    schema = server.call("GET", "/openapi.json", user="viewer")
+    assert schema.status == 200
+    page = urllib.request.Request(
+        f"{server.url}/checkpoints/ui/", headers={"Cookie": f"_token={server.tokens['viewer']}"}
+    )
+    with urllib.request.urlopen(page, timeout=30) as r:
+        html = r.read().decode()
+    for text in (json.dumps(schema.body), html):
+        assert not re.search(r"(src|href)=[\"']?(https?:)?//", text), "an external asset"
+        assert "cdn." not in text

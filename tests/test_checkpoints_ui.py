@@ -56,17 +56,30 @@ def browser() -> Iterator[Any]:
             chromium.close()
 
 
+#: a time zone chosen in Airflow's header (its UI keeps it in localStorage "timezone"), with a
+#: half-hour offset so that a page that ignores it cannot pass by luck
+ZONE = "Asia/Kolkata"
+WIDE = {"width": 1440, "height": 1000}
+NO_DIALOGS = "window.confirm/alert/prompt are ignored in Airflow's frame (no allow-modals)"
+
+
 def log_in(browser: Any, server: Server, user: str, pipeline: str, **context: Any) -> Any:
     """A fresh browser session: opening the page redirects to Airflow's login, which signs
-    ``user`` in and sends the browser back to the page."""
+    ``user`` in and sends the browser back to the page. Airflow's UI time zone is :data:`ZONE`;
+    a browser dialog fails the test (the page must never depend on one)."""
+    query = context.pop("query", "")
     page = browser.new_context(**context).new_page()
     page.set_default_timeout(TIMEOUT_MS)
-    page.goto(f"{server.url}/checkpoints/ui/?pipeline={pipeline}")
+    page.add_init_script(f"localStorage.setItem('timezone', {json.dumps(json.dumps(ZONE))})")
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.dialogs = dialogs
+    page.goto(f"{server.url}/checkpoints/ui/?pipeline={pipeline}{query}")
     expect(page).to_have_url(re.compile(r"/auth/login\?next="))
     page.locator("input[name=username]").fill(user)
     page.locator("input[name=password]").fill(server.passwords[user])
     page.get_by_role("button", name="Sign in").click()
-    expect(page).to_have_url(re.compile(rf"/checkpoints/ui/\?pipeline={pipeline}$"))
+    expect(page).to_have_url(re.compile(rf"/checkpoints/ui/\?pipeline={pipeline}"))
     expect(page.locator("#pipeline")).to_have_value(pipeline)
     return page
 
@@ -87,7 +100,9 @@ def open_from_browse_menu(page: Any, server: Server) -> Any:
     page.get_by_role("button", name="Browse").click()
     page.get_by_role("menuitem", name="Checkpoints").click()
     prefix = urlsplit(server.url).path
-    expect(page).to_have_url(f"{server.url}/plugin/checkpoints{prefix}/checkpoints/ui/")
+    expect(page).to_have_url(re.compile(rf"/plugin/checkpoints{prefix}/checkpoints/ui/"))
+    sandbox = page.locator("iframe").get_attribute("sandbox")
+    assert "allow-modals" not in sandbox.split(), sandbox  # Airflow's sandbox, as users get it
     return page.frame_locator("iframe")
 
 
@@ -95,22 +110,51 @@ def history_row(page: Any, checkpoint_id: int) -> Any:
     return page.locator(f"#history tbody tr[data-id='{checkpoint_id}']")
 
 
+def airflow_time(iso: str) -> str:
+    """A time as Airflow's UI shows it in :data:`ZONE`: 24-hour ``YYYY-MM-DD HH:mm:ss``."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    return datetime.fromisoformat(iso).astimezone(ZoneInfo(ZONE)).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def test_a_finished_pipelines_history_summary_details_and_restores(
     server: Server, browser: Any, tmp_path: Path
 ) -> None:
-    page = log_in(browser, server, "admin", FINISHED, viewport={"width": 1280, "height": 900})
+    page = log_in(browser, server, "admin", FINISHED, viewport=WIDE)
     rows = page.locator("#history tbody tr")
     expect(rows).to_have_count(8)
     expect(rows.first).to_contain_text("ABORTED")
     expect(history_row(page, 7)).to_contain_text("SAVEPOINT")
     expect(history_row(page, 7)).to_contain_text("COMPLETED")
     expect(history_row(page, 7)).to_contain_text("3/3")
+    expect(history_row(page, 7)).to_contain_text("35.0 s")
     expect(history_row(page, 1)).to_contain_text("SUBSUMED")
+    # subsumed is a disposal, not a failure; the aborted one's reason is under Failure
+    expect(history_row(page, 1).locator("td.failure")).to_be_empty()
+    expect(history_row(page, 1).locator("td.disposal")).to_contain_text("subsumed")
+    expect(history_row(page, 8).locator("td.failure")).not_to_be_empty()
+    expect(page.locator("#legend")).to_contain_text("SUBSUMED")
+    expect(page.locator("#legend")).to_contain_text("DISCARDED")
+    # times in Airflow's zone and format, the zone labelled
+    first = server.call("GET", f"/api/pipelines/{FINISHED}/checkpoints/1", user="admin").body
+    expect(history_row(page, 1)).to_contain_text(airflow_time(first["trigger_at"]))
+    expect(page.locator("#timezone")).to_have_text(f"Times in {ZONE} (UTC+05:30)")
+    expect(page.locator("#history thead")).to_contain_text(f"Triggered ({ZONE})")
+    expect(page.locator("#refreshed")).to_contain_text(re.compile(r"refreshed \d+ s ago"))
+
     expect(page.locator("#pipeline-status")).to_contain_text("FINISHED")
+    # not running: the savepoint actions are disabled, and the page says why in words
+    expect(page.locator("#trigger-savepoint")).to_be_disabled()
+    expect(page.locator("#stop-with-savepoint")).to_be_disabled()
+    expect(page.locator("#actions-why")).to_contain_text(
+        f"Savepoints can be taken only while the pipeline runs: {FINISHED} is FINISHED."
+    )
     summary = page.locator("#summary")
     expect(summary).to_contain_text("COMPLETED 3")
     expect(summary).to_contain_text("SUBSUMED 4")
     expect(summary).to_contain_text("ABORTED 1")
+    expect(page.locator("#restorable")).to_contain_text("#7 savepoint")
     stats = server.call("GET", f"/api/pipelines/{FINISHED}/summary", user="admin").body
     assert stats["state_size"]["max"] < 1024  # shown in bytes
     expect(summary).to_contain_text(
@@ -120,13 +164,20 @@ def test_a_finished_pipelines_history_summary_details_and_restores(
     expect(summary).to_contain_text("Latest savepoint#7")
     expect(summary).to_contain_text("Latest failed#8")
     expect(summary).to_contain_text("from #7, attempt try-2")
-    # one point per completed checkpoint (7 of 8: the 8th was aborted)
-    expect(page.locator("#chart-size circle")).to_have_count(7)
-    expect(page.locator("#chart-duration circle")).to_have_count(7)
+    # by trigger time: six checkpoints, the savepoint and the failure marked apart; the 35 s
+    # savepoint is off the duration chart's scale (marked) instead of flattening the rest
+    duration = page.locator("#chart-duration")
+    expect(duration.locator("g.point")).to_have_count(8)
+    expect(duration.locator("g.point.checkpoint")).to_have_count(6)
+    expect(duration.locator("g.point.savepoint")).to_have_count(1)
+    expect(duration.locator("g.point.failed")).to_have_count(1)
+    expect(duration.locator(".outlier")).to_have_text("35.0 s (off scale)")
+    expect(duration.locator("text").filter(has_text="1.0 s")).to_have_count(1)  # a y tick
+    expect(page.locator("#chart-size g.point.checkpoint")).to_have_count(6)
     restores = page.locator("#restores tbody tr")
     expect(restores).to_have_count(1)
     expect(restores.first).to_contain_text("try-2")
-    expect(restores.first).to_contain_text("#7 SAVEPOINT")
+    expect(restores.first).to_contain_text("#7 savepoint")
 
     history_row(page, 7).click()
     expect(page.locator("#detail-title")).to_have_text("Checkpoint #7 (SAVEPOINT, COMPLETED)")
@@ -135,36 +186,96 @@ def test_a_finished_pipelines_history_summary_details_and_restores(
     expect(tasks.nth(0)).to_contain_text("sink")
     expect(tasks.nth(2)).to_contain_text("source")
     expect(tasks.nth(2)).to_contain_text("1/2")
+    # what can be done is the primary action: restore (the pipeline is not running)
+    expect(page.locator("#restore-from-here")).to_have_class(re.compile(r"\bprimary\b"))
+    handle = tasks.nth(0).locator("td.path")
+    expect(handle).to_contain_text("…/")  # under the location shown above, full path on hover
+    assert handle.evaluate("e => e.getBoundingClientRect().height") < 40  # one line
     screenshot(page, tmp_path, "1-finished-pipeline")
+
+    # a subsumed checkpoint's details say that its files are gone
+    history_row(page, 1).click()
+    expect(page.locator("#detail-gone")).to_contain_text("Subsumed")
+    expect(page.locator("#restore-from-here")).to_have_count(0)
+
+    # filters and paging (the API's status, type, limit and offset)
+    page.locator("#filter-status").select_option("SUBSUMED")
+    expect(rows).to_have_count(4)
+    page.locator("#filter-type").select_option("SAVEPOINT")
+    expect(rows).to_have_text(["No checkpoint matches the filters."])
+    page.locator("#filter-status").select_option("")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("SAVEPOINT")
+    page.locator("#filter-type").select_option("")
+    expect(rows).to_have_count(8)
+    page.context.close()
+
+    page = log_in(browser, server, "admin", FINISHED, viewport=WIDE, query="&rows=3")
+    rows = page.locator("#history tbody tr")
+    expect(page.locator("#history-range")).to_have_text("1\u20133 of 8")
+    expect(page.locator("#page-newer")).to_be_disabled()
+    page.locator("#page-older").click()
+    expect(page.locator("#history-range")).to_have_text("4\u20136 of 8")
+    expect(rows.first).to_have_attribute("data-id", "5")
+    page.locator("#page-older").click()
+    expect(page.locator("#history-range")).to_have_text("7\u20138 of 8")
+    expect(page.locator("#page-older")).to_be_disabled()
+    page.locator("#page-newer").click()
+    expect(page.locator("#history-range")).to_have_text("4\u20136 of 8")
+
+    # a restore that had to skip unusable checkpoints: each fallback on its own line, with why
+    from checkpointing.restore import RestoreDecision, SkippedCheckpoint, record_restore
+
+    skipped = [
+        SkippedCheckpoint(3, "chk-3/_metadata: missing"),
+        SkippedCheckpoint(2, "chk-2/op-0: size 10, expected 12"),
+    ]
+    decision = RestoreDecision(IDLE, None, None, None, None, skipped)
+    record_restore(server.metastore, decision, attempt="try-9")
+    page.locator("#pipeline").select_option(IDLE)
+    fallbacks = page.locator("#restores tbody tr").first.locator("ol.fallbacks li")
+    expect(fallbacks).to_have_text(
+        ["#3 chk-3/_metadata: missing", "#2 chk-2/op-0: size 10, expected 12"]
+    )
+    expect(page.locator("#restores tbody tr").first).to_contain_text("EMPTY")
+    screenshot(page, tmp_path, "1b-restore-fallbacks")
+    page.locator("#pipeline").select_option(FINISHED)
+    expect(rows).to_have_count(3)
 
     # a phone: the page reflows instead of overflowing sideways
     page.set_viewport_size({"width": 390, "height": 844})
-    expect(rows).to_have_count(8)
+    expect(rows).to_have_count(3)
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
     screenshot(page, tmp_path, "2-narrow-screen")
+    assert page.dialogs == [], NO_DIALOGS
     page.context.close()
 
 
 def test_an_admin_triggers_a_savepoint_and_watches_it_complete(
     server: Server, browser: Any, tmp_path: Path
 ) -> None:
-    page = log_in(browser, server, "admin", LIVE, viewport={"width": 1280, "height": 900})
+    page = log_in(browser, server, "admin", LIVE, viewport=WIDE)
     expect(page.locator("#pipeline-status")).to_contain_text("RUNNING")
+    expect(page.locator("#actions-why")).to_be_empty()
     before = len(request_rows(server.metastore, LIVE))
-    dialogs: list[str] = []
 
-    def accept(dialog: Any) -> None:
-        dialogs.append(dialog.message)
-        dialog.accept()
-
-    page.once("dialog", accept)
+    # a cancelled confirmation sends nothing
     trigger = page.locator("#trigger-savepoint")
-    expect(trigger).to_be_enabled()
+    expect(trigger).to_have_class(re.compile(r"\bprimary\b"))
     trigger.click()
+    page.locator("#action-confirm button.cancel").click()
+    expect(page.locator("#action-confirm")).to_be_hidden()
+    page.wait_for_timeout(300)
+    assert len(request_rows(server.metastore, LIVE)) == before
+
+    trigger.click()
+    expect(page.locator("#action-confirm")).to_contain_text(
+        f"Trigger a savepoint of pipeline {LIVE}?"
+    )
+    page.locator("#action-confirm-button").click()
     status = page.locator("#request-status")
     expect(status).to_contain_text("QUEUED")
     expect(trigger).to_be_disabled()  # while the request is in flight
-    assert dialogs == [f"Trigger a savepoint of pipeline {LIVE}?"]
     (row,) = request_rows(server.metastore, LIVE)[before:]
     assert row.requested_by == "airflow:admin"
 
@@ -176,52 +287,43 @@ def test_an_admin_triggers_a_savepoint_and_watches_it_complete(
     )
     expect(history_row(page, savepoint_id)).to_contain_text("SAVEPOINT")
     expect(history_row(page, savepoint_id)).to_contain_text("COMPLETED")
+    expect(page.locator("#restorable")).to_contain_text(f"#{savepoint_id} savepoint")
     expect(trigger).to_be_enabled()
     screenshot(page, tmp_path, "3-savepoint-completed")
 
-    # discard it from its details: confirmed, marked DISCARDED, its files deleted
+    # discard it from its details: confirmed in the page, marked DISCARDED, its files deleted
     location = server.storage.savepoint_url(LIVE, savepoint_id)
     assert location_exists(server.storage, location)
     history_row(page, savepoint_id).click()
-    page.once("dialog", lambda d: d.accept())
     page.locator("#discard-savepoint").click()
-    expect(page.locator("#message")).to_contain_text(f"Savepoint #{savepoint_id} discarded.")
+    expect(page.locator("#restore-confirm")).to_contain_text(f"Discard savepoint #{savepoint_id}")
+    page.locator("#discard-confirm-button").click()
+    expect(page.locator("#message")).to_contain_text(f"Savepoint #{savepoint_id} discarded")
     expect(history_row(page, savepoint_id)).to_contain_text("DISCARDED")
+    expect(history_row(page, savepoint_id).locator("td.disposal")).to_contain_text(
+        "discarded by user"
+    )
     expect(page.locator("#detail-title")).to_contain_text("DISCARDED")
+    expect(page.locator("#detail-gone")).to_contain_text("its files are deleted")
     expect(page.locator("#discard-savepoint")).to_have_count(0)
     assert not location_exists(server.storage, location)
-
-    # a pipeline that is not running: the API's message, nothing queued
-    page.locator("#pipeline").select_option(FINISHED)
-    expect(history_row(page, 8)).to_be_visible()
-    expect(status).to_be_empty()  # the other pipeline's request is not shown here
-    page.once("dialog", lambda d: d.accept())
-    page.locator("#stop-with-savepoint").click()
-    expect(page.locator("#message")).to_contain_text(
-        f"job '{FINISHED}' is not running (status FINISHED)"
-    )
-    assert request_rows(server.metastore, FINISHED) == []
-    screenshot(page, tmp_path, "4-not-running")
-
-    # a cancelled confirmation sends nothing
-    page.locator("#pipeline").select_option(LIVE)
-    expect(page.locator("#pipeline-status")).to_contain_text("RUNNING")
-    count = len(request_rows(server.metastore, LIVE))
-    page.once("dialog", lambda d: d.dismiss())
-    page.locator("#trigger-savepoint").click()
-    page.wait_for_timeout(500)
-    assert len(request_rows(server.metastore, LIVE)) == count
+    # the latest completed one is gone: the summary says so, and what can still be restored
+    expect(page.locator("#summary")).to_contain_text(f"Latest completed#{savepoint_id} at")
+    expect(page.locator("#summary")).to_contain_text("(now discarded: not restorable)")
+    expect(page.locator("#restorable")).to_contain_text("#1 checkpoint")
+    screenshot(page, tmp_path, "4-discarded")
+    assert page.dialogs == [], NO_DIALOGS
     page.context.close()
 
 
 def test_a_read_only_user_cannot_trigger_a_savepoint(
     server: Server, browser: Any, tmp_path: Path
 ) -> None:
-    page = log_in(browser, server, "viewer", LIVE, viewport={"width": 1280, "height": 900})
+    page = log_in(browser, server, "viewer", LIVE, viewport=WIDE)
     expect(history_row(page, 1)).to_be_visible()
     expect(page.locator("#trigger-savepoint")).to_be_disabled()
     expect(page.locator("#stop-with-savepoint")).to_be_disabled()
-    expect(page.locator("#pipeline-status")).to_contain_text("read-only")
+    expect(page.locator("#actions-why")).to_contain_text("Read-only")
     screenshot(page, tmp_path, "5-viewer-read-only")
     before = len(request_rows(server.metastore, LIVE))
     # what the button would send, sent anyway from the page (same origin, the CSRF header)
@@ -249,7 +351,7 @@ def test_a_read_only_user_cannot_trigger_a_savepoint(
 def test_an_admin_restores_from_a_savepoint_with_the_deploy_dag(
     server: Server, browser: Any, tmp_path: Path
 ) -> None:
-    page = log_in(browser, server, "admin", FINISHED, viewport={"width": 1280, "height": 900})
+    page = log_in(browser, server, "admin", FINISHED, viewport=WIDE)
     history_row(page, 7).click()
     expect(page.locator("#detail-title")).to_have_text("Checkpoint #7 (SAVEPOINT, COMPLETED)")
     page.locator("#restore-from-here").click()
@@ -265,7 +367,6 @@ def test_an_admin_restores_from_a_savepoint_with_the_deploy_dag(
     run_id = link.inner_text()
     assert run_id.startswith("manual__"), run_id
     assert link.get_attribute("href") == f"../../dags/checkpoint_deploy/runs/{quote(run_id)}"
-    screenshot(page, tmp_path, "9-restore-from-here")
     # the run Airflow queued: from the savepoint's _metadata, at the parallelism asked for
     request = urllib.request.Request(
         f"{server.url}/api/v2/dags/checkpoint_deploy/dagRuns/{quote(run_id)}",
@@ -281,13 +382,92 @@ def test_an_admin_restores_from_a_savepoint_with_the_deploy_dag(
     }
     assert run["state"] == "queued" and run["triggering_user_name"] == "admin"
 
-    # an aborted checkpoint cannot be restored: no button
+    # an aborted checkpoint cannot be restored: no button, and its failure said so
     history_row(page, 8).click()
     expect(page.locator("#detail-title")).to_contain_text("ABORTED")
     expect(page.locator("#restore-from-here")).to_have_count(0)
     history_row(page, 7).click()
     expect(page.locator("#restore-result")).to_be_empty()  # a new panel: no stale result
+    assert page.dialogs == [], NO_DIALOGS
     page.context.close()
+
+
+def drive_every_action_in_the_frame(page: Any, server: Server, tmp_path: Path, name: str) -> None:
+    """Browse → Checkpoints, then every action inside Airflow's sandboxed frame: trigger a
+    savepoint, discard it, restore from a savepoint, stop with a savepoint; each confirmed in
+    the page, queued, its progress shown. Last, a link to the task's log opens in Airflow."""
+    ignored: list[str] = []
+    page.on("console", lambda m: ignored.append(m.text) if "Ignored call" in m.text else None)
+    frame = open_from_browse_menu(page, server)
+    expect(frame.locator("h1")).to_have_text("Checkpoints")
+    expect(frame.locator("#pipeline option")).to_have_count(3)
+    frame.locator("#pipeline").select_option(LIVE)
+    expect(frame.locator("#pipeline-status")).to_contain_text("RUNNING")
+    expect(frame.locator("#timezone")).to_contain_text(ZONE)
+    status = frame.locator("#request-status")
+
+    # Trigger savepoint
+    before = len(request_rows(server.metastore, LIVE))
+    frame.locator("#trigger-savepoint").click()
+    frame.locator("#action-confirm-button").click()
+    expect(status).to_contain_text("QUEUED")
+    expect(status).to_contain_text("next epoch boundary")
+    assert len(request_rows(server.metastore, LIVE)) == before + 1
+    screenshot(page, tmp_path, f"{name}-a-savepoint-queued-in-frame")
+    (savepoint_id,) = take_requests(server)
+    expect(status).to_contain_text("COMPLETED")
+    expect(frame.locator("#message")).to_contain_text(f"Savepoint #{savepoint_id} completed")
+
+    # Discard savepoint
+    history_row(frame, savepoint_id).click()
+    frame.locator("#discard-savepoint").click()
+    frame.locator("#discard-confirm-button").click()
+    expect(frame.locator("#message")).to_contain_text(f"Savepoint #{savepoint_id} discarded")
+    expect(history_row(frame, savepoint_id)).to_contain_text("DISCARDED")
+    assert not location_exists(server.storage, server.storage.savepoint_url(LIVE, savepoint_id))
+
+    # Restore from here (the finished pipeline, from its savepoint)
+    frame.locator("#pipeline").select_option(FINISHED)
+    history_row(frame, 7).click()
+    frame.locator("#restore-from-here").click()
+    frame.locator("#restore-confirm-button").click()
+    expect(frame.locator("#restore-result")).to_contain_text("DAG run of checkpoint_deploy queued")
+    expect(frame.locator("#restore-run")).to_be_visible()
+
+    # Stop with savepoint
+    frame.locator("#pipeline").select_option(LIVE)
+    before = len(request_rows(server.metastore, LIVE))
+    frame.locator("#stop-with-savepoint").click()
+    expect(frame.locator("#action-confirm")).to_contain_text("The job ends once the savepoint")
+    screenshot(page, tmp_path, f"{name}-b-stop-confirm-in-frame")
+    frame.locator("#action-confirm-button").click()
+    expect(status).to_contain_text("QUEUED")
+    (row,) = request_rows(server.metastore, LIVE)[before:]
+    assert row.checkpoint_type == "SAVEPOINT_THEN_STOP" and row.requested_by == "airflow:admin"
+    (stop_id,) = take_requests(server)
+    expect(status).to_contain_text("COMPLETED")
+    expect(frame.locator("#message")).to_contain_text(f"Savepoint #{stop_id} completed")
+    expect(history_row(frame, stop_id)).to_contain_text("SAVEPOINT_THEN_STOP")
+    screenshot(page, tmp_path, f"{name}-c-stopped-in-frame")
+    assert ignored == [] and page.dialogs == [], (ignored, page.dialogs, NO_DIALOGS)
+
+    # the pipeline's DAG, runs and latest task log, opened in Airflow (not in the frame)
+    prefix = urlsplit(server.url).path
+    expect(frame.locator("#link-dag")).to_have_attribute("href", f"../../dags/{LIVE}")
+    expect(frame.locator("#link-runs")).to_have_attribute("href", f"../../dags/{LIVE}/runs")
+    log_link = frame.locator("#link-log")
+    expect(log_link).to_have_attribute(
+        "href", f"../../dags/{LIVE}/runs/{quote(server.live_run, safe='')}/tasks/run"
+    )
+    log_link.click()
+    expect(page).to_have_url(
+        f"{server.url}/dags/{LIVE}/runs/{quote(server.live_run, safe='')}/tasks/run"
+    )
+    assert urlsplit(page.url).path.startswith(f"{prefix}/dags/")
+    expect(page.locator("iframe")).to_have_count(0)  # Airflow's own page, not a nested one
+    expect(page.get_by_text("No Task Instance found")).to_have_count(0)  # once loaded
+    expect(page.get_by_text("No logs available for this task.")).to_be_visible()  # its log
+    screenshot(page, tmp_path, f"{name}-d-task-log-in-airflow")
 
 
 def test_the_page_is_in_airflows_navigation_and_the_operator_links_to_it(
@@ -319,13 +499,12 @@ def test_the_page_is_in_airflows_navigation_and_the_operator_links_to_it(
         f"https://x.example/airflow/checkpoints/ui/?pipeline={LIVE}"
     )
 
-    # Browse → Checkpoints in Airflow's UI shows the page in its frame at /plugin/checkpoints
-    page = log_in(browser, server, "admin", IDLE, viewport={"width": 1280, "height": 900})
+    # Browse → Checkpoints in Airflow's UI shows the page in its frame at /plugin/checkpoints,
+    # where every action works (confirmed in the page: the frame allows no browser dialog)
+    page = log_in(browser, server, "admin", IDLE, viewport={"width": 1440, "height": 1400})
     expect(page.locator("#history tbody")).to_contain_text("No checkpoint yet.")
-    frame = open_from_browse_menu(page, server)
-    expect(frame.locator("h1")).to_have_text("Checkpoints")
-    expect(frame.locator("#pipeline option")).to_have_count(3)
-    screenshot(page, tmp_path, "6-in-airflow-navigation")
+    expect(page.locator("#link-log")).to_have_count(0)  # no run of its DAG in Airflow
+    drive_every_action_in_the_frame(page, server, tmp_path, "6-in-airflow")
     page.context.close()
 
 
@@ -336,18 +515,8 @@ def test_the_page_works_behind_a_path_prefix(
     login, the page's relative API calls and actions, and Airflow's frame around it."""
     with running_api_server(tmp_path_factory.mktemp("prefixed"), prefix="/airflow") as server:
         assert server.url.endswith("/airflow")
-        page = log_in(browser, server, "admin", LIVE, viewport={"width": 1280, "height": 900})
+        page = log_in(browser, server, "admin", LIVE, viewport={"width": 1440, "height": 1400})
         assert page.url == f"{server.url}/checkpoints/ui/?pipeline={LIVE}"
         expect(history_row(page, 1)).to_contain_text("COMPLETED")
-        page.once("dialog", lambda d: d.accept())
-        page.locator("#trigger-savepoint").click()
-        expect(page.locator("#request-status")).to_contain_text("QUEUED")
-        (savepoint_id,) = take_requests(server)
-        expect(page.locator("#request-status")).to_contain_text("COMPLETED")
-        expect(history_row(page, savepoint_id)).to_contain_text("SAVEPOINT")
-
-        frame = open_from_browse_menu(page, server)
-        expect(frame.locator("#pipeline option")).to_have_count(3)
-        expect(frame.locator("#history tbody tr").first).to_be_visible()
-        screenshot(page, tmp_path, "7-behind-path-prefix")
+        drive_every_action_in_the_frame(page, server, tmp_path, "7-behind-path-prefix")
         page.context.close()

@@ -17,6 +17,7 @@ from checkpointing.cli import app
 from checkpointing.config import CheckpointConfig
 from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.metastore import Metastore
+from checkpointing.models import CheckpointRequest
 from checkpointing.pending import TaskAck, TaskSpec
 from checkpointing.storage import FileSystemCheckpointStorage
 
@@ -244,3 +245,107 @@ def test_summary_and_discard_savepoint(metastore: Metastore, tmp_path: Path) -> 
     assert not savepoint_dir.exists()
     rows = json.loads(runner.invoke(app, [*base, "list", "etl", "--json"]).stdout)
     assert {r["checkpoint_id"]: r["status"] for r in rows}[done.checkpoint_id] == "DISCARDED"
+
+
+# ------------------------------------------------------------------ user text, bad input
+
+
+def test_user_text_is_printed_as_text_not_markup(metastore: Metastore, tmp_path: Path) -> None:
+    """Ids, file names and stored messages are never read as Rich markup: ``[/x]`` used to crash
+    every ``ckpt list``/``show`` of the job (MarkupError), ``[bold]`` silently vanished."""
+    from sqlalchemy import update
+
+    from checkpointing.models import Checkpoint
+
+    make_history(metastore, FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}"))
+    with metastore.transaction() as s:
+        s.execute(
+            update(Checkpoint)
+            .where(Checkpoint.checkpoint_id == 3)
+            .values(failure_message="disk [/x] full, [bold]really[/bold]")
+        )
+    url = metastore.url.render_as_string(hide_password=False)
+    runner = CliRunner()
+    for args in (["list", "etl"], ["show", "etl", "3"]):
+        result = runner.invoke(app, ["--metastore-url", url, *args])
+        assert result.exit_code == 0, result.output
+        assert "disk [/x] full, [bold]really[/bold]" in result.stdout.replace("\n", "")
+
+    result = runner.invoke(app, ["--metastore-url", url, "list", "x[/y]"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert "'x[/y]'" in result.stderr
+
+    spec = tmp_path / "[bold]spec.yaml"
+    result = runner.invoke(app, ["--metastore-url", url, "run", str(spec)])
+    assert result.exit_code == 1
+    assert f"error: {spec}: no such pipeline spec" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["list", "etl", "--limit", "99999999999999999999"], "--limit"),
+        (["list", "etl", "--status", "bogus"], "--status"),
+        (["list", "etl", "--type", "bogus"], "--type"),
+        (["requests", "etl", "--limit", "99999999999999999999"], "--limit"),
+        (["savepoint", "etl", "--wait", "--timeout", "9999999999d"], "--timeout"),
+        (["savepoint", "etl", "--timeout", "100000000000000000000"], "--timeout"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_option(
+    metastore: Metastore, tmp_path: Path, args: list[str], option: str
+) -> None:
+    make_history(metastore, FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}"))
+    url = metastore.url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(app, ["--metastore-url", url, *args])
+    assert result.exit_code == 2, result.output
+    assert option in result.output
+    assert not isinstance(result.exception, OverflowError)
+    with metastore.transaction() as s:  # no savepoint was requested
+        assert s.query(CheckpointRequest).count() == 0
+
+
+def test_a_listing_by_status_or_type_is_case_insensitive(
+    metastore: Metastore, tmp_path: Path
+) -> None:
+    make_history(metastore, FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}"))
+    url = metastore.url.render_as_string(hide_password=False)
+    base = ["--metastore-url", url, "list", "etl", "--json"]
+    result = CliRunner().invoke(app, [*base, "--status", "Aborted", "--type", "checkpoint"])
+    assert [r["checkpoint_id"] for r in json.loads(result.stdout)] == [3]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://ckpt:s3cret@127.0.0.1:notaport/db",  # unparseable: never quoted back
+        "post gres://ckpt:s3cret@127.0.0.1/db",
+        "postgresql://ckpt:s3c@ret@127.0.0.1:1/db",  # an unescaped '@' in the password
+    ],
+)
+def test_a_bad_metastore_url_never_shows_its_password(url: str) -> None:
+    from checkpointing.errors import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        Metastore(url)
+    assert "s3c" not in str(exc.value) and "ret@" not in str(exc.value)
+    result = CliRunner().invoke(app, ["--metastore-url", url, "jobs"])
+    assert result.exit_code == 1
+    assert "metastore URL" in result.stderr and "s3c" not in result.output
+
+
+def test_a_password_in_the_url_query_is_masked_too() -> None:
+    result = run_ckpt("--metastore-url", "postgresql://127.0.0.1:1/db?password=s3cret", "jobs")
+    assert result.returncode == 1
+    assert "cannot reach the metastore at" in result.stderr and "password=***" in result.stderr
+    assert "s3cret" not in result.stderr + result.stdout
+
+
+def test_reads_with_a_mistyped_home_create_nothing(tmp_path: Path) -> None:
+    home = tmp_path / "typo" / ".ckpt"
+    runner = CliRunner(env={"CKPT_HOME": str(home), "CKPT_METASTORE_URL": None})
+    for args in (["jobs"], ["list", "etl"], ["summary", "etl"], ["db", "current"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 3, (args, result.output)
+        assert not (tmp_path / "typo").exists(), args
+    assert "there is no metastore at" in runner.invoke(app, ["jobs"]).stderr

@@ -170,15 +170,23 @@ def test_completion_aborts_older_pending_checkpoints_but_not_savepoints(
     assert checkpoint_row(metastore, savepoint.checkpoint_id).status == CheckpointStatus.COMPLETED
 
 
-def test_completed_savepoint_drops_older_pending_checkpoints(
+def test_a_completed_savepoint_keeps_older_pending_checkpoints_a_stop_with_savepoint_not(
     metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
 ) -> None:
+    """Flink 1.15+ (``testSavepointsAreNotSubsumed``): a savepoint subsumes nothing; only a
+    completed checkpoint or stop-with-savepoint aborts the pending checkpoints before it."""
     coord = new_coordinator(metastore, storage, clock, max_concurrent=10)
     older = coord.trigger_checkpoint()
     savepoint = coord.trigger_savepoint()
-    ack_all(coord, savepoint)
+    assert ack_all(coord, savepoint).completed is not None
+    assert checkpoint_row(metastore, older.checkpoint_id).status == CheckpointStatus.PENDING
+    assert location_exists(storage, older.location)
+
+    stop = coord.trigger_savepoint(stop=True)
+    assert ack_all(coord, stop).completed is not None
     row = checkpoint_row(metastore, older.checkpoint_id)
     assert (row.status, row.failure_reason) == (CheckpointStatus.ABORTED, R.CHECKPOINT_SUBSUMED)
+    assert not location_exists(storage, older.location)
 
 
 # ================================================================ notifications

@@ -104,3 +104,45 @@ def test_config_is_stored_with_the_job_in_milliseconds(
     assert (job.max_concurrent, job.tolerable_failures, job.retained) == (3, 2, 4)
     assert job.retention == "retain_on_cancellation"
     assert config_of(job) == coord.config == CheckpointConfig.parse(settings)
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"timeout": "9999999999d"}, "timeout"),
+        ({"interval": 100000000000000000000}, "interval"),
+        ({"interval": "100000000000000000000"}, "interval"),
+        ({"timeout": float("inf")}, "timeout"),
+        ({"min_pause": float("-inf")}, "min_pause"),
+        ({"timeout": float("nan")}, "timeout"),
+        ({"timeout": "PT99999999999H"}, "timeout"),
+        ({"timeout": "36501d"}, "timeout"),  # fits a timedelta, but now + it may not
+    ],
+)
+def test_overflowing_or_infinite_durations_are_refused_like_any_bad_value(
+    data: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigError) as exc:
+        CheckpointConfig.parse(data, source="jobs/etl.yaml")
+    message = str(exc.value)
+    assert message.startswith(f"jobs/etl.yaml: {field}: duration ")
+    assert "out of range" in message and len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize("field", ["retained", "max_concurrent", "tolerable_failures"])
+def test_counts_are_strict_integers(field: str) -> None:
+    """YAML's ``true`` is not the count 1, nor is ``2.0`` or ``"2"`` a count."""
+    for value in (True, 2.0, "2"):
+        with pytest.raises(ConfigError, match=f"{field}: Input should be a valid integer"):
+            CheckpointConfig.parse({field: value})
+
+
+def test_settings_never_show_the_metastore_password() -> None:
+    from checkpointing.config import Settings
+
+    settings = Settings.resolve("postgresql://ckpt:s3cret@db.internal/ckpt?password=s3cret")
+    assert "s3cret" not in repr(settings)
+    assert settings.display_metastore_url == (
+        "postgresql+psycopg://ckpt:***@db.internal/ckpt?password=***"
+    )
+    assert not settings.embedded_metastore and Settings.resolve().embedded_metastore

@@ -184,8 +184,9 @@ def test_racing_triggers_never_exceed_max_concurrent(
 def test_min_pause_is_measured_from_the_last_completion(
     metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
 ) -> None:
-    coord = new_coordinator(metastore, storage, clock, min_pause="10s")
-    pending = coord.trigger_checkpoint()
+    coord = new_coordinator(metastore, storage, clock, interval="1h", min_pause="10s")
+    coord.start_scheduler()  # the min pause holds back periodic triggers (test_flink_semantics)
+    pending = coord.trigger_checkpoint(periodic=True)
     clock.advance(8)  # the checkpoint takes 8s
     ack_all(coord, pending)
     completed_at = clock.now()
@@ -193,18 +194,18 @@ def test_min_pause_is_measured_from_the_last_completion(
 
     clock.advance(5)  # 13s after the trigger, only 5s after the completion
     with pytest.raises(CheckpointException) as exc:
-        coord.trigger_checkpoint()
+        coord.trigger_checkpoint(periodic=True)
     assert _reason(exc) is R.MINIMUM_TIME_BETWEEN_CHECKPOINTS
     assert len(checkpoint_rows(metastore)) == 1
     assert failures_count(metastore) == 0
 
     clock.advance(timedelta(seconds=5) - timedelta(milliseconds=1))
     with pytest.raises(CheckpointException) as exc:
-        coord.trigger_checkpoint()
+        coord.trigger_checkpoint(periodic=True)
     assert _reason(exc) is R.MINIMUM_TIME_BETWEEN_CHECKPOINTS
 
     clock.advance(timedelta(milliseconds=1))  # exactly min_pause after the completion
-    assert coord.trigger_checkpoint().checkpoint_id == 2
+    assert coord.trigger_checkpoint(periodic=True).checkpoint_id == 2
 
 
 def test_forced_checkpoints_and_savepoints_bypass_every_limit(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 from checkpointing import datasets
@@ -80,3 +81,28 @@ def test_generate_data_command(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("events-*.parquet"))) == 3
     bad = CliRunner().invoke(app, ["generate-data", str(tmp_path), "--dataset", "nope"])
     assert bad.exit_code != 0
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--events", str(10**20)], "events 100000000000000000000 is out of range"),
+        (["--keys", str(10**20)], "keys 100000000000000000000 is out of range"),
+        (["--files", str(10**20)], "files 100000000000000000000 is out of range"),
+    ],
+)
+def test_generate_data_refuses_absurd_sizes(tmp_path: Path, args: list[str], expected: str) -> None:
+    result = CliRunner().invoke(app, ["generate-data", str(tmp_path / "out"), *args])
+    assert result.exit_code == 1, result.output
+    assert f"error: {expected}" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("dataset", ["synthetic", "nycflights13"])
+def test_generate_data_into_an_existing_file_is_refused(tmp_path: Path, dataset: str) -> None:
+    dest = tmp_path / "data.parquet"
+    dest.write_bytes(b"keep me")
+    result = CliRunner().invoke(app, ["generate-data", str(dest), "--dataset", dataset])
+    assert result.exit_code == 1, result.output
+    assert f"error: {dest}: exists and is not a directory" in result.stderr
+    assert dest.read_bytes() == b"keep me"

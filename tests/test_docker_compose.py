@@ -214,7 +214,7 @@ def test_the_services_agree_on_hosts_ports_and_credentials() -> None:
             if flag in words:
                 port = int(words[words.index(flag) + 1].lstrip(":"))
                 assert port in listening_ports(name), f"{name}: {flag} {port} is not published"
-    published = [str(p).split(":")[0] for s in SERVICES.values() for p in s.get("ports") or []]
+    published = [str(p).rsplit(":", 1)[0] for s in SERVICES.values() for p in s.get("ports") or []]
     assert len(published) == len(set(published)), published
 
     # PostgreSQL: the roles and databases the URLs use are the ones init.sql creates
@@ -279,7 +279,9 @@ def test_every_command_runs_something_that_exists() -> None:
         words = command(name)
         if not words or name not in PROJECT_IMAGE:
             continue
-        if words[0] == "ckpt":
+        if words[:2] == ["python", "-c"]:
+            compile(words[2], f"{name} command", "exec")
+        elif words[0] == "ckpt":
             assert "ckpt" in scripts
             result = CliRunner().invoke(app, [*words[1:], "--help"])
             assert result.exit_code == 0, (name, result.output)
@@ -289,10 +291,11 @@ def test_every_command_runs_something_that_exists() -> None:
         else:
             assert words[0] == "airflow", name  # checked against Airflow's CLI below
         checked.add(words[0])
+        assert name != "secrets-init" or words[0] == "python"
         probe = (SERVICES[name].get("healthcheck") or {}).get("test") or []
         if probe[:3] == ["CMD", "python", "-c"]:
             compile(probe[3], f"{name} healthcheck", "exec")
-    assert checked == {"ckpt", "spark-class", "airflow"}
+    assert checked == {"ckpt", "spark-class", "airflow", "python"}
 
 
 _AIRFLOW_CHECK = r"""
@@ -313,7 +316,10 @@ for argv in request["commands"]:
         out["bad_commands"].append(argv)
 options = retrieve_configuration_description()
 for section, key in request["options"]:
-    if key not in options.get(section, {}).get("options", {}):
+    described = options.get(section, {}).get("options", {})
+    # OPTION_CMD / OPTION_SECRET: the value of a sensitive option from a command or a backend
+    base = key[: -len("_cmd")] if key.endswith("_cmd") else key.removesuffix("_secret")
+    if key not in described and not (base in described and described[base].get("sensitive")):
         out["unknown_options"].append([section, key])
 for conn_id, value in request["connections"].items():
     os.environ["AIRFLOW_CONN_" + conn_id.upper()] = value
@@ -368,3 +374,47 @@ def test_airflow_accepts_the_commands_settings_and_connections(tmp_path: Path) -
     # the hook reaches the same metastore as `ckpt`, the operator the compose Spark master
     assert result["metastore_url"] == env[ENV_METASTORE_URL]
     assert result["spark"] == {"master": "spark://spark-master:7077", "deploy_mode": "client"}
+
+
+# ============================================================================ a local-only sandbox
+
+
+def test_the_sandbox_is_published_on_loopback_only_and_labelled_local_only() -> None:
+    """Every visitor is an admin and the passwords are well known: nothing may be reachable
+    from another machine (docker publishes a port without an address on every interface)."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "LOCAL-ONLY SANDBOX" in text.split("\n", 1)[0]
+    published = {name: s.get("ports") or [] for name, s in SERVICES.items()}
+    assert any(published.values())
+    for name, ports in published.items():
+        for port in ports:
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
+            assert str(port).count(":") == 2, (name, port)
+    cluster = (ROOT / "docs" / "cluster.md").read_text()
+    assert "local-only sandbox" in cluster and "127.0.0.1" in cluster
+
+
+def test_the_jwt_secret_is_generated_on_first_start_not_written_in_the_file() -> None:
+    """A fixed JWT secret in a public file lets anyone sign Airflow tokens: it is generated at
+    random once, into a volume that the Airflow components read it from."""
+    for name in SERVICES:
+        env = environment(name)
+        assert "AIRFLOW__API_AUTH__JWT_SECRET" not in env, f"{name}: a fixed JWT secret"
+    init = SERVICES["secrets-init"]
+    script = command("secrets-init")[2]
+    assert "secrets.token_urlsafe(" in script and "os.O_EXCL" in script  # once, at random
+    (target,) = [t for t, source in mounts("secrets-init").items() if source == "compose-secrets"]
+    assert re.search(rf'path = "{re.escape(target)}/(\w+)"', script)
+    secret_file = re.search(rf'path = "({re.escape(target)}/\w+)"', script)[1]  # type: ignore[index]
+    assert init["user"] == "0:0" and "os.chown(path, 50000, 0)" in script
+    assert "0o400" in script
+    assert "compose-secrets" in COMPOSE["volumes"]
+    for name in airflow_services() | {"ckpt-init"}:
+        env = environment(name)
+        assert env["AIRFLOW__API_AUTH__JWT_SECRET_CMD"] == f"cat {secret_file}", name
+        assert mounts(name)[target] == "compose-secrets", name
+        assert SERVICES[name]["depends_on"]["secrets-init"] == {
+            "condition": "service_completed_successfully"
+        }, name
+    # the image's Airflow user is the uid the file is given to
+    assert "useradd --uid 50000" in DOCKERFILE

@@ -177,21 +177,31 @@ def test_scheduling_refusals_never_count(
     failures: list[TolerableFailuresExceeded] = []
     plan = Plan(None)
     coord = new_coordinator(
-        metastore, storage, clock, plan=plan, max_concurrent=1, min_pause="1m", failures=failures
+        metastore,
+        storage,
+        clock,
+        plan=plan,
+        interval="1h",
+        max_concurrent=1,
+        min_pause="1m",
+        failures=failures,
     )
+    assert coord.scheduler is not None
     with pytest.raises(CheckpointException) as exc:
         coord.trigger_checkpoint()
     assert exc.value.reason is R.NOT_ALL_REQUIRED_TASKS_RUNNING
     plan.tasks = make_plan()
     complete(coord)
+    coord.start_scheduler()
     with pytest.raises(CheckpointException) as exc:
-        coord.trigger_checkpoint()
+        coord.trigger_checkpoint(periodic=True)  # the min pause holds back periodic ones only
     assert exc.value.reason is R.MINIMUM_TIME_BETWEEN_CHECKPOINTS
     clock.advance(timedelta(minutes=1))
     coord.trigger_checkpoint()
     with pytest.raises(CheckpointException) as exc:
         coord.trigger_checkpoint()
     assert exc.value.reason is R.TOO_MANY_CONCURRENT_CHECKPOINTS
+    coord.scheduler.stop()
     with pytest.raises(CheckpointException) as exc:
         coord.trigger_checkpoint(periodic=True)
     assert exc.value.reason is R.PERIODIC_SCHEDULER_SHUTDOWN

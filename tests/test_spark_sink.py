@@ -18,6 +18,7 @@ import pytest
 from pyspark.errors import PySparkException
 
 from checkpointing.errors import ConfigError, InvalidIdError, StorageError
+from checkpointing.sink_guard import write_marker
 from checkpointing.spark.sink import TwoPhaseCommitSink
 
 
@@ -179,21 +180,24 @@ def test_recover_commits_covered_epochs_discards_later_ones_and_sweeps_temp_file
         sink.stage(epoch, _epoch_frame(spark, epoch, rows=2))
     assert sink.commit(1) == [0, 1]
     # the checkpoint covering <= 3 completed, then the process died before commit(3) ran;
-    # it also left a half-written stage and an unfinished final publish behind
+    # it also left a half-written stage and an unfinished final publish behind (the sink's own
+    # temp names, and a final table it published, with its marker, but never swapped in)
+    hex_ = "0123abcd" * 4
     leftovers = [
-        sink.staging_dir / ".epoch-5.0123abcd.inprogress",
-        sink.path / ".final-x.0123abcd.inprogress",
+        sink.staging_dir / f".epoch-5.{hex_}.inprogress",
+        sink.path / f".final-x.{hex_}.inprogress",
         sink.path / "final-never-swapped",
     ]
     for leftover in leftovers:
         leftover.mkdir()
         (leftover / "part-0.parquet").write_bytes(b"partial")
+    write_marker(sink.path / "final-never-swapped", {"job": None, "token": "never-swapped"})
 
     assert sink.recover(3) == ([2, 3], [4])
     assert sink.committed_epochs() == [0, 1, 2, 3]
     assert sink.staged_epochs() == []
     assert _names(sink.staging_dir) == []
-    assert _names(sink.path) == ["_staging", "changelog"]
+    assert _names(sink.path) == ["_ckpt_sink", "_staging", "changelog"]
 
     assert sink.recover(3) == ([], [])  # restoring twice from the same checkpoint
     counts = Counter(r["epoch"] for r in sink.read_changelog(spark).collect())
@@ -263,14 +267,14 @@ def test_publish_final_twice_points_to_the_second_and_removes_the_first(
     assert second == str(sink.path / "final-run-2")
     assert os.readlink(sink.final_link) == "final-run-2"
     assert not os.path.exists(first)
-    assert _names(sink.path) == ["final", "final-run-2"]
+    assert _names(sink.path) == ["_ckpt_sink", "final", "final-run-2"]
     assert [r["id"] for r in pq.read_table(str(sink.final_link)).to_pylist()] == list(range(5))
     assert sink.read_final(spark).count() == 5
 
     # the token is an idempotency key: a retried publish of run-2 writes nothing
     assert sink.publish_final(spark.range(9), "run-2") == second
     assert sink.read_final(spark).count() == 5
-    assert _names(sink.path) == ["final", "final-run-2"]
+    assert _names(sink.path) == ["_ckpt_sink", "final", "final-run-2"]
 
 
 def test_a_failed_publish_keeps_the_previous_final_table(
@@ -280,7 +284,7 @@ def test_a_failed_publish_keeps_the_previous_final_table(
     with pytest.raises(PySparkException, match="boom"):
         sink.publish_final(_failing_frame(spark), "broken")
     assert os.readlink(sink.final_link) == "final-ok"
-    assert _names(sink.path) == ["final", "final-ok"]
+    assert _names(sink.path) == ["_ckpt_sink", "final", "final-ok"]
     assert sink.read_final(spark).count() == 3
 
 
@@ -338,7 +342,7 @@ def test_final_is_never_missing_or_partial_while_it_is_republished(
     assert problems == []
     assert reads["whole"] > 0
     assert os.readlink(final) == "final-v5"
-    assert _names(sink.path) == ["final", "final-v5"]
+    assert _names(sink.path) == ["_ckpt_sink", "final", "final-v5"]
     assert {r["version"] for r in sink.read_final(spark).collect()} == {5}
 
 

@@ -131,3 +131,64 @@ def test_unreadable_files(tmp_path: Path) -> None:
     # YAML tags that would construct Python objects are refused, never executed
     with pytest.raises(SpecError, match="not valid YAML"):
         load_spec(write(tmp_path, "job: !!python/object/apply:os.system ['true']\n"))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        # a key given twice is refused, naming the key and both lines (not silently the last)
+        (
+            "  with_delay: count(dep_delay)",
+            "  flights: count(dep_delay)",
+            "line 10, column 3: not valid YAML: duplicate key 'flights' (first given on line 9)",
+        ),
+        ("job: routes", "job: routes\njob: other", "duplicate key 'job' (first given on line 2)"),
+        # strict integers: YAML's true is not the parallelism 1
+        ("parallelism: 4", "parallelism: true", "parallelism: Input should be a valid integer"),
+        ("max_parallelism: 64", "max_parallelism: 64.0", "max_parallelism: Input should be a"),
+        ("  every_epochs: 1", "  every_epochs: true", "checkpoint.every_epochs: Input should be"),
+        ("  splits_per_epoch: 4", "  splits_per_epoch: '4'", "source.splits_per_epoch: Input"),
+        ("parallelism: 4", "parallelism: 4\nretries: yes", "retries: Input should be a valid"),
+        ("parallelism: 4", "parallelism: 4\nretry_delay: -5s", "retry_delay: must not be negative"),
+        # durations that overflow or are infinite: the field and the value, no OverflowError
+        ("  timeout: 5m", "  timeout: 9999999999d", "checkpoint.timeout: duration '9999999999d'"),
+        (
+            "  timeout: 5m",
+            "  timeout: 5m\n  interval: 100000000000000000000",
+            "checkpoint.interval: duration 100000000000000000000 is out of range",
+        ),
+        ("parallelism: 4", "parallelism: 4\nretry_delay: .inf", "retry_delay: duration inf is out"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_field(
+    tmp_path: Path, old: str, new: str, expected: str
+) -> None:
+    assert old in VALID
+    path = write(tmp_path, VALID.replace(old, new, 1))
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    assert str(err.value).startswith(f"{path}: ")
+    assert expected in str(err.value)
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_a_check_across_fields_names_them_without_dumping_the_spec(tmp_path: Path) -> None:
+    path = write(tmp_path, VALID.replace("parallelism: 4", "parallelism: 100", 1))
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    assert str(err.value) == f"{path}: parallelism 100 exceeds max_parallelism 64"
+
+
+def test_a_directory_or_a_binary_file_is_not_a_spec(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="is a directory, not a pipeline spec"):
+        load_spec(tmp_path)
+    binary = tmp_path / "spec.yaml"
+    binary.write_bytes(b"job: \xff\xfe\x00routes\n")
+    with pytest.raises(SpecError, match=r"spec.yaml: not UTF-8 text"):
+        load_spec(binary)
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path: Path) -> None:
+    """``<<: *base`` then a key of the merged mapping is an override, not a duplicate."""
+    text = VALID.replace("sink:\n  path: out/routes", "sink:\n  <<: {path: x}\n  path: out/routes")
+    assert load_spec(write(tmp_path, text)).sink.path == "out/routes"

@@ -85,11 +85,12 @@ def write_subtask_snapshot(
 def read_subtask_snapshots(
     storage: CheckpointStorage, columns: list[str], batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """For each ``(part_key, url, checksum, start, end)``: just those key groups of that old
-    snapshot file (verified), tagged with the new subtask's partition key."""
+    """For each ``(part_key, url, checksum, size, start, end)``: just those key groups of that
+    old snapshot file (verified; never more than its recorded ``size`` read), tagged with the new
+    subtask's partition key."""
     for batch in batches:
         for row in batch.to_pylist():
-            data = storage.read_bytes(row["url"], checksum=row["checksum"])
+            data = storage.read_bytes(row["url"], checksum=row["checksum"], size=row["size"])
             table = read_keyed_snapshot(
                 data, KeyGroupRange(row["start"], row["end"]), path=row["url"]
             )

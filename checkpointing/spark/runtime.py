@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -39,7 +39,7 @@ from sqlalchemy import select
 from checkpointing import restore
 from checkpointing.assignment import plan_restore, snapshots_from_metadata
 from checkpointing.coordinator import CheckpointCoordinator, CompletedCheckpoint
-from checkpointing.errors import CheckpointingError
+from checkpointing.errors import CheckpointingError, UnknownCheckpointError
 from checkpointing.failure import CheckpointException
 from checkpointing.ids import validate_id
 from checkpointing.keygroups import key_group_range
@@ -49,6 +49,7 @@ from checkpointing.models import Checkpoint, CheckpointTask
 from checkpointing.pending import TaskAck, TaskSpec
 from checkpointing.properties import CheckpointStatus, JobStatus, RestoreStatus
 from checkpointing.recovery import pipeline_plan
+from checkpointing.sink_guard import check_pipeline_sink
 from checkpointing.spark.aggregations import AggregationPlan
 from checkpointing.spark.executor import (
     WRITTEN,
@@ -93,6 +94,8 @@ class RunOptions:
     attempt: str | None = None
     crash_after_epochs: int | None = None
     allow_non_restored_state: bool = False
+    #: restore from a checkpoint or savepoint path of another job (refused otherwise)
+    allow_other_job: bool = False
     #: the coordinator identity to act under: an Airflow operator passes its own, so the
     #: operator (Flink's JobManager) and this driver are one coordinator of the job
     coordinator_id: str | None = None
@@ -165,6 +168,63 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def input_files(spec: PipelineSpec) -> list[str]:
+    """The files the spec's source glob matches, sorted; none is a :class:`SpecError`."""
+    pattern = spec.resolve(spec.source.path)
+    files = sorted(glob.glob(pattern.removeprefix("file://")))
+    if not files:
+        raise SpecError(f"source.path: {pattern!r} matches no files")
+    return files
+
+
+class RestoreSourceError(CheckpointingError, ValueError):
+    """The restore source (``--restore``) cannot be restored from."""
+
+
+def check_run(
+    spec: PipelineSpec,
+    options: RunOptions,
+    storage: CheckpointStorage,
+    metastore: Metastore | None,
+) -> None:
+    """Refuse what can be refused before a Spark session starts and before anything is written
+    (the job is not registered, no restore is recorded): the parallelism, the input files, the
+    sink path, and the restore source. Reads only; ``metastore`` None: there is none yet (so no
+    checkpoint to restore by id). :class:`RestoreSourceError` names a bad ``restore``."""
+    parallelism = options.parallelism or spec.parallelism
+    if parallelism > spec.max_parallelism:
+        raise SpecError(f"parallelism {parallelism} exceeds max_parallelism {spec.max_parallelism}")
+    input_files(spec)
+    check_pipeline_sink(spec, storage.base_url)  # not the input, the storage, ~, / ...
+    sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path), job=spec.job)  # nor foreign files
+    choice = options.restore
+    try:
+        if choice == "none":
+            if sink.committed_epochs():
+                raise SpecError(
+                    f"sink.path: {sink.path} holds committed output of an earlier run; "
+                    "use --restore latest to resume it, or a new sink path"
+                )
+        elif choice == "latest":
+            pass
+        elif choice.isdigit():
+            if metastore is None:
+                raise UnknownCheckpointError(f"job {spec.job} has no checkpoint {choice}")
+            restore.load_checkpoint(metastore, storage, spec.job, int(choice), deep=False)
+        else:
+            restore.load_external(
+                storage,
+                choice,
+                deep=False,
+                job_id=spec.job,
+                allow_other_job=options.allow_other_job,
+            )
+    except (CheckpointingError, ValueError) as exc:
+        if isinstance(exc, SpecError):
+            raise
+        raise RestoreSourceError(f"restore {choice!r}: {exc}") from None
+
+
 class PipelineRun:
     def __init__(
         self,
@@ -209,7 +269,8 @@ class PipelineRun:
         else:
             raise SpecError("aggregations: needs at least one aggregation (or a stage)")
         self.stages = chained_stages(chain, spec.key)
-        self.sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path))
+        check_pipeline_sink(spec, storage.base_url)
+        self.sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path), job=spec.job)
         self.operators = [SOURCE, *(s.operator_id for s in self.stages), SINK]
         self.plan = pipeline_plan(
             self.attempt, self.parallelism, self.max_parallelism, self.operators
@@ -236,11 +297,7 @@ class PipelineRun:
 
     def _epochs(self) -> list[list[InputSplit]]:
         source = self.spec.source
-        pattern = self.spec.resolve(source.path)
-        files = sorted(glob.glob(pattern.removeprefix("file://")))
-        if not files:
-            raise SpecError(f"source.path: {pattern!r} matches no files")
-        splits = plan_splits(files, source.format.value, source.max_split_bytes)
+        splits = plan_splits(input_files(self.spec), source.format.value, source.max_split_bytes)
         return epochs_of(splits, source.splits_per_epoch)
 
     def _read(self, splits: Sequence[InputSplit]) -> DataFrame:
@@ -300,7 +357,10 @@ class PipelineRun:
         }
 
     def _run(self) -> RunResult:
-        self.coordinator.activate()
+        if self.options.coordinator_id:  # the operator activated it; a newer try may have since
+            self.coordinator.join()
+        else:
+            self.coordinator.activate()
         self.coordinator.job_status_changed(JobStatus.RUNNING)
         crash_at = self.options.crash_after_epochs
         try:
@@ -557,9 +617,13 @@ class PipelineRun:
                 self.metastore, self.storage, self.spec.job, int(choice)
             )
         else:
-            decision = restore.load_external(self.storage, choice)
             # recorded under this job, not the savepoint's (which may be unknown to this metastore)
-            decision = replace(decision, job_id=self.spec.job)
+            decision = restore.load_external(
+                self.storage,
+                choice,
+                job_id=self.spec.job,
+                allow_other_job=self.options.allow_other_job,
+            )
         log.info("%s", decision.describe())
         assignment = None
         if decision.metadata is not None:
@@ -593,13 +657,14 @@ class PipelineRun:
         # sets the input schema, which defines the state schema (the next epoch's files: their
         # listing is then warm for the first epoch after the restore)
         self._read(self.epochs[min(self.next_epoch, len(self.epochs) - 1)])
-        checksums = {h.handle: h.checksum for h in metadata.handles()}
+        handles = {h.handle: h for h in metadata.handles()}
         for s in self.stages:
             reads = [
                 (
                     self.partition_keys[t.subtask_index],
                     r.url,
-                    checksums.get(r.url),
+                    handles[r.url].checksum,
+                    handles[r.url].size,  # bounds the executor's read of the file
                     r.key_groups.start,
                     r.key_groups.end,
                 )
@@ -616,7 +681,7 @@ class PipelineRun:
         if not reads:
             return empty
         tasks = self.spark.createDataFrame(
-            reads, "part_key int, url string, checksum string, start int, end int"
+            reads, "part_key int, url string, checksum string, size long, start int, end int"
         ).repartition(len(reads))
         reader = partial(read_subtask_snapshots, self.storage, empty.schema.names)
         loaded = tasks.mapInArrow(reader, empty.schema)

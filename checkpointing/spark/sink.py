@@ -4,9 +4,10 @@ only when a checkpoint covering it completes (``notifyCheckpointComplete``), nev
 
 Layout under the sink directory ``<path>``::
 
+    <path>/_ckpt_sink                   marker: the directory is this sink's (records the job)
     <path>/_staging/epoch-<e>/          staged (pre-committed) output of epoch e, complete
     <path>/changelog/epoch=<e>/         committed output of epoch e (Spark partition discovery)
-    <path>/final-<token>/               a published final table
+    <path>/final-<token>/               a published final table (with its own _ckpt_sink)
     <path>/final -> final-<token>       relative symlink to the current final table
     <path>/**/.<name>.<uuid>.inprogress being written (or a symlink being swapped in)
     <path>/**/.<name>.<uuid>.discarded  being deleted
@@ -16,6 +17,11 @@ files are fsynced, then one ``rename`` publishes it. A staged epoch is committed
 into ``changelog/``; anything to delete is first renamed to a hidden ``.discarded`` name. The final
 table is swapped in by ``os.replace`` of a temporary symlink over ``final``, so a reader of
 ``<path>/final`` always finds a complete table once the first publish has happened.
+
+The sink deletes only what it created (:mod:`checkpointing.sink_guard`): the directory is
+claimed with the ``_ckpt_sink`` marker on the first write, a directory with other content and no
+marker (or another job's marker) is refused, and an old ``final-*`` entry is removed only when it
+carries the marker the sink put into every final table it published.
 
 Commit protocol as the runtime uses it: :meth:`TwoPhaseCommitSink.stage` each epoch's changelog
 rows; :meth:`~TwoPhaseCommitSink.commit` ``(E)`` once a checkpoint covering epochs <= E completed;
@@ -54,8 +60,15 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from checkpointing.errors import ConfigError, InvalidIdError, StorageError
+from checkpointing.errors import InvalidIdError, StorageError
 from checkpointing.ids import validate_id
+from checkpointing.sink_guard import (
+    check_owner,
+    claim,
+    local_sink_path,
+    read_marker,
+    write_marker,
+)
 from checkpointing.storage import fsync_dir
 
 STAGING_DIR = "_staging"
@@ -67,9 +80,8 @@ _MAX_EPOCH = 2**63 - 1
 _NUMBER = r"(0|[1-9][0-9]{0,18})"
 _STAGED = re.compile(rf"epoch-{_NUMBER}", re.ASCII)
 _COMMITTED = re.compile(rf"{EPOCH_COLUMN}={_NUMBER}", re.ASCII)
-_TEMP_SUFFIXES = (".inprogress", ".discarded")
-#: characters Hadoop paths or Spark's read-side globbing would interpret
-_UNSAFE_PATH_CHARS = frozenset("*?[]{}\\:")
+#: the sink's own temp names (:func:`_hidden`): nothing else is swept
+_TEMP = re.compile(r"\..+\.[0-9a-f]{32}\.(inprogress|discarded)", re.ASCII | re.DOTALL)
 
 
 def validate_epoch(value: object, field: str = "epoch") -> int:
@@ -83,11 +95,18 @@ class TwoPhaseCommitSink:
     """Stage per epoch, commit on checkpoint completion, publish a final table; see the module
     docstring for the layout and the limits."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = _local_path(path)
+    def __init__(self, path: str | Path, job: str | None = None) -> None:
+        """``job``: the job writing (the runtime's); then a directory with foreign content or
+        another job's marker is refused here, before anything is written. Without it the sink
+        only reads, or writes as no particular job."""
+        self.path = local_sink_path(path)
+        self.job = job
         self.staging_dir = self.path / STAGING_DIR
         self.changelog_dir = self.path / CHANGELOG_DIR
         self.final_link = self.path / FINAL_LINK
+        self._claimed = False
+        if job is not None:
+            check_owner(self.path, job)
 
     def __repr__(self) -> str:
         return f"TwoPhaseCommitSink({str(self.path)!r})"
@@ -118,6 +137,7 @@ class TwoPhaseCommitSink:
         """
         epoch = validate_epoch(epoch)
         _check_no_epoch_column(df)
+        self._claim()
         self.staging_dir.mkdir(parents=True, exist_ok=True)
         target = self.staged_path(epoch)
         tmp = self.staging_dir / f".{target.name}.{uuid.uuid4().hex}.inprogress"
@@ -147,6 +167,7 @@ class TwoPhaseCommitSink:
         Returns the epochs committed by this call.
         """
         up_to = validate_epoch(up_to_epoch, "up_to_epoch")
+        self._claim()
         committed: list[int] = []
         for epoch in self.staged_epochs():
             if epoch > up_to:
@@ -174,6 +195,7 @@ class TwoPhaseCommitSink:
         epochs are never touched. Returns ``(committed now, discarded)``.
         """
         limit = None if checkpoint_epoch is None else validate_epoch(checkpoint_epoch)
+        self._claim()
         committed = [] if limit is None else self.commit(limit)
         discarded: list[int] = []
         for epoch in self.staged_epochs():
@@ -193,21 +215,31 @@ class TwoPhaseCommitSink:
         is written (only older tables are cleaned up). If the write fails, ``final`` is untouched.
         """
         token = validate_id(token, "final token")
+        self._claim()
         name = f"final-{token}"
         target = self.path / name
         if self.final_link.exists() and not self.final_link.is_symlink():
             raise StorageError(
                 f"{self.final_link} exists and is not a symlink; refusing to replace"
             )
-        if self._final_target() == name and target.is_dir():
+        current = self._final_target()
+        if current is not None and not _is_final_name(current):
+            raise StorageError(f"{self.final_link} points at {current!r}; refusing to replace")
+        if current == name and target.is_dir():
             self._remove_finals_except(name)
             return str(target)
-        self.path.mkdir(parents=True, exist_ok=True)
+        if (target.exists() or target.is_symlink()) and not _published_here(target):
+            raise StorageError(f"{target} was not published by this sink; refusing to replace")
         tmp = _hidden(target, ".inprogress")
         _write_parquet(df, tmp)
         try:
+            write_marker(tmp, {"job": self.job, "token": token})
+        except StorageError:
+            _remove_quietly(tmp)
+            raise
+        try:
             if target.exists() or target.is_symlink():
-                self._discard(target)  # an earlier attempt that never became current
+                self._discard(target)  # an earlier attempt of ours that never became current
             os.rename(tmp, target)
             fsync_dir(self.path)
             link = _hidden(self.final_link, ".inprogress")
@@ -246,6 +278,12 @@ class TwoPhaseCommitSink:
 
     # ------------------------------------------------------------------ internals
 
+    def _claim(self) -> None:
+        """Claim the directory (marker) before the first write; refused if it is not ours."""
+        if not self._claimed:
+            claim(self.path, self.job)
+            self._claimed = True
+
     def _final_target(self) -> str | None:
         try:
             return os.readlink(self.final_link)
@@ -267,7 +305,7 @@ class TwoPhaseCommitSink:
         if not self.path.is_dir():
             return
         for entry in sorted(self.path.iterdir()):
-            if entry.name.startswith("final-") and entry.name != keep and not entry.is_symlink():
+            if entry.name != keep and _is_final_name(entry.name) and _published_here(entry):
                 self._discard(entry)
 
     def _sweep(self) -> None:
@@ -277,7 +315,7 @@ class TwoPhaseCommitSink:
             if not directory.is_dir():
                 continue
             for entry in directory.iterdir():
-                if entry.name.startswith(".") and entry.name.endswith(_TEMP_SUFFIXES):
+                if _TEMP.fullmatch(entry.name):
                     _remove(entry)
         current = self._final_target()
         if current is None or _is_final_name(current):  # never guess around a foreign link
@@ -287,30 +325,13 @@ class TwoPhaseCommitSink:
 # ============================================================================ helpers
 
 
-def _local_path(path: str | Path) -> Path:
-    if isinstance(path, Path):
-        text = str(path)
-    elif isinstance(path, str):
-        text = path
-        if text.startswith("file://"):
-            text = text.removeprefix("file://")
-            if not text.startswith("/"):
-                raise ConfigError(f"sink path {path!r}: a file:// URL needs an absolute path")
-        elif "://" in text:
-            raise ConfigError(
-                f"sink path {path!r}: only a local directory (path or file:/// URL) is "
-                "supported; S3 and other object stores are out of scope"
-            )
-    else:
-        raise ConfigError(f"sink path must be a str or Path, got {type(path).__name__}")
-    if not text:
-        raise ConfigError("sink path must not be empty")
-    if any(ord(c) < 32 or ord(c) == 127 or c in _UNSAFE_PATH_CHARS for c in text):
-        raise ConfigError(
-            f"sink path {path!r}: control characters and * ? [ ] {{ }} \\ : are not allowed "
-            "(Spark would read them as globs or URI syntax)"
-        )
-    return Path(os.path.abspath(text))
+def _published_here(entry: Path) -> bool:
+    """A ``final-<token>`` directory this sink published: a real directory whose marker names
+    that token (a user's ``final-report.txt`` or ``final-2024/`` is never one)."""
+    if entry.is_symlink() or not entry.is_dir():
+        return False
+    marker = read_marker(entry)
+    return marker is not None and f"final-{marker.get('token')}" == entry.name
 
 
 def _check_no_epoch_column(df: DataFrame) -> None:

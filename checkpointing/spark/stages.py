@@ -26,6 +26,8 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 
 from checkpointing.config import describe_validation_error
+from checkpointing.errors import ConfigError
+from checkpointing.sink_guard import check_pipeline_sink
 from checkpointing.spark.aggregations import AggregationPlan
 from checkpointing.spark.keys import KEY_GROUP, SUBTASK
 from checkpointing.spec import CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec, SpecError
@@ -426,6 +428,10 @@ class Pipeline:
             )
         except ValidationError as exc:
             raise SpecError(describe_validation_error(exc, f"pipeline {job}")) from None
+        try:  # refused before Spark runs anything (the runtime checks again, with the storage)
+            check_pipeline_sink(self.spec)
+        except ConfigError as exc:
+            raise SpecError(f"pipeline {job}: {exc}") from None
         chain = list(stages) if stages else [stage]
         self.stages: list[Stage] = [chain[0].with_key(self.spec.key), *chain[1:]]  # type: ignore[union-attr]
 

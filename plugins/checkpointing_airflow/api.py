@@ -22,6 +22,8 @@ models are imported when a request needs them, i.e. only inside the api-server.
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,7 +33,6 @@ from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlsplit
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response, status
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,6 +54,8 @@ from checkpointing.metastore import Metastore
 from checkpointing.properties import CheckpointStatus, CheckpointType
 from checkpointing_airflow.dag_factory import DEPLOY_DAG_ID
 
+log = logging.getLogger(__name__)
+
 #: where the api-server mounts this app (not under Airflow's reserved /api/v2, /ui, /auth …)
 URL_PREFIX = "/checkpoints"
 #: the header a cookie-authenticated action must carry (any non-empty value): a cross-site form
@@ -69,6 +72,14 @@ MAX_PARALLELISM = 32768
 UNPROCESSABLE = 422
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
+#: the largest request body taken (the action bodies are a few bytes of JSON): larger ones are
+#: refused with 413 by their Content-Length, before the body is read or the login checked
+MAX_BODY = 64 * 1024
+#: what any caller is told when the metastore cannot be used; the reason goes to the log only
+METASTORE_PROBLEM = (
+    "the checkpoint metastore is unavailable (unreachable, misconfigured or not migrated); "
+    "the reason is in the api-server's log"
+)
 #: the Checkpoints page: one self-contained HTML file with plain JS (no build step, no CDN)
 UI_PAGE = FilePath(__file__).with_name("ui.html")
 
@@ -179,7 +190,12 @@ class Restore(BaseModel):
 
 
 class RestoreList(BaseModel):
+    """A page of the restore history, newest first; ``total`` counts them all."""
+
     restores: list[Restore]
+    total: int
+    limit: int
+    offset: int
 
 
 class Spread(BaseModel):
@@ -322,11 +338,28 @@ def metastore() -> Metastore:
     engine per URL for the life of the api-server, so its pool is reused across requests."""
     from checkpointing_airflow.hooks import CheckpointMetastoreHook, open_metastore
 
-    url = CheckpointMetastoreHook().get_url()
-    with _metastores_lock:
-        if url not in _metastores:
-            _metastores[url] = open_metastore(url)
-        return _metastores[url]
+    try:
+        url = CheckpointMetastoreHook().get_url()
+        with _metastores_lock:
+            if url not in _metastores:
+                _metastores[url] = open_metastore(url)
+            return _metastores[url]
+    except Exception as exc:  # a bad connection or URL: no caller sees which, or why
+        _log_metastore_problem(exc)
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, METASTORE_PROBLEM) from None
+
+
+_USERINFO = re.compile(r"://[^/\s]*@")
+
+
+def _log_metastore_problem(exc: BaseException) -> None:
+    """The metastore's error for the api-server's log, with any user and password of a URL in it
+    cut out (the core library's messages carry none; a driver's might)."""
+    log.warning(
+        "checkpoint API: metastore problem: %s: %s",
+        type(exc).__name__,
+        _USERINFO.sub("://***@", str(exc)),
+    )
 
 
 MetastoreDep = Annotated[Metastore, Depends(metastore)]
@@ -541,7 +574,55 @@ app = FastAPI(
 
 @app.exception_handler(CheckpointingError)
 async def _checkpointing_error(_request: Request, exc: CheckpointingError) -> JSONResponse:
+    if isinstance(exc, MetastoreUnavailable | SchemaOutdated):
+        _log_metastore_problem(exc)
+        return JSONResponse({"detail": METASTORE_PROBLEM}, status_code=_status_of(exc))
     return JSONResponse({"detail": str(exc)}, status_code=_status_of(exc))
+
+
+class _BoundedBodies:
+    """ASGI middleware: a request body larger than :data:`MAX_BODY` (by its ``Content-Length``)
+    is refused with 413 and one without a length (chunked) with 411, before a byte of it is
+    read; any other request with a body must be logged in (else 401) before the body is read
+    and parsed. The server (h11/httptools) delivers no more than ``Content-Length`` bytes."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        length = request.headers.get("content-length")
+        chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
+        if length is None and not chunked:
+            await self.app(scope, receive, send)
+            return
+        refusal: HTTPException | None = None
+        if chunked or length is None:
+            refusal = HTTPException(411, "a request body needs a Content-Length")
+        elif not length.strip().isdigit():
+            refusal = HTTPException(status.HTTP_400_BAD_REQUEST, "malformed Content-Length")
+        elif int(length) > MAX_BODY:
+            refusal = HTTPException(413, f"request body larger than {MAX_BODY} bytes")
+        elif int(length) > 0:
+            try:
+                await authenticated(request, await _bearer(request))
+            except HTTPException as exc:
+                refusal = exc
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(refusal.headers or {})
+        headers["Connection"] = "close"  # the unread body must not be taken for a next request
+        response = JSONResponse(
+            {"detail": refusal.detail}, status_code=refusal.status_code, headers=headers
+        )
+        await response(scope, receive, send)
+
+
+app.add_middleware(_BoundedBodies)
 
 
 @app.get("/openapi.json", include_in_schema=False)
@@ -550,12 +631,6 @@ def openapi(request: Request, _caller: CallerDep) -> JSONResponse:
     schema = dict(app.openapi())
     schema["servers"] = [{"url": request.scope.get("root_path", "").rstrip("/") or "/"}]
     return JSONResponse(schema)
-
-
-@app.get("/docs", include_in_schema=False)
-def docs(_caller: CallerDep) -> HTMLResponse:
-    """Swagger UI; relative URLs, so it works behind any path prefix."""
-    return get_swagger_ui_html(openapi_url="openapi.json", title="Checkpoints API")
 
 
 @app.get("/ui/", include_in_schema=False, response_model=None)
@@ -868,8 +943,46 @@ def _trigger_deploy(conf: dict[str, Any], caller: Caller) -> tuple[str, str]:
     responses=ERRORS,
     summary="Restore history, newest first",
 )
-def list_restores(pipeline_id: ReadablePipeline, store: MetastoreDep) -> RestoreList:
-    return RestoreList(restores=[Restore(**r) for r in views.list_restores(store, pipeline_id)])
+def list_restores(
+    pipeline_id: ReadablePipeline,
+    store: MetastoreDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+) -> RestoreList:
+    """A page of the pipeline's restores; only that page is read from the metastore."""
+    from sqlalchemy import func, select
+
+    from checkpointing.models import Job, RestoreEvent
+
+    with store.transaction() as s:
+        if s.get(Job, pipeline_id) is None:
+            raise UnknownJobError(f"unknown job {pipeline_id!r} (see `ckpt jobs`)")
+        mine = RestoreEvent.job_id == pipeline_id
+        total = s.scalar(select(func.count()).select_from(RestoreEvent).where(mine)) or 0
+        rows = s.scalars(
+            select(RestoreEvent)
+            .where(mine)
+            .order_by(RestoreEvent.restore_id.desc())
+            .limit(limit)
+            .offset(offset)
+        )
+        restores = [
+            Restore(
+                restore_id=r.restore_id,
+                attempt=r.attempt,
+                checkpoint_id=r.checkpoint_id,
+                checkpoint_type=r.checkpoint_type,
+                external_path=r.external_path,
+                parallelism=r.parallelism,
+                status=str(getattr(r.status, "value", r.status)),
+                fallbacks=(r.fallbacks or {}).get("skipped", []),
+                assignment=r.assignment,
+                message=r.message,
+                created_at=r.created_at,
+            )
+            for r in rows
+        ]
+    return RestoreList(restores=restores, total=total, limit=limit, offset=offset)
 
 
 @app.get(

@@ -15,6 +15,9 @@ the scheduler found the task without heartbeats, possibly when the retry is alre
 callback of a try that a later try of the same run has superseded as coordinator does nothing: it
 must not abort the running try's checkpoints or mark its job FAILED, and the retry has planned its
 restore itself (its activation aborted the dead try's pending checkpoints as coordinator failover).
+The callbacks act as the failed try's coordinator, so the metastore fences them in the very
+transaction of each change: a try that takes over between the check here and the change still
+wins (and a try that never coordinated the job changes nothing of another coordinator's).
 """
 
 from __future__ import annotations
@@ -37,7 +40,15 @@ def restore_from_latest(context: Any) -> None:
     failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
     if _superseded(metastore, spec.job, failed, ti.try_number):
         return
-    fail_attempt(metastore, spec.job, f"try {ti.try_number} ({failed}) failed", final=False)
+    fail_attempt(
+        metastore,
+        spec.job,
+        f"try {ti.try_number} ({failed}) failed",
+        final=False,
+        coordinator_id=failed,
+    )
+    if _superseded(metastore, spec.job, failed, ti.try_number):  # took over meanwhile
+        return
     next_try = ti.try_number + 1
     plan = plan_recovery(
         metastore,
@@ -63,7 +74,13 @@ def job_failed(context: Any) -> None:
     failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
     if _superseded(metastore, spec.job, failed, ti.try_number):
         return
-    info = fail_attempt(metastore, spec.job, f"try {ti.try_number} ({failed}) failed", final=True)
+    info = fail_attempt(
+        metastore,
+        spec.job,
+        f"try {ti.try_number} ({failed}) failed",
+        final=True,
+        coordinator_id=failed,
+    )
     if info["resume_from"] is not None:
         log.error(
             "job %s failed after %d tries; resume it from checkpoint %s (%s): trigger the "

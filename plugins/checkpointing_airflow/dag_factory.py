@@ -79,6 +79,10 @@ class DeployError(CheckpointingError):
     """A deploy that would fail or do harm: refused before anything is submitted."""
 
 
+class PermissionRefused(CheckpointingError):
+    """The user who triggered a savepoint or deploy run may not edit the target pipeline's DAG."""
+
+
 # ============================================================================ pipeline DAGs
 
 
@@ -333,11 +337,18 @@ def sync_dag_files(directory: str | Path) -> tuple[list[Path], list[Path]]:
 
 
 def build_savepoint_dag(
-    pipelines_dir: str | Path, *, metastore_conn_id: str = METASTORE_CONN_ID
+    pipelines_dir: str | Path,
+    *,
+    metastore_conn_id: str = METASTORE_CONN_ID,
+    check_permissions: bool = True,
 ) -> DAG:
-    """``checkpoint_savepoint``: a savepoint of a running pipeline, from the trigger form."""
+    """``checkpoint_savepoint``: a savepoint of a running pipeline of ``pipelines_dir``, from
+    the trigger form. Airflow checks only the permission to trigger this DAG, so the task checks
+    that the run's triggering user may edit the target pipeline's DAG (:func:`authorize_trigger`;
+    ``check_permissions=False`` turns that off, see there)."""
     from airflow.sdk import DAG, Param, get_current_context, task
 
+    pipelines_dir = Path(pipelines_dir)
     jobs = list(known_pipelines(pipelines_dir))
     with DAG(
         dag_id=SAVEPOINT_DAG_ID,
@@ -348,7 +359,8 @@ def build_savepoint_dag(
             "next epoch boundary, and this run waits for it. The result (XCom `return_value`) "
             "is the savepoint's path, which the `checkpoint_deploy` DAG (**from**) and "
             "`ckpt run --restore` take. With **stop**, the job ends after the savepoint, "
-            "Flink's stop-with-savepoint. A job that is not running fails the run at once."
+            "Flink's stop-with-savepoint. A job that is not running fails the run at once, "
+            "and so does a user who may not edit the pipeline's own DAG."
         ),
         schedule=None,
         start_date=START_DATE,
@@ -385,6 +397,12 @@ def build_savepoint_dag(
 
             context = get_current_context()
             ti = context["ti"]
+            if check_permissions:
+                authorize_run(
+                    context["dag_run"],
+                    str(context["params"]["pipeline"]),
+                    jobs=list(known_pipelines(pipelines_dir)),
+                )
             metastore = CheckpointMetastoreHook(metastore_conn_id).get_metastore()
             try:
                 state = savepoint_from_params(
@@ -458,10 +476,14 @@ def build_deploy_dag(
     *,
     metastore_conn_id: str = METASTORE_CONN_ID,
     spark_conn_id: str = SPARK_CONN_ID,
+    check_permissions: bool = True,
 ) -> DAG:
-    """``checkpoint_deploy``: start a pipeline (its current spec and code) from a savepoint or
-    its latest checkpoint, possibly at a new parallelism. ``check`` validates everything it can
-    before ``run`` submits anything."""
+    """``checkpoint_deploy``: start a pipeline of ``pipelines_dir`` (its current spec and code)
+    from a savepoint or its latest checkpoint, possibly at a new parallelism. ``check``
+    validates everything it can before ``run`` submits anything, starting with the triggering
+    user's permission to edit the pipeline's own DAG (:func:`authorize_trigger`; off with
+    ``check_permissions=False``). A savepoint of another job is refused unless the run asks for
+    it (``allow_other_job``)."""
     from airflow.sdk import DAG, Param, get_current_context, task
 
     from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
@@ -479,8 +501,10 @@ def build_deploy_dag(
             "at the same or a new **parallelism** (the state's key groups are reassigned). "
             "`check` refuses, before anything is submitted, a savepoint that does not verify or "
             "whose state cannot be assigned, a parallelism above the job's max parallelism, and "
-            "a job that is still running. `run` then runs the pipeline like its own DAG would, "
-            "and its retries resume from the latest checkpoint."
+            "a job that is still running, a savepoint of another pipeline unless **allow another "
+            "pipeline's savepoint** is on, and a user who may not edit the pipeline's own DAG. "
+            "`run` then runs the pipeline like its own DAG would, and its retries resume from "
+            "the latest checkpoint."
         ),
         schedule=None,
         start_date=START_DATE,
@@ -511,6 +535,15 @@ def build_deploy_dag(
                 title="Parallelism",
                 description="Empty: the spec's parallelism.",
             ),
+            "allow_other_job": Param(
+                False,
+                type="boolean",
+                title="Allow another pipeline's savepoint",
+                description=(
+                    "Start from a checkpoint or savepoint of another job (e.g. a renamed "
+                    "pipeline); recorded with the restore. Off: such a path is refused."
+                ),
+            ),
         },
     ) as dag:
 
@@ -521,6 +554,12 @@ def build_deploy_dag(
 
             context = get_current_context()
             params = context["params"]
+            if check_permissions:
+                authorize_run(
+                    context["dag_run"],
+                    str(params["pipeline"]),
+                    jobs=list(known_pipelines(pipelines_dir)),
+                )
             metastore = CheckpointMetastoreHook(metastore_conn_id).get_metastore()
             try:
                 plan = deploy_plan_from_params(
@@ -537,6 +576,7 @@ def build_deploy_dag(
             pipeline=checked["pipeline"],
             restore=checked["restore"],
             parallelism=checked["parallelism"],
+            allow_other_job=checked["allow_other_job"],
             metastore_conn_id=metastore_conn_id,
             conn_id=spark_conn_id,
             retries=defaults["retries"].default,
@@ -553,10 +593,12 @@ def plan_deploy(
     *,
     metastore: Metastore,
     storage_url: str | None = None,
+    allow_other_job: bool = False,
 ) -> dict[str, Any]:
     """Validate a deploy without running it: the spec loads, the job is not running, the
-    savepoint verifies (``_metadata`` and file sizes) and its state can be assigned to
-    ``parallelism`` subtasks under the spec's max parallelism.
+    savepoint verifies (``_metadata`` and file sizes), it is the job's own unless
+    ``allow_other_job``, and its state can be assigned to ``parallelism`` subtasks under the
+    spec's max parallelism.
 
     ``storage_url`` defaults as for the operator: the spec's ``storage``, else
     ``CKPT_STORAGE_URL``, else the embedded default."""
@@ -601,7 +643,13 @@ def plan_deploy(
             starts = decision.describe()
     elif "/" in source or source.isdigit():
         preview = restore.preview_restore(
-            metastore, storage, spec.job, parallelism=chosen, source=source, deep=False
+            metastore,
+            storage,
+            spec.job,
+            parallelism=chosen,
+            source=source,
+            deep=False,
+            allow_other_job=allow_other_job,
         )
         for op in preview.metadata.operators:
             if op.max_parallelism != spec.max_parallelism:
@@ -615,6 +663,8 @@ def plan_deploy(
             f"{preview.decision.checkpoint_id} of job {preview.metadata.job_id} "
             f"({preview.decision.metadata_path}), reassigned to {chosen} subtask(s)"
         )
+        if preview.decision.from_job_id is not None:
+            starts += " (another job's: allowed explicitly)"
     else:
         raise DeployError(f"from: expected 'latest' or a savepoint path, got {source!r}")
     log.info("deploy %s from %s at parallelism %d: %s", spec.job, source, chosen, starts)
@@ -623,6 +673,7 @@ def plan_deploy(
         "pipeline": str(path),
         "restore": source,
         "parallelism": chosen,
+        "allow_other_job": bool(allow_other_job),
         "starts_from": starts,
     }
 
@@ -640,9 +691,76 @@ def deploy_plan_from_params(
             str(params.get("from") or "latest"),
             params.get("parallelism"),
             metastore=metastore,
+            allow_other_job=bool(params.get("allow_other_job", False)),
         )
     except CheckpointingError as exc:
         raise AirflowFailException(str(exc)) from None
+
+
+def authorize_trigger(user_name: str | None, job_id: str, *, team_name: str | None = None) -> str:
+    """That ``user_name`` (a run's ``triggering_user_name``) may edit (``PUT``) the DAG of
+    pipeline ``job_id``, asked of the configured auth manager; returns the name, else raises
+    :class:`PermissionRefused`.
+
+    Airflow checks only the permission to trigger the generic savepoint and deploy DAGs, and its
+    tasks cannot reach Airflow's database (the task SDK blocks it), so the check is made here with
+    what a worker has: the auth manager's configuration. SimpleAuthManager's users and roles are
+    configuration, so they are checked; in multi-team mode the pipeline's team is ``team_name``
+    (the generic DAGs act only on the specs of their own folder, i.e. their own bundle and team).
+    Other auth managers (FAB, Keycloak) keep users in a database or an identity provider that a
+    task cannot ask: the run is refused, and a deployment that wants the generic DAGs anyway
+    builds them with ``check_permissions=False`` and grants them only to users who may edit
+    every pipeline. A run without a triggering user, or by a name the auth manager does not know,
+    is refused."""
+    from airflow.api_fastapi.app import create_auth_manager, get_auth_manager_cls
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+    from airflow.configuration import conf
+
+    if not user_name:
+        raise PermissionRefused(
+            f"pipeline {job_id}: the run has no triggering user, so its permission to edit the "
+            f"DAG {job_id} cannot be checked; trigger it as a user"
+        )
+    manager_cls = get_auth_manager_cls()
+    if not issubclass(manager_cls, SimpleAuthManager):
+        raise PermissionRefused(
+            f"pipeline {job_id}: the auth manager {manager_cls.__name__} cannot be asked from a "
+            f"task whether user {user_name!r} may edit the DAG {job_id}; trigger the pipeline's "
+            "own DAG, or see docs/airflow.md (check_permissions) to use this DAG anyway"
+        )
+    if conf.getboolean("core", "simple_auth_manager_all_admins", fallback=False):
+        return user_name  # every visitor is an admin
+    manager = create_auth_manager()
+    user = next((u for u in manager.get_users() if u.username == user_name), None)
+    allowed = user is not None and manager.is_authorized_dag(
+        method="PUT", details=DagDetails(id=job_id, team_name=team_name), user=user
+    )
+    if not allowed:
+        raise PermissionRefused(
+            f"user {user_name!r} may not edit the DAG {job_id}: savepoints and deploys of a "
+            "pipeline need the permission to edit its own DAG"
+        )
+    return user_name
+
+
+def authorize_run(dag_run: Any, job_id: str, *, jobs: list[str]) -> None:
+    """The generic DAGs' check, failing the task for good: ``job_id`` is one of the pipelines
+    of the DAG's folder (``jobs``) and the run's triggering user may edit its DAG."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    if job_id not in jobs:
+        known = ", ".join(jobs) or "none"
+        raise AirflowFailException(f"pipeline: unknown pipeline {job_id!r} (known: {known})")
+    try:
+        user = authorize_trigger(
+            getattr(dag_run, "triggering_user_name", None),
+            job_id,
+            team_name=getattr(dag_run, "team_name", None),
+        )
+    except PermissionRefused as exc:
+        raise AirflowFailException(str(exc)) from None
+    log.info("user %r may edit the DAG %s", user, job_id)
 
 
 def _refuse_active_runs(ti: Any, job_id: str) -> None:

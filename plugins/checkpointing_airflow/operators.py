@@ -12,7 +12,8 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+#: driver variables that hold credentials: never on a command line, always masked in logs
+SECRET_ENV = frozenset(
+    {"CKPT_METASTORE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+)
+#: further variable names taken for credentials (``env_vars`` given to the operator)
+_SECRET_NAME = re.compile(r"SECRET|PASSW|TOKEN|CREDENTIAL|PRIVATE|(^|_)KEY($|_)", re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable's name says it holds a credential."""
+    return name in SECRET_ENV or bool(_SECRET_NAME.search(name))
 
 
 def spark_application() -> str:
@@ -86,6 +98,14 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     :param fail_first_try_after_epochs: failure drill: the first try crashes after this many
         epochs, so that the retry's resume can be watched (the demo uses it).
     :param coordinator_poll: seconds between coordinator passes while the application runs.
+    :param allow_other_job: let ``restore`` be a checkpoint or savepoint path of another job;
+        without it such a path fails the task before anything is submitted. (templated)
+
+    Credentials (the metastore URL, AWS keys, any ``env_vars`` whose name says secret, password,
+    token or key) reach the driver through spark-submit's process environment only, never as
+    ``--conf`` arguments (which the Spark provider makes of ``env_vars`` on YARN and Kubernetes,
+    visible in ``ps``). A deploy mode whose driver runs elsewhere (``cluster``) cannot get them
+    that way and is refused with the reason.
     """
 
     template_fields: Sequence[str] = (
@@ -95,6 +115,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         "parallelism",
         "parallelism_on_retry",
         "storage_url",
+        "allow_other_job",
     )
     ui_color = "#e8f4ea"
     #: "Checkpoints" on its task instances: the pipeline's page in the Checkpoints UI
@@ -112,6 +133,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         storage_url: str | None = None,
         fail_first_try_after_epochs: int | None = None,
         coordinator_poll: float = 1.0,
+        allow_other_job: bool | str = False,
         **kwargs: Any,
     ) -> None:
         from checkpointing_airflow.callbacks import job_failed, restore_from_latest
@@ -131,6 +153,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.storage_url = storage_url
         self.fail_first_try_after_epochs = fail_first_try_after_epochs
         self.coordinator_poll = coordinator_poll
+        self.allow_other_job = allow_other_job
 
     # ------------------------------------------------------------------ what this try runs
 
@@ -206,6 +229,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
         recovery = self.recovery_for(context, spec, metastore, storage_url)
         restore = recovery.restore if recovery is not None else str(self.restore)
+        if recovery is None:
+            self._refuse_other_jobs_state(spec, storage_url, restore)
         parallelism = recovery.parallelism if recovery else self.parallelism_for(spec, 1)
         plan = pipeline_plan(attempt, parallelism, spec.max_parallelism)
 
@@ -244,24 +269,81 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             "--result-json",
             str(result_file),
         ]
+        if _truthy(self.allow_other_job):
+            self.application_args.append("--allow-other-job")
         if self.fail_first_try_after_epochs and ti.try_number == 1:
             self.application_args += ["--fail-after-epochs", str(self.fail_first_try_after_epochs)]
-        self.env_vars = self._driver_env(url, storage_url)
-        for value in self.env_vars.values():
-            if value and ("SECRET" in value or value == url):
-                mask_secret(value)
         self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
+        secrets = self.prepare_submit(self._driver_env(url, storage_url))
 
         deactivator = _DeActivator(coordinator, metastore, spec.job, self.coordinator_poll)
         deactivator.start()
         try:
-            super().execute(context)
+            with _process_environment(secrets):  # spark-submit inherits them, nothing else
+                super().execute(context)
         except BaseException:
             coordinator.failover(f"try {ti.try_number} ({attempt}) failed")
             raise
         finally:
             deactivator.stop()
         return self._outcome(spec, result_file)
+
+    def prepare_submit(self, env: Mapping[str, str]) -> dict[str, str]:
+        """Mask every credential of the driver's environment ``env`` (by variable name), keep
+        the credentials out of ``env_vars`` (the provider turns those into ``--conf``
+        arguments on YARN and Kubernetes) and build the spark-submit hook; returns the
+        credentials, for spark-submit's own process environment. Refuses (the task fails for
+        good) a deploy mode whose driver does not run here."""
+        from airflow.sdk.exceptions import AirflowFailException
+        from airflow.sdk.log import mask_secret
+
+        secrets = {k: v for k, v in env.items() if is_secret_name(k) and v}
+        for name, value in env.items():
+            if name in secrets:
+                mask_secret(value)
+                if name == "CKPT_METASTORE_URL":
+                    _mask_url_password(value, mask_secret)
+            else:
+                mask_secret(value, name)  # Airflow's own rule for sensitive names
+        self.env_vars = {k: v for k, v in env.items() if k not in secrets}
+        self._hook = self._get_hook()
+        connection = getattr(self._hook, "_connection", {}) or {}
+        deploy_mode = str(connection.get("deploy_mode") or "client")
+        if secrets and deploy_mode == "cluster":
+            raise AirflowFailException(
+                f"deploy mode cluster (master {connection.get('master')}): the driver would run "
+                f"on the cluster and need {', '.join(sorted(secrets))}, which spark-submit can "
+                "only pass there as --conf arguments, visible in the process list and the Spark "
+                "UI; refused: use deploy mode client"
+            )
+        return secrets
+
+    def _refuse_other_jobs_state(self, spec: PipelineSpec, storage_url: str, source: str) -> None:
+        """A restore path of another job's checkpoint or savepoint fails the task unless
+        ``allow_other_job``; anything else wrong with the path is left to the run to report."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from checkpointing.errors import CheckpointingError
+        from checkpointing.restore import ForeignSnapshotError, load_external
+        from checkpointing.storage import CheckpointStorage
+
+        if "/" not in source:
+            return
+        allowed = _truthy(self.allow_other_job)
+        try:
+            decision = load_external(
+                CheckpointStorage.from_url(storage_url),
+                source,
+                deep=False,
+                job_id=spec.job,
+                allow_other_job=allowed,
+            )
+        except ForeignSnapshotError as exc:
+            raise AirflowFailException(str(exc)) from None
+        except CheckpointingError:
+            return
+        if decision.from_job_id is not None:
+            self.log.warning("%s", decision.describe())
 
     def _driver_env(self, metastore_url: str, storage_url: str) -> dict[str, str]:
         """The driver's configuration goes by environment, never on the command line (which
@@ -296,6 +378,34 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         if outcome["savepoint_path"]:
             self.log.info("job %s stopped with savepoint %s", spec.job, outcome["savepoint_path"])
         return outcome
+
+
+@contextmanager
+def _process_environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment (which spark-submit inherits), then restored."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _mask_url_password(url: str, mask: Any) -> None:
+    """The password of a SQLAlchemy URL masked on its own too (it may be quoted without the
+    rest of the URL)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        password = make_url(url).password
+    except Exception:  # an unparsable URL: masked whole already
+        return
+    if password:
+        mask(str(password))
 
 
 def _with(ours: Any, theirs: Any) -> list[Any]:
@@ -341,9 +451,14 @@ class _DeActivator:
         self._thread.join(timeout=30)
 
     def _loop(self) -> None:
+        from checkpointing.failure import CoordinatorSuperseded
+
         while not self._stop.wait(self.poll):
             try:
                 self._pass()
+            except CoordinatorSuperseded as exc:  # a newer try coordinates: nothing left to do
+                log.warning("job %s: %s; coordinator loop stopped", self.job_id, exc)
+                return
             except Exception:  # a dying loop would silently stop checkpointing
                 log.exception("job %s: coordinator pass failed", self.job_id)
 
@@ -358,3 +473,8 @@ class _DeActivator:
             self._scheduling = False
         if running:
             self.coordinator.run_once()
+
+
+def _truthy(value: bool | str) -> bool:
+    """A templated boolean: rendered Jinja arrives as text."""
+    return str(value).strip().lower() in ("true", "1", "yes", "on")

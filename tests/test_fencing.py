@@ -1,0 +1,188 @@
+"""Fencing: once coordinator B took over a job (``B.activate()``), the superseded coordinator A
+changes nothing of B's on any path (Flink fences a JobMaster that lost leadership). The Spark
+runtime calls exactly these when an orphaned attempt dies, and Airflow runs a killed try's
+callbacks late."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from checkpointing.clock import ManualClock
+from checkpointing.coordinator import CheckpointCoordinator, CompletedCheckpoint, PendingCheckpoint
+from checkpointing.failure import CoordinatorSuperseded
+from checkpointing.metastore import Metastore
+from checkpointing.pending import acknowledge
+from checkpointing.properties import CheckpointStatus, CheckpointType, JobStatus, RequestStatus
+from checkpointing.recovery import fail_attempt
+from checkpointing.storage import FileSystemCheckpointStorage
+from tests.helpers import (
+    JOB,
+    ack_all,
+    ack_rows,
+    checkpoint_row,
+    complete,
+    failures_count,
+    job_row,
+    location_exists,
+    make_plan,
+    new_coordinator,
+    request_rows,
+    snapshot,
+    statuses,
+)
+
+
+@dataclass
+class Takeover:
+    old: CheckpointCoordinator
+    new: CheckpointCoordinator
+    done: CompletedCheckpoint  # B's completed checkpoint
+    pending: PendingCheckpoint  # B's pending checkpoint
+
+
+@pytest.fixture
+def takeover(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
+) -> Takeover:
+    """A coordinated the job; B took over and has a completed and a pending checkpoint."""
+    config = {"retention": "never_retain", "max_concurrent": 5, "timeout": "1m"}
+    old = new_coordinator(metastore, storage, clock, **config)
+    old.activate()
+    complete(old)
+    new = new_coordinator(metastore, storage, clock, plan=make_plan(attempt="b"), **config)
+    new.activate()
+    new.job_status_changed(JobStatus.RUNNING)
+    done = complete(new)
+    return Takeover(old, new, done, new.trigger_checkpoint())
+
+
+def _untouched(metastore: Metastore, t: Takeover) -> None:
+    """B's job, checkpoints and files are exactly as B left them."""
+    job = job_row(metastore)
+    assert (job.coordinator_id, job.status) == (t.new.coordinator_id, JobStatus.RUNNING)
+    assert job.periodic_scheduling is False and job.consecutive_failures == 0
+    assert checkpoint_row(metastore, t.done.checkpoint_id).status == CheckpointStatus.COMPLETED
+    assert checkpoint_row(metastore, t.pending.checkpoint_id).status == CheckpointStatus.PENDING
+    assert Path(t.done.metadata_path.removeprefix("file://")).exists()
+    assert all(
+        Path((h.handle or "").removeprefix("file://")).exists() for h in t.done.metadata.handles()
+    )
+
+
+def test_a_superseded_coordinators_failover_status_change_and_shutdown_touch_nothing(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, takeover: Takeover
+) -> None:
+    t = takeover
+    assert t.old.failover("orphaned attempt died") == []
+    assert t.old.job_status_changed(JobStatus.FAILED) is False
+    t.old.stop_scheduler()
+    # never_retain: before fencing this discarded B's completed checkpoint and deleted its files
+    assert t.old.shutdown(JobStatus.CANCELED) == []
+    _untouched(metastore, t)
+
+    # B still works: its pending checkpoint completes, and so does its own shutdown
+    assert ack_all(t.new, t.pending).completed is not None
+    assert t.new.shutdown(JobStatus.CANCELED) == [t.pending.checkpoint_id]
+    assert not location_exists(storage, t.pending.location)
+
+
+def test_a_superseded_coordinator_neither_expires_nor_handles_requests_nor_completes(
+    metastore: Metastore,
+    storage: FileSystemCheckpointStorage,
+    clock: ManualClock,
+    takeover: Takeover,
+) -> None:
+    t = takeover
+    request_id = t.new.request(CheckpointType.SAVEPOINT, requested_by="ui")
+    clock.advance(timedelta(minutes=2))  # B's pending checkpoint is overdue
+
+    assert t.old.expire_overdue() == []
+    assert t.old.process_requests() == []
+    assert t.old.complete_fully_acknowledged() == []
+    assert t.old.run_once() is None
+    assert checkpoint_row(metastore, t.pending.checkpoint_id).status == CheckpointStatus.PENDING
+    assert failures_count(metastore) == 0
+    assert [(r.request_id, r.status) for r in request_rows(metastore)] == [
+        (request_id, RequestStatus.QUEUED)
+    ]
+    with pytest.raises(CoordinatorSuperseded, match="superseded by"):
+        t.old.trigger_checkpoint(checkpoint_type=CheckpointType.SAVEPOINT, forced=True)
+
+    assert t.new.expire_overdue() == [t.pending.checkpoint_id]  # the coordinator itself does
+    assert [p.checkpoint_type for p in t.new.process_requests()] == [CheckpointType.SAVEPOINT]
+
+
+def test_a_superseded_coordinator_can_neither_ack_nor_decline_nor_complete_its_successors_work(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, takeover: Takeover
+) -> None:
+    t = takeover
+    task = t.pending.tasks[0]
+    ack = snapshot(storage, t.pending, task)
+    with pytest.raises(CoordinatorSuperseded):
+        t.old.receive_acknowledge(t.pending.checkpoint_id, [ack])
+    with pytest.raises(CoordinatorSuperseded):
+        t.old.receive_decline(t.pending.checkpoint_id, task.attempt_id, "CHECKPOINT_DECLINED")
+    assert ack_rows(metastore, t.pending.checkpoint_id) == []
+    assert Path((ack.state_handle or "").removeprefix("file://")).exists()
+
+    # every ack in through a process that only acks (an executor): A may not complete it
+    rest = [snapshot(storage, t.pending, x) for x in t.pending.tasks]
+    acker = CheckpointCoordinator(t.new.job_id, metastore, clock=t.new.clock)
+    outcome = acker.receive_acknowledge(t.pending.checkpoint_id, rest[:-1])
+    assert outcome.completed is None
+    with metastore.transaction() as s:  # the last ack is recorded, its acker died before
+        acknowledge(s, t.new.job_id, t.pending.checkpoint_id, rest[-1:], t.new.clock.now())
+    assert t.old.complete_checkpoint(t.pending.checkpoint_id) is None
+    row = checkpoint_row(metastore, t.pending.checkpoint_id)
+    assert (row.status, row.completing_by) == (CheckpointStatus.PENDING, None)
+    assert t.new.complete_fully_acknowledged() == [t.pending.checkpoint_id]
+
+
+def test_a_late_failure_callback_is_fenced_in_the_transaction_of_each_change(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, takeover: Takeover
+) -> None:
+    """``fail_attempt`` acts for the failed attempt's coordinator: whatever checked before, the
+    change itself is refused once another coordinator leads (here: no check before at all)."""
+    t = takeover
+    for final in (False, True):
+        info = fail_attempt(
+            metastore,
+            t.new.job_id,
+            "try 1 failed",
+            final=final,
+            coordinator_id=t.old.coordinator_id,
+        )
+        assert (info["aborted"], info["superseded"]) == ([], t.new.coordinator_id)
+        assert info["resume_from"] == t.done.checkpoint_id
+    _untouched(metastore, t)
+
+    info = fail_attempt(
+        metastore, t.new.job_id, "try 2 failed", final=True, coordinator_id=t.new.coordinator_id
+    )
+    assert info["aborted"] == [t.pending.checkpoint_id] and info["superseded"] is None
+    assert job_row(metastore).status == JobStatus.FAILED
+    assert statuses(metastore)[t.done.checkpoint_id] == CheckpointStatus.DISCARDED  # never_retain
+
+
+def test_a_driver_joining_under_a_superseded_id_never_takes_over(
+    metastore: Metastore,
+    storage: FileSystemCheckpointStorage,
+    clock: ManualClock,
+    takeover: Takeover,
+) -> None:
+    """The Spark driver joins the operator's coordination; one that starts after a newer try took
+    over (a slow spark-submit of a killed try) is refused instead of aborting the newer try's
+    checkpoints, as ``activate`` would."""
+    t = takeover
+    late = CheckpointCoordinator(JOB, metastore, clock=clock, coordinator_id=t.old.coordinator_id)
+    with pytest.raises(CoordinatorSuperseded, match=t.new.coordinator_id):
+        late.join()
+    _untouched(metastore, t)
+
+    driver = CheckpointCoordinator(JOB, metastore, clock=clock, coordinator_id=t.new.coordinator_id)
+    driver.join()  # the current try's driver acts as the same coordinator
+    assert ack_all(driver, t.pending).completed is not None
