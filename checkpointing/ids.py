@@ -11,6 +11,9 @@ import re
 from checkpointing.errors import InvalidIdError
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: the pattern of a path-safe id (job, attempt, operator), for JSON schemas and UI forms; ``..``
+#: is refused on top of it
+ID_PATTERN = _ID.pattern
 _CHECKPOINT_ID = re.compile(r"[1-9][0-9]{0,18}", re.ASCII)
 _MAX_ID = 2**63 - 1
 

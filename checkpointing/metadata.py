@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -159,3 +160,29 @@ def verify_handles(
             raise CorruptSnapshotError(h.handle, "file is missing")
         if size != h.size:
             raise CorruptSnapshotError(h.handle, f"size {size} bytes, expected {h.size}")
+
+
+def subtask_handle(
+    subtask_index: int,
+    attempt_id: str,
+    handle: str | None,
+    size: int,
+    checksum: str | None,
+    state_meta: Mapping[str, Any] | None,
+) -> SubtaskStateHandle:
+    """The ``_metadata`` entry of one acked subtask: built once when the ack arrives (to refuse
+    what would not fit) and again at completion from the recorded ack, the same way."""
+    if state_meta is not None and not isinstance(state_meta, Mapping):
+        raise ValueError("state_meta must be a JSON object")
+    # a descriptor only: no key of its own may stand in for the handle, size or attempt
+    descriptor = StateDescriptor.model_validate(state_meta or {})
+    return SubtaskStateHandle.model_validate(
+        {
+            **descriptor.model_dump(exclude_unset=True),
+            "subtask_index": subtask_index,
+            "attempt_id": attempt_id,
+            "handle": handle,
+            "size": size,
+            "checksum": checksum,
+        }
+    )

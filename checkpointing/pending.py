@@ -1,5 +1,7 @@
-"""Pending checkpoints in the metastore: the task plan, acknowledgements and aborts (Flink's
-``PendingCheckpoint``).
+"""Pending checkpoints in the metastore (Flink's ``PendingCheckpoint``): the task plan, the
+PENDING row, ``finalize`` (the ``_metadata`` of a fully acknowledged checkpoint), the completion
+claim, declines and aborts. Acks are validated in ``ack_validation`` and recorded in
+``acknowledge``.
 
 Everything here runs inside the caller's transaction. The rules that make concurrent ackers safe:
 
@@ -13,28 +15,22 @@ Everything here runs inside the caller's transaction. The rules that make concur
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, cast
 
-from pydantic import ValidationError
 from sqlalchemy import (
-    String,
     Table,
     and_,
     bindparam,
-    column,
     func,
     insert,
     select,
     text,
     update,
 )
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.selectable import ScalarSelect
 
@@ -44,18 +40,17 @@ from checkpointing.metadata import (
     CheckpointMetadata,
     OperatorState,
     StateDescriptor,
-    SubtaskStateHandle,
+    subtask_handle,
 )
 from checkpointing.models import Checkpoint, CheckpointAck, CheckpointRequest, CheckpointTask
-from checkpointing.properties import (
+from checkpointing.status import (
     CheckpointProperties,
     CheckpointStatus,
     CheckpointType,
     RequestStatus,
 )
-from checkpointing.storage import CheckpointStorage, StorageLocation
 
-_CHUNK = 900  # bound IN-lists and multi-row statements on every backend
+CHUNK = 900  # bound IN-lists and multi-row statements on every backend
 
 
 @dataclass(frozen=True)
@@ -102,121 +97,89 @@ class TaskAck:
             StateDescriptor.model_validate(self.state_meta)
 
 
-#: bounds of what an ack may carry: the columns' limits (BIGINT, INTEGER, VARCHAR) and sanity; a
-#: state file of a petabyte is a bug, and the bound keeps a checkpoint's total within BIGINT
-MAX_STATE_SIZE = 1 << 50
-MAX_MS = (1 << 31) - 1
-MAX_HANDLE_LENGTH = 2048
-_CHECKSUM = re.compile(r"sha256:[0-9a-f]{64}")
+@dataclass(frozen=True)
+class PendingCheckpoint:
+    """A triggered checkpoint waiting for the acks of its planned tasks (Flink's
+    ``PendingCheckpoint``); its row in ``ckpt_checkpoints`` is PENDING."""
 
+    job_id: str
+    checkpoint_id: int
+    checkpoint_type: CheckpointType
+    trigger_at: datetime
+    deadline_at: datetime
+    location: str
+    tasks: tuple[TaskSpec, ...]
 
-def subtask_handle(
-    subtask_index: int,
-    attempt_id: str,
-    handle: str | None,
-    size: int,
-    checksum: str | None,
-    state_meta: Mapping[str, Any] | None,
-) -> SubtaskStateHandle:
-    """The ``_metadata`` entry of one acked subtask: built once when the ack arrives (to refuse
-    what would not fit) and again at completion from the recorded ack, the same way."""
-    if state_meta is not None and not isinstance(state_meta, Mapping):
-        raise ValueError("state_meta must be a JSON object")
-    # a descriptor only: no key of its own may stand in for the handle, size or attempt
-    descriptor = StateDescriptor.model_validate(state_meta or {})
-    return SubtaskStateHandle.model_validate(
-        {
-            **descriptor.model_dump(exclude_unset=True),
-            "subtask_index": subtask_index,
-            "attempt_id": attempt_id,
-            "handle": handle,
-            "size": size,
-            "checksum": checksum,
-        }
-    )
-
-
-def ack_problem(
-    ack: TaskAck, location: StorageLocation, roots: Sequence[str], storage: CheckpointStorage
-) -> str | None:
-    """Why ``ack`` must not count, or None. The restore lookup's rule applied at ack time: a
-    handle lies inside its checkpoint's directory (or the job's shared state) and is not the
-    ``_metadata``; sizes, times and the checksum are sane; the state descriptor is well formed.
-    Anything accepted here can be written into ``_metadata`` at completion."""
-    handle, size = ack.state_handle, ack.state_size
-    if type(size) is not int or not 0 <= size <= MAX_STATE_SIZE:
-        return f"state_size {size!r} is not a size in bytes (0 to {MAX_STATE_SIZE})"
-    for name in ("sync_ms", "async_ms"):
-        value = getattr(ack, name)
-        if type(value) is not int or not 0 <= value <= MAX_MS:
-            return f"{name} {value!r} is not a duration in ms (0 to {MAX_MS})"
-    if ack.checksum is not None and (
-        not isinstance(ack.checksum, str) or not _CHECKSUM.fullmatch(ack.checksum)
-    ):
-        return f"checksum {str(ack.checksum)[:80]!r} is not 'sha256:<64 hex digits>'"
-    if handle is not None:
-        if not isinstance(handle, str) or len(handle) > MAX_HANDLE_LENGTH:
-            return f"state handle {str(handle)[:100]!r} is not a URL of at most 2048 characters"
-        if not any(storage.contains(handle, root) for root in roots):
-            return f"state handle {handle!r} is outside the checkpoint's directory {location.url}"
-        if handle in (location.url, location.metadata_url):
-            return f"state handle {handle!r} is the checkpoint's own directory or _metadata"
-    elif size or ack.checksum is not None:
-        return "state_size or checksum without a state handle"
-    try:
-        subtask_handle(0, ack.attempt_id, handle, size, ack.checksum, ack.state_meta)
-        if "\\u0000" in json.dumps(ack.state_meta, allow_nan=False):  # PostgreSQL's JSON refuses
-            raise ValueError("a NUL character")
-    except (ValidationError, ValueError, TypeError, RecursionError) as exc:
-        first = exc.errors()[0] if isinstance(exc, ValidationError) else None
-        detail = f"{'.'.join(map(str, first['loc']))}: {first['msg']}" if first else str(exc)
-        return f"state_meta is malformed ({detail})"
-    return None
-
-
-def build_metadata(
-    job_id: str,
-    checkpoint_id: int,
-    ctype: CheckpointType,
-    trigger_at: datetime,
-    now: datetime,
-    tasks: Sequence[CheckpointTask],
-    acks: Mapping[str, CheckpointAck],
-) -> CheckpointMetadata:
-    """Flink's ``PendingCheckpoint.finalizeCheckpoint``: the ``_metadata`` of a fully
-    acknowledged checkpoint, per operator (parallelism, max parallelism) and subtask."""
-    by_operator: dict[str, list[CheckpointTask]] = {}
-    for t in tasks:
-        by_operator.setdefault(t.operator_id, []).append(t)
-    operators = []
-    for op_id in sorted(by_operator):
-        subtasks = sorted(by_operator[op_id], key=lambda t: t.subtask_index)
-        operators.append(
-            OperatorState(
-                operator_id=op_id,
-                parallelism=subtasks[0].parallelism,
-                max_parallelism=subtasks[0].max_parallelism,
-                subtasks=[
-                    subtask_handle(
-                        t.subtask_index,
-                        t.attempt_id,
-                        acks[t.attempt_id].state_handle,
-                        acks[t.attempt_id].state_size,
-                        acks[t.attempt_id].checksum,
-                        acks[t.attempt_id].state_meta,
-                    )
-                    for t in subtasks
-                ],
+    @classmethod
+    def load(cls, session: Session, job_id: str, checkpoint_id: int) -> PendingCheckpoint:
+        """The checkpoint as its row and its task plan record it."""
+        row = session.get(Checkpoint, (job_id, checkpoint_id))
+        assert row is not None
+        tasks = session.scalars(
+            select(CheckpointTask).where(
+                CheckpointTask.job_id == job_id, CheckpointTask.checkpoint_id == checkpoint_id
             )
         )
-    return CheckpointMetadata(
-        job_id=job_id,
-        checkpoint_id=checkpoint_id,
-        checkpoint_type=ctype.value,
-        trigger_at=trigger_at,
-        completed_at=now,
-        operators=operators,
-    )
+        return cls(
+            job_id,
+            checkpoint_id,
+            CheckpointType(row.checkpoint_type),
+            row.trigger_at,
+            row.deadline_at,
+            row.storage_location,
+            tuple(
+                TaskSpec(
+                    t.operator_id, t.subtask_index, t.attempt_id, t.parallelism, t.max_parallelism
+                )
+                for t in tasks
+            ),
+        )
+
+    def finalize(self, session: Session, now: datetime) -> CheckpointMetadata:
+        """Flink's ``PendingCheckpoint.finalizeCheckpoint``: the ``_metadata`` of the fully
+        acknowledged checkpoint, per operator (parallelism, max parallelism) and subtask, from
+        the recorded acks."""
+        acks = {
+            a.attempt_id: a
+            for a in session.scalars(
+                select(CheckpointAck).where(
+                    CheckpointAck.job_id == self.job_id,
+                    CheckpointAck.checkpoint_id == self.checkpoint_id,
+                )
+            )
+        }
+        by_operator: dict[str, list[TaskSpec]] = {}
+        for t in self.tasks:
+            by_operator.setdefault(t.operator_id, []).append(t)
+        operators = []
+        for op_id in sorted(by_operator):
+            subtasks = sorted(by_operator[op_id], key=lambda t: t.subtask_index)
+            operators.append(
+                OperatorState(
+                    operator_id=op_id,
+                    parallelism=subtasks[0].parallelism,
+                    max_parallelism=subtasks[0].max_parallelism,
+                    subtasks=[
+                        subtask_handle(
+                            t.subtask_index,
+                            t.attempt_id,
+                            acks[t.attempt_id].state_handle,
+                            acks[t.attempt_id].state_size,
+                            acks[t.attempt_id].checksum,
+                            acks[t.attempt_id].state_meta,
+                        )
+                        for t in subtasks
+                    ],
+                )
+            )
+        return CheckpointMetadata(
+            job_id=self.job_id,
+            checkpoint_id=self.checkpoint_id,
+            checkpoint_type=self.checkpoint_type.value,
+            trigger_at=self.trigger_at,
+            completed_at=now,
+            operators=operators,
+        )
 
 
 class AckResult(StrEnum):
@@ -277,10 +240,15 @@ def insert_pending(
         }
         for t in tasks
     ]
-    for i in range(0, len(rows), _CHUNK):
-        session.execute(insert(CheckpointTask), rows[i : i + _CHUNK])
+    for i in range(0, len(rows), CHUNK):
+        session.execute(insert(CheckpointTask), rows[i : i + CHUNK])
     if session.get_bind().dialect.name == "postgresql":
         _ensure_planner_statistics(session)
+
+
+_checkpoints = cast(Table, Checkpoint.__table__)
+_tasks = cast(Table, CheckpointTask.__table__)
+_acks = cast(Table, CheckpointAck.__table__)
 
 
 def _ensure_planner_statistics(session: Session) -> None:
@@ -306,195 +274,6 @@ def _ensure_planner_statistics(session: Session) -> None:
         session.execute(text(f"ANALYZE {', '.join(tables)}"))
 
 
-def acknowledge(
-    session: Session, job_id: str, checkpoint_id: int, acks: Sequence[TaskAck], now: datetime
-) -> dict[str, AckResult]:
-    """Record a batch of acks in one transaction and classify each (Flink's ``acknowledgeTask``).
-
-    An attempt whose ack row this call inserted is SUCCESS, also when the batch repeats it (the
-    first of the repeated acks is recorded); a planned attempt whose row was already there, or
-    is inserted by a racing caller, is DUPLICATE. On PostgreSQL this is one statement.
-    """
-    unique: dict[str, TaskAck] = {}
-    for ack in acks:
-        unique.setdefault(ack.attempt_id, ack)
-    attempts = list(unique)
-    # a fixed insertion order: two batches sharing attempts cannot deadlock on each other's
-    # not-yet-committed rows
-    ordered = [unique[a] for a in sorted(attempts)]
-    record = _record_pg if session.get_bind().dialect.name == "postgresql" else _record
-    row, planned, inserted = record(session, job_id, checkpoint_id, ordered, now)
-
-    if row is None:
-        return dict.fromkeys(attempts, AckResult.UNKNOWN)
-    status, deadline = row
-    if status == CheckpointStatus.ABORTED or (
-        status == CheckpointStatus.PENDING and deadline <= now
-    ):
-        return dict.fromkeys(attempts, AckResult.DISCARDED)
-    if status != CheckpointStatus.PENDING:  # completed (or later): every planned task had acked
-        return {a: AckResult.DUPLICATE if a in planned else AckResult.UNKNOWN for a in attempts}
-    results: dict[str, AckResult] = {}
-    for a in attempts:
-        if a not in planned:
-            results[a] = AckResult.UNKNOWN
-        elif a in inserted:
-            results[a] = AckResult.SUCCESS
-        else:
-            results[a] = AckResult.DUPLICATE
-    return results
-
-
-_checkpoints = cast(Table, Checkpoint.__table__)
-_tasks = cast(Table, CheckpointTask.__table__)
-_acks = cast(Table, CheckpointAck.__table__)
-
-_ACK_COLUMNS = ("state_handle", "state_size", "checksum", "sync_ms", "async_ms", "state_meta")
-
-#: (status, deadline) of the checkpoint, or None; planned attempts; attempts whose ack was inserted
-_Recorded = tuple[tuple[str, datetime] | None, set[str], set[str]]
-
-
-def _record(
-    session: Session, job_id: str, checkpoint_id: int, acks: list[TaskAck], now: datetime
-) -> _Recorded:
-    """Read the checkpoint row ``FOR SHARE`` (SQLite: the transaction already holds the write
-    lock), look up which attempts it plans, and — if it is PENDING and not overdue — insert
-    their acks with ``ON CONFLICT DO NOTHING ... RETURNING``."""
-    row = session.execute(
-        select(_checkpoints.c.status, _checkpoints.c.deadline_at)
-        .where(_checkpoints.c.job_id == job_id, _checkpoints.c.checkpoint_id == checkpoint_id)
-        .with_for_update(read=True)
-    ).one_or_none()
-    if row is None:
-        return None, set(), set()
-    attempts = [a.attempt_id for a in acks]
-    planned: set[str] = set()
-    for i in range(0, len(attempts), _CHUNK):
-        planned.update(
-            session.scalars(
-                select(_tasks.c.attempt_id).where(
-                    _tasks.c.job_id == job_id,
-                    _tasks.c.checkpoint_id == checkpoint_id,
-                    _tasks.c.attempt_id.in_(attempts[i : i + _CHUNK]),
-                )
-            )
-        )
-    status, deadline = row
-    inserted: set[str] = set()
-    rows = [
-        {
-            "job_id": job_id,
-            "checkpoint_id": checkpoint_id,
-            "attempt_id": a.attempt_id,
-            **{c: getattr(a, c) for c in _ACK_COLUMNS},
-            "acked_at": now,
-        }
-        for a in acks
-        if a.attempt_id in planned
-    ]
-    if status == CheckpointStatus.PENDING and deadline > now and rows:
-        stmt = (
-            sqlite.insert(_acks)
-            .on_conflict_do_nothing(index_elements=["job_id", "checkpoint_id", "attempt_id"])
-            .returning(_acks.c.attempt_id)
-        )
-        for i in range(0, len(rows), _CHUNK):
-            inserted.update(session.scalars(stmt, rows[i : i + _CHUNK]))
-    return (status, deadline), planned, inserted
-
-
-#: PostgreSQL: ``_record`` in one statement, the batch passed as arrays (a handful of parameters
-#: however large the batch). ``cp`` takes the share lock: the insert's one-time filter on it runs
-#: before any row is inserted, and under READ COMMITTED a concurrent abort or completion is
-#: waited for and its committed row version is the one seen. Rows are inserted in array order.
-#: The result is tagged rows, no join (whose plan would hinge on statistics): ``c`` the
-#: checkpoint's status and deadline (absent: no such checkpoint), ``p`` each planned attempt of
-#: the batch, ``i`` each attempt whose ack was inserted.
-_PG_RECORD = (
-    text(
-        """
-        WITH cp AS MATERIALIZED (
-            SELECT status, deadline_at
-            FROM ckpt_checkpoints
-            WHERE job_id = :job_id AND checkpoint_id = :checkpoint_id
-            FOR SHARE
-        ),
-        planned AS MATERIALIZED (
-            SELECT attempt_id
-            FROM ckpt_checkpoint_tasks
-            WHERE job_id = :job_id AND checkpoint_id = :checkpoint_id
-              AND attempt_id = ANY(CAST(:attempt_id AS varchar[]))
-        ),
-        ins AS (
-            INSERT INTO ckpt_checkpoint_acks
-                (job_id, checkpoint_id, attempt_id, state_handle, state_size, checksum,
-                 sync_ms, async_ms, state_meta, acked_at)
-            SELECT :job_id, :checkpoint_id, a.attempt_id, a.state_handle, a.state_size,
-                   a.checksum, a.sync_ms, a.async_ms, CAST(a.state_meta AS jsonb), :now
-            FROM unnest(
-                CAST(:attempt_id AS varchar[]), CAST(:state_handle AS varchar[]),
-                CAST(:state_size AS bigint[]), CAST(:checksum AS varchar[]),
-                CAST(:sync_ms AS integer[]), CAST(:async_ms AS integer[]),
-                CAST(:state_meta AS text[])
-            ) WITH ORDINALITY
-                AS a(attempt_id, state_handle, state_size, checksum, sync_ms, async_ms,
-                     state_meta, n)
-            WHERE a.attempt_id IN (SELECT attempt_id FROM planned)
-              AND EXISTS (
-                  SELECT FROM cp WHERE cp.status = :pending AND cp.deadline_at > :now
-              )
-            ORDER BY a.n
-            ON CONFLICT (job_id, checkpoint_id, attempt_id) DO NOTHING
-            RETURNING attempt_id
-        )
-        SELECT 'c' AS tag, CAST(status AS varchar) AS value, deadline_at FROM cp
-        UNION ALL
-        SELECT 'p', CAST(attempt_id AS varchar), NULL FROM planned
-        UNION ALL
-        SELECT 'i', CAST(attempt_id AS varchar), NULL FROM ins
-        """
-    )
-    .bindparams(
-        bindparam("job_id", type_=_checkpoints.c.job_id.type),
-        bindparam("checkpoint_id", type_=_checkpoints.c.checkpoint_id.type),
-        bindparam("now", type_=_checkpoints.c.deadline_at.type),
-        bindparam("pending", type_=_checkpoints.c.status.type),
-    )
-    .columns(
-        column("tag", String),
-        column("value", String),
-        column("deadline_at", _checkpoints.c.deadline_at.type),
-    )
-)
-
-
-def _record_pg(
-    session: Session, job_id: str, checkpoint_id: int, acks: list[TaskAck], now: datetime
-) -> _Recorded:
-    params: dict[str, object] = {
-        "job_id": job_id,
-        "checkpoint_id": checkpoint_id,
-        "now": now,
-        "pending": CheckpointStatus.PENDING.value,
-        "attempt_id": [a.attempt_id for a in acks],
-        **{c: [getattr(a, c) for a in acks] for c in _ACK_COLUMNS},
-        "state_meta": [None if a.state_meta is None else json.dumps(a.state_meta) for a in acks],
-    }
-    row: tuple[str, datetime] | None = None
-    planned: set[str] = set()
-    inserted: set[str] = set()
-    for tag, value, deadline in session.execute(_PG_RECORD, params):
-        if tag == "c":
-            row = (value, deadline)
-        elif tag == "p":
-            planned.add(value)
-        else:
-            inserted.add(value)
-    return row, planned, inserted
-
-
-#: built once: this runs after every successful ack call
 _REMAINING = select(
     select(_checkpoints.c.num_tasks)
     .where(
@@ -546,6 +325,26 @@ def claim_completion(session: Session, job_id: str, checkpoint_id: int, token: s
         .values(completing_by=token)
     )
     return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def count_pending(session: Session, job_id: str) -> int:
+    """The job's PENDING checkpoints (the ``max_concurrent`` pre-check)."""
+    where = (Checkpoint.job_id == job_id, Checkpoint.status == CheckpointStatus.PENDING)
+    return session.scalar(select(func.count()).where(*where)) or 0
+
+
+def fully_acknowledged(session: Session, job_id: str) -> Sequence[int]:
+    """PENDING checkpoints with every ack but no completion claim (the last acker died)."""
+    return session.scalars(
+        select(Checkpoint.checkpoint_id)
+        .where(
+            Checkpoint.job_id == job_id,
+            Checkpoint.status == CheckpointStatus.PENDING,
+            Checkpoint.completing_by.is_(None),
+            Checkpoint.num_tasks == acked_count(),
+        )
+        .order_by(Checkpoint.checkpoint_id)
+    ).all()
 
 
 def decline(

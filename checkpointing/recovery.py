@@ -18,20 +18,18 @@ from typing import Any
 
 from sqlalchemy import select
 
-from checkpointing import restore
+from checkpointing import jobs, restore
 from checkpointing.assignment import plan_restore, snapshots_from_metadata
 from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.ids import validate_id
 from checkpointing.metastore import Metastore
-from checkpointing.models import Job, RestoreEvent
+from checkpointing.models import RestoreEvent
+from checkpointing.operator_ids import PIPELINE_OPERATORS
 from checkpointing.pending import TaskSpec
-from checkpointing.properties import JobStatus, RestoreStatus
+from checkpointing.status import JobStatus, RestoreStatus
 from checkpointing.storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
-
-#: the operators of a pipeline job (the runtime's ``source``, ``aggregate`` and ``sink``)
-PIPELINE_OPERATORS = ("source", "aggregate", "sink")
 
 
 def pipeline_plan(
@@ -175,9 +173,7 @@ def fail_attempt(
     ``coordinator_id``: the failed attempt's coordinator, acted for. Once another coordinator
     leads the job (a later try took over), nothing is changed, checked in each transaction that
     would change something; ``superseded`` then names that coordinator."""
-    with metastore.transaction() as s:
-        known = s.get(Job, validate_id(job_id, "job id")) is not None
-    if not known:
+    if not jobs.job_exists(metastore, job_id):
         return {"job_id": job_id, "aborted": [], "resume_from": None, "superseded": None}
     coordinator = CheckpointCoordinator(job_id, metastore, coordinator_id=coordinator_id)
     aborted = coordinator.failover(reason)
@@ -187,9 +183,8 @@ def fail_attempt(
         discarded = coordinator.shutdown(JobStatus.FAILED)  # the retention policy applies
     else:
         coordinator.job_status_changed(JobStatus.FAILED)
-    with metastore.transaction() as s:
-        job = s.get(Job, job_id)
-        current = job.coordinator_id if job is not None else None
+    info = jobs.get_job(metastore, job_id)
+    current = info.coordinator_id if info is not None else None
     kept = latest.checkpoint_id is not None and latest.checkpoint_id not in discarded
     return {
         "job_id": job_id,

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from checkpointing import store
-from checkpointing.assignment import RestorePlan, plan_restore, snapshots_from_metadata
+from checkpointing import jobs, store
+from checkpointing.assignment import StateAssignment, plan_restore, snapshots_from_metadata
 from checkpointing.clock import Clock, SystemClock
 from checkpointing.errors import (
     CheckpointingError,
@@ -22,13 +22,12 @@ from checkpointing.errors import (
     NoCheckpointError,
     StorageError,
     UnknownCheckpointError,
-    UnknownJobError,
 )
 from checkpointing.ids import validate_checkpoint_id, validate_id
 from checkpointing.metadata import CheckpointMetadata, read_metadata, verify_handles
 from checkpointing.metastore import Metastore
-from checkpointing.models import Checkpoint, Job, RestoreEvent
-from checkpointing.properties import CheckpointStatus, RestoreStatus
+from checkpointing.models import Checkpoint, RestoreEvent
+from checkpointing.status import CheckpointStatus, RestoreStatus
 from checkpointing.storage import METADATA_FILE, CheckpointStorage
 
 log = logging.getLogger(__name__)
@@ -106,9 +105,7 @@ def find_latest_valid(
     """
     validate_id(job_id, "job id")
     with metastore.transaction() as s:
-        job = s.get(Job, job_id)
-        if job is None:
-            raise UnknownJobError(f"unknown job {job_id!r}")
+        job = jobs.job_row(s, job_id)
         prefer = (
             job.prefer_checkpoint_for_recovery if prefer_checkpoint is None else prefer_checkpoint
         )
@@ -272,7 +269,7 @@ class RestorePreview:
 
     decision: RestoreDecision
     parallelism: int
-    plan: RestorePlan
+    plan: StateAssignment
 
     @property
     def metadata(self) -> CheckpointMetadata:
@@ -346,8 +343,7 @@ class RestorePreview:
 def require_job(metastore: Metastore, job_id: str) -> None:
     """Fail with the job named before looking for its checkpoints."""
     with metastore.transaction() as s:
-        if s.get(Job, validate_id(job_id, "job id")) is None:
-            raise UnknownJobError(f"unknown job {job_id!r} (see `ckpt jobs`)")
+        jobs.job_row(s, validate_id(job_id, "job id"))
 
 
 def preview_restore(

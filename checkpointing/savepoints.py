@@ -13,13 +13,13 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from checkpointing import decider
+from checkpointing import jobs, request_queue
 from checkpointing.clock import Clock, SystemClock
-from checkpointing.errors import CheckpointingError, UnknownCheckpointError, UnknownJobError
+from checkpointing.errors import CheckpointingError, UnknownCheckpointError
 from checkpointing.ids import validate_id
 from checkpointing.metastore import Metastore
-from checkpointing.models import Checkpoint, CheckpointRequest, Job
-from checkpointing.properties import CheckpointStatus, CheckpointType, JobStatus, RequestStatus
+from checkpointing.models import Checkpoint, CheckpointRequest
+from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus, RequestStatus
 
 if TYPE_CHECKING:
     from checkpointing.storage import CheckpointStorage
@@ -93,15 +93,13 @@ def request_savepoint(
     checkpoint_type = CheckpointType.SAVEPOINT_THEN_STOP if stop else CheckpointType.SAVEPOINT
     now = (clock or SystemClock()).now()
     with metastore.transaction() as s:
-        job = s.get(Job, job_id, with_for_update=True)
-        if job is None:
-            raise UnknownJobError(f"unknown job {job_id!r} (see `ckpt jobs`)")
+        job = jobs.job_row(s, job_id, lock=True)
         if job.status != JobStatus.RUNNING:
             raise JobNotRunningError(
                 f"job {job_id!r} is not running (status {job.status}): a savepoint needs a "
                 "running job; to start it from its latest checkpoint, run it again"
             )
-        request = decider.enqueue(
+        request = request_queue.enqueue(
             s, job_id, checkpoint_type, requested_by=requested_by, now=now, forced=True
         )
         return request.request_id
@@ -181,8 +179,7 @@ def discard_savepoint(
     validate_id(job_id, "job id")
     now = (clock or SystemClock()).now()
     with metastore.transaction() as s:
-        if s.get(Job, job_id) is None:
-            raise UnknownJobError(f"unknown job {job_id!r}")
+        jobs.job_row(s, job_id)
         disposal = store.discard_savepoint(s, job_id, checkpoint_id, now)
         if disposal is None:
             row = s.get(Checkpoint, (job_id, checkpoint_id))

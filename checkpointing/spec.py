@@ -112,7 +112,7 @@ class PipelineSpec(BaseModel):
     source: SourceSpec
     key: list[str]
     #: required in a spec file; empty for a Python API job, whose stage is code (see
-    #: :class:`checkpointing.spark.stages.Pipeline`)
+    #: :class:`checkpointing.spark.pipeline.Pipeline`)
     aggregations: dict[str, Aggregation] = {}
     sink: SinkSpec
     # strict: a YAML ``true`` is not the integer 1

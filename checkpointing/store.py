@@ -1,4 +1,5 @@
-"""Completed checkpoints in the metastore (Flink's ``CompletedCheckpointStore``).
+"""Completed checkpoints in the metastore (Flink's ``CompletedCheckpoint`` and
+``CompletedCheckpointStore``).
 
 The store holds COMPLETED checkpoints; it keeps the newest ``retained`` of them and subsumes the
 rest. Savepoints are completed too but never enter the retained count and are never subsumed or
@@ -12,11 +13,41 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from checkpointing.models import Checkpoint
-from checkpointing.properties import CheckpointStatus, CheckpointType, JobStatus
+from checkpointing.metadata import CheckpointMetadata
+from checkpointing.models import Checkpoint, Job
+from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus
+from checkpointing.storage import FileInfo
+
+
+@dataclass(frozen=True)
+class CompletedCheckpoint:
+    """A checkpoint whose ``_metadata`` is written and whose row is COMPLETED (Flink's
+    ``CompletedCheckpoint``): what completion listeners and restores receive."""
+
+    job_id: str
+    checkpoint_id: int
+    checkpoint_type: CheckpointType
+    metadata_path: str
+    location: str
+    state_size: int
+    metadata: CheckpointMetadata
+
+    @classmethod
+    def of(cls, row: Checkpoint, metadata: CheckpointMetadata) -> CompletedCheckpoint:
+        """The completed checkpoint of a COMPLETED row and its ``_metadata``."""
+        assert row.metadata_path is not None
+        return cls(
+            row.job_id,
+            row.checkpoint_id,
+            CheckpointType(row.checkpoint_type),
+            row.metadata_path,
+            row.storage_location,
+            row.state_size,
+            metadata,
+        )
 
 
 @dataclass(frozen=True)
@@ -44,6 +75,56 @@ def restore_candidates(session: Session, job_id: str, prefer_checkpoint: bool) -
     if prefer_checkpoint:
         rows.sort(key=lambda c: (c.checkpoint_type != CheckpointType.CHECKPOINT, -c.checkpoint_id))
     return rows
+
+
+def add(
+    session: Session,
+    job_id: str,
+    checkpoint_id: int,
+    token: str,
+    metadata: CheckpointMetadata,
+    info: FileInfo,
+    retained: int,
+) -> tuple[int | None, list[Disposal]] | None:
+    """Flink's ``CompletedCheckpointStore.addCheckpointAndSubsumeOldestOne``, after the
+    ``_metadata`` was written: mark the claimed PENDING row COMPLETED, record it as the job's
+    latest completion, and (checkpoints only: a savepoint subsumes nothing) subsume beyond
+    ``retained``. None when the row is no longer ours to complete (aborted meanwhile); else its
+    request id, if a request triggered it, and what to delete after the commit."""
+    now = metadata.completed_at
+    marked = session.execute(
+        update(Checkpoint)
+        .where(
+            Checkpoint.job_id == job_id,
+            Checkpoint.checkpoint_id == checkpoint_id,
+            Checkpoint.status == CheckpointStatus.PENDING,
+            Checkpoint.completing_by == token,
+        )
+        .values(
+            status=CheckpointStatus.COMPLETED,
+            completed_at=now,
+            metadata_path=info.url,
+            metadata_checksum=info.checksum,
+            state_size=metadata.state_size,
+        )
+        .returning(Checkpoint.request_id)
+    ).one_or_none()
+    if marked is None:
+        return None
+    # completions may commit out of id order: the job's latest is the highest id, on each dialect
+    latest = (
+        func.greatest(Job.last_completed_id, checkpoint_id)
+        if session.get_bind().dialect.name == "postgresql"
+        else func.max(func.coalesce(Job.last_completed_id, 0), checkpoint_id)
+    )
+    session.execute(
+        update(Job)
+        .where(Job.job_id == job_id)
+        .values(last_completed_id=func.coalesce(latest, checkpoint_id), last_completion_at=now)
+    )
+    checkpoint = CheckpointType(metadata.checkpoint_type) is CheckpointType.CHECKPOINT
+    disposals = subsume(session, job_id, retained, now) if checkpoint else []
+    return marked[0], disposals
 
 
 def subsume(session: Session, job_id: str, retained: int, now: datetime) -> list[Disposal]:

@@ -10,7 +10,8 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, func, select
 
-from checkpointing.errors import UnknownCheckpointError, UnknownJobError
+from checkpointing import jobs
+from checkpointing.errors import UnknownCheckpointError
 from checkpointing.ids import validate_checkpoint_id, validate_id
 from checkpointing.metastore import Metastore
 from checkpointing.models import (
@@ -22,7 +23,7 @@ from checkpointing.models import (
     RestoreEvent,
 )
 from checkpointing.pending import acked_count
-from checkpointing.properties import CheckpointStatus, CheckpointType
+from checkpointing.status import CheckpointStatus, CheckpointType
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -59,10 +60,7 @@ def list_jobs(metastore: Metastore) -> list[dict[str, Any]]:
 
 
 def _require_job(s: Any, job_id: str) -> Job:
-    job = s.get(Job, validate_id(job_id, "job id"))
-    if job is None:
-        raise UnknownJobError(f"unknown job {job_id!r} (see `ckpt jobs`)")
-    return job  # type: ignore[no-any-return]
+    return jobs.job_row(s, validate_id(job_id, "job id"))
 
 
 def checkpoint_summary(c: Checkpoint, acked: int) -> dict[str, Any]:

@@ -3,6 +3,6 @@ checkpoint) with its current spec and code, at the same or a new parallelism."""
 
 from pathlib import Path
 
-from checkpointing_airflow.dag_factory import build_deploy_dag
+from checkpointing_airflow.deploy_dag import build_deploy_dag
 
 dag = build_deploy_dag(Path(__file__).parent / "pipelines")

@@ -3,6 +3,6 @@ trigger form (pipeline, stop, timeout); its result is the savepoint's path."""
 
 from pathlib import Path
 
-from checkpointing_airflow.dag_factory import build_savepoint_dag
+from checkpointing_airflow.savepoint_dag import build_savepoint_dag
 
 dag = build_savepoint_dag(Path(__file__).parent / "pipelines")

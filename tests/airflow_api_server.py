@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 
-from checkpointing.airflow_env import airflow_command, airflow_env, migrate
 from checkpointing.clock import ManualClock
 from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.metastore import Metastore
-from checkpointing.properties import JobStatus
 from checkpointing.restore import find_latest_valid, preview_restore, record_restore
+from checkpointing.status import JobStatus
 from checkpointing.storage import FileSystemCheckpointStorage
+from demo.airflow_env import airflow_command, airflow_env, migrate
 from tests.helpers import ack_all, complete, new_coordinator
 
 SIMPLE_AUTH_MANAGER = (

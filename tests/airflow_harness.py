@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from checkpointing import datasets
-from checkpointing.airflow_env import REPO, airflow_command, airflow_env, migrate
+from demo.airflow_env import REPO, airflow_command, airflow_env, migrate
 
 __all__ = ["AIRFLOW", "CKPT", "REPO", "AirflowHome", "assert_exactly_once", "make_airflow_home"]
 

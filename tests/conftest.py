@@ -148,7 +148,7 @@ def s3_bucket(s3_env: str) -> str:
 def spark() -> Iterator[object]:
     """A real local Spark session (the installed pyspark, with its own jars), configured as the
     runtime configures its own."""
-    from checkpointing.spark.runtime import spark_session
+    from checkpointing.spark.session import spark_session
 
     # short JVM lives: C1-only JIT halves the driver's CPU on this 2-core machine
     session = spark_session(

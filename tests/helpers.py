@@ -12,13 +12,9 @@ from sqlalchemy import select
 
 from checkpointing.clock import ManualClock
 from checkpointing.config import CheckpointConfig
-from checkpointing.coordinator import (
-    AckOutcome,
-    CheckpointCoordinator,
-    CompletedCheckpoint,
-    PendingCheckpoint,
-)
+from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.failure import TolerableFailuresExceeded
+from checkpointing.gateway import AckOutcome
 from checkpointing.metastore import Metastore
 from checkpointing.models import (
     Checkpoint,
@@ -28,8 +24,9 @@ from checkpointing.models import (
     Job,
     RestoreEvent,
 )
-from checkpointing.pending import TaskAck, TaskSpec
+from checkpointing.pending import PendingCheckpoint, TaskAck, TaskSpec
 from checkpointing.storage import CheckpointStorage, FileSystemCheckpointStorage
+from checkpointing.store import CompletedCheckpoint
 
 JOB = "job-a"
 

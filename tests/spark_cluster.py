@@ -424,7 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     """The driver: run the pipeline once on ``--master`` and write a JSON report (pid, run
     result, whether the crash hook fired, the S3 listing of the job after each epoch)."""
     from checkpointing.metastore import Metastore
-    from checkpointing.spark.runtime import PipelineRun, RunOptions, SimulatedCrash, spark_session
+    from checkpointing.spark.preflight import RunOptions
+    from checkpointing.spark.runtime import PipelineRun, SimulatedCrash
+    from checkpointing.spark.session import spark_session
     from checkpointing.spec import load_spec
 
     parser = argparse.ArgumentParser(prog="python -m tests.spark_cluster")

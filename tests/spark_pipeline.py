@@ -64,7 +64,8 @@ def run(
     on_epoch: Any = None,
     **options: Any,
 ) -> Any:
-    from checkpointing.spark.runtime import PipelineRun, RunOptions
+    from checkpointing.spark.preflight import RunOptions
+    from checkpointing.spark.runtime import PipelineRun
 
     return PipelineRun(
         spec, spark, metastore, storage, RunOptions(**options), on_epoch=on_epoch

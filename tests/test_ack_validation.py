@@ -12,14 +12,16 @@ from typing import Any
 
 import pytest
 
+from checkpointing.acknowledge import acknowledge
 from checkpointing.clock import ManualClock
-from checkpointing.coordinator import CheckpointCoordinator, CompletedCheckpoint, PendingCheckpoint
+from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.failure import CheckpointFailureReason
 from checkpointing.metastore import Metastore
-from checkpointing.pending import AckResult, TaskAck, acknowledge
-from checkpointing.properties import CheckpointStatus
+from checkpointing.pending import AckResult, PendingCheckpoint, TaskAck
 from checkpointing.restore import find_latest_valid
+from checkpointing.status import CheckpointStatus
 from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.store import CompletedCheckpoint
 from tests.helpers import (
     JOB,
     ack_rows,

@@ -12,13 +12,14 @@ import pytest
 from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, Job
-from checkpointing.properties import JobStatus
 from checkpointing.recovery import pipeline_plan
 from checkpointing.spec import load_spec
+from checkpointing.status import JobStatus
 from checkpointing.storage import CheckpointStorage
 from checkpointing.views import list_restores
+from checkpointing_airflow.attempts import attempt_id
 from checkpointing_airflow.callbacks import newer_coordinator, restore_from_latest
-from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator, attempt_id
+from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
 
 DAG, RUN, JOB = "late_callback", "manual__2026-01-01T00:00:00+00:00", "late_callback"
 

@@ -1,6 +1,6 @@
 """(e) The coordinator's worker killed mid-run: the retry resumes coordination.
 
-A real local Airflow 3 (``checkpointing.local_airflow``: api-server, scheduler with the
+A real local Airflow 3 (``demo.local_airflow``: api-server, scheduler with the
 LocalExecutor, dag-processor, triggerer) runs a small pipeline DAG, triggered through the REST
 API. Once a checkpoint of the run has completed and the next one is pending, the whole process
 tree of the task is SIGKILLed: the LocalExecutor's worker that supervises the task, the task
@@ -34,9 +34,9 @@ import pytest
 from checkpointing import datasets, views
 from checkpointing.config import Settings
 from checkpointing.failure import CheckpointFailureReason
-from checkpointing.local_airflow import LocalAirflow, local_airflow
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, Job
+from demo.local_airflow import LocalAirflow, local_airflow
 from tests.airflow_harness import AGGS, CKPT, assert_exactly_once, write_events_spec
 from tests.helpers import checkpoint_rows
 

@@ -14,7 +14,7 @@ from checkpointing.assignment import (
     HandleRead,
     KeyedStateHandle,
     OperatorSnapshot,
-    RestorePlan,
+    StateAssignment,
     StateAssignmentError,
     assign_keyed,
     assign_list_state,
@@ -566,7 +566,7 @@ def test_plan_is_an_immutable_value() -> None:
     args = dict(new_parallelism=3, max_parallelism=128)
     a = plan_restore([source, agg], ["source", "agg"], **args)  # type: ignore[arg-type]
     b = plan_restore([source, agg], ["source", "agg"], **args)  # type: ignore[arg-type]
-    assert isinstance(a, RestorePlan)
+    assert isinstance(a, StateAssignment)
     assert a == b
     with pytest.raises(AttributeError):
         a.operators = ()  # type: ignore[misc]

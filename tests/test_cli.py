@@ -22,15 +22,21 @@ from checkpointing.pending import TaskAck, TaskSpec
 from checkpointing.storage import FileSystemCheckpointStorage
 
 CKPT = str(Path(sys.executable).with_name("ckpt"))
+#: the demos (``make demo``) run from the checkout: ``python -m demo``
+DEMO = (sys.executable, "-m", "demo")
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 def run_ckpt(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    command: tuple[str, ...] = (CKPT,),
 ) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
     full_env.update(env or {})
     return subprocess.run(
-        [CKPT, *args],
+        [*command, *args],
         capture_output=True,
         text=True,
         env=full_env,
@@ -182,7 +188,9 @@ def test_default_home_is_project_local(tmp_path: Path) -> None:
 
 
 def test_demo_runs_a_full_cycle_on_embedded_defaults(tmp_path: Path) -> None:
-    result = run_ckpt("demo", "--core", env={"CKPT_HOME": str(tmp_path / "home")})
+    result = run_ckpt(
+        "--core", env={"CKPT_HOME": str(tmp_path / "home")}, cwd=CHECKOUT, command=DEMO
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok: restored from CHECKPOINT" in result.stdout
     assert "SUBSUMED" in result.stdout and "SAVEPOINT" not in result.stderr

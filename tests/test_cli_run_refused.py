@@ -20,7 +20,7 @@ from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.errors import CheckpointingError
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, Job, RestoreEvent
-from checkpointing.properties import JobStatus
+from checkpointing.status import JobStatus
 from checkpointing.storage import FileSystemCheckpointStorage
 
 SPEC = """
@@ -45,7 +45,7 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_args: Any, **_kwargs: Any) -> None:
         raise SparkWouldStart("spark would start here")
 
-    monkeypatch.setattr("checkpointing.spark.runtime.spark_session", refuse)
+    monkeypatch.setattr("checkpointing.spark.session.spark_session", refuse)
 
 
 def write_spec(tmp_path: Path, source: str = "data/*.parquet", sink: str = "out") -> Path:

@@ -6,15 +6,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 from checkpointing.clock import ManualClock
-from checkpointing.coordinator import CompletedCheckpoint
 from checkpointing.errors import OutcomeUnknownError, StorageError
 from checkpointing.failure import CheckpointFailureReason
 from checkpointing.metadata import read_metadata
 from checkpointing.metastore import Metastore
 from checkpointing.pending import AckResult, TaskAck
-from checkpointing.properties import CheckpointStatus, CheckpointType
 from checkpointing.restore import find_latest_valid
+from checkpointing.status import CheckpointStatus, CheckpointType
 from checkpointing.storage import METADATA_FILE, FileInfo, FileSystemCheckpointStorage, checksum_of
+from checkpointing.store import CompletedCheckpoint
 from tests.helpers import (
     JOB,
     ack_all,

@@ -9,8 +9,8 @@ import pytest
 
 from checkpointing.clock import ManualClock
 from checkpointing.config import CheckpointConfig, RetentionPolicy
-from checkpointing.coordinator import config_of
 from checkpointing.errors import ConfigError
+from checkpointing.jobs import config_of
 from checkpointing.metastore import Metastore
 from checkpointing.storage import FileSystemCheckpointStorage
 from tests.helpers import job_row, new_coordinator

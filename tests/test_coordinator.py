@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select
 
-from checkpointing import decider
+from checkpointing import request_queue as decider
 from checkpointing.clock import ManualClock
 from checkpointing.errors import StorageError
 from checkpointing.failure import (
@@ -21,7 +21,7 @@ from checkpointing.failure import (
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointRequest
 from checkpointing.pending import TaskSpec
-from checkpointing.properties import (
+from checkpointing.status import (
     CheckpointStatus,
     CheckpointType,
     JobStatus,

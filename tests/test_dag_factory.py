@@ -28,8 +28,8 @@ from checkpointing import ids
 from checkpointing.clock import ManualClock
 from checkpointing.errors import CheckpointingError
 from checkpointing.metastore import Metastore
-from checkpointing.properties import JobStatus
 from checkpointing.spec import SpecError, load_spec
+from checkpointing.status import JobStatus
 from checkpointing.storage import FileSystemCheckpointStorage
 from checkpointing_airflow import dag_factory
 from checkpointing_airflow.dag_factory import (
@@ -308,7 +308,7 @@ def test_a_spec_becomes_a_dag_named_after_its_job_with_its_deployment_fields(
     run.parallelism = env.from_string(run.parallelism).render(params={"parallelism": 5})
     assert (run.parallelism_for(spec, 1), run.parallelism_for(spec, 2)) == (5, 2)
 
-    # operator arguments on top of the spec (what `ckpt demo` builds its DAG with)
+    # operator arguments on top of the spec (what `make demo` builds its DAG with)
     drill = dag_factory.pipeline_dag(
         tmp_path / "routes.py",
         operator_args={"fail_first_try_after_epochs": 3, "conf": {"spark.ui.enabled": "false"}},

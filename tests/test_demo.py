@@ -1,7 +1,7 @@
-"""``ckpt demo``: the nycflights13 example pipeline end to end as an Airflow DAG (real Airflow,
-spark-submit: crash, retry, resume, verification) and directly on Spark (``--no-airflow``), and
-the demo's verification itself on small hand-made sinks, so a wrong result is known to fail the
-demo."""
+"""``make demo`` (``python -m demo``): the nycflights13 example pipeline end to end as an Airflow
+DAG (real Airflow, spark-submit: crash, retry, resume, verification) and directly on Spark
+(``--no-airflow``), and the demo's verification itself on small hand-made sinks, so a wrong
+result is known to fail the demo."""
 
 from __future__ import annotations
 
@@ -16,17 +16,28 @@ import pandas as pd
 import pytest
 
 from checkpointing import datasets
-from checkpointing.flights_demo import SPEC_PATH, demo_spec, ensure_flights, verify
 from checkpointing.spec import PipelineSpec, load_spec
+from demo.flights import SPEC_PATH, demo_spec, ensure_flights, verify
 
 CKPT = str(Path(sys.executable).with_name("ckpt"))
+#: the demos (``make demo``) run from the checkout: ``python -m demo``
+DEMO = (sys.executable, "-m", "demo")
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 
-def _ckpt(home: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+def _ckpt(
+    home: Path, *args: str, timeout: int = 120, command: tuple[str, ...] = (CKPT,)
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
     env["CKPT_HOME"] = str(home)
     return subprocess.run(
-        [CKPT, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        [*command, *args],
+        env=env,
+        cwd=CHECKOUT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -50,7 +61,7 @@ def test_demo_runs_the_pipeline_as_an_airflow_dag_crashes_resumes_and_verifies(
 ) -> None:
     """``make demo``: ``airflow dags test`` of the example pipeline's DAG, a real Airflow (SQLite)
     and spark-submit; the first try crashes, Airflow retries, the retry resumes."""
-    result = _ckpt(demo_home, "demo", timeout=1400)
+    result = _ckpt(demo_home, timeout=1400, command=DEMO)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     out = result.stdout
     job = "nycflights13_routes_demo"
@@ -82,7 +93,7 @@ def test_demo_runs_the_pipeline_as_an_airflow_dag_crashes_resumes_and_verifies(
 
 @pytest.mark.timeout(1200)  # ~1 min on an idle 2-core machine; far more under load
 def test_demo_without_airflow_crashes_resumes_and_verifies_on_spark(demo_home: Path) -> None:
-    result = _ckpt(demo_home, "demo", "--no-airflow", timeout=1100)
+    result = _ckpt(demo_home, "--no-airflow", timeout=1100, command=DEMO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "died after epoch" in out
@@ -192,7 +203,7 @@ def test_flight_files_are_generated_once_and_whole(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("crash_after", ["0", "x"])
 def test_demo_refuses_a_bad_crash_point(tmp_path: Path, crash_after: str) -> None:
-    result = _ckpt(tmp_path, "demo", "--crash-after", crash_after)
+    result = _ckpt(tmp_path, "--crash-after", crash_after, command=DEMO)
     assert result.returncode == 2 and "--crash-after" in result.stderr
 
 
@@ -202,11 +213,11 @@ def test_demo_exits_non_zero_when_verification_fails(
 ) -> None:
     from typer.testing import CliRunner
 
-    from checkpointing import airflow_demo, flights_demo
-    from checkpointing.cli import app
+    from demo import airflow_demo, flights, spark_only
+    from demo.cli import app
 
-    failed = flights_demo.Verification(problems=["final table: flights differs for 1 keys"])
-    monkeypatch.setattr(flights_demo, "run_flights_demo", lambda *a, **k: failed)
+    failed = flights.Verification(problems=["final table: flights differs for 1 keys"])
+    monkeypatch.setattr(spark_only, "run_flights_demo", lambda *a, **k: failed)
     monkeypatch.setattr(airflow_demo, "run_airflow_demo", lambda *a, **k: failed)
-    args = ["demo"] if airflow else ["demo", "--no-airflow"]
+    args = [] if airflow else ["--no-airflow"]
     assert CliRunner().invoke(app, args).exit_code == 1

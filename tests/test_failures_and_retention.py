@@ -16,8 +16,8 @@ from checkpointing.failure import (
     TolerableFailuresExceeded,
 )
 from checkpointing.metastore import Metastore
-from checkpointing.properties import CheckpointStatus, CheckpointType, JobStatus
 from checkpointing.restore import find_latest_valid
+from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus
 from checkpointing.storage import FileSystemCheckpointStorage, StorageLocation
 from tests.helpers import (
     JOB,

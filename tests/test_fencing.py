@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from checkpointing.acknowledge import acknowledge
 from checkpointing.clock import ManualClock
-from checkpointing.coordinator import CheckpointCoordinator, CompletedCheckpoint, PendingCheckpoint
+from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.failure import CoordinatorSuperseded
 from checkpointing.metastore import Metastore
-from checkpointing.pending import acknowledge
-from checkpointing.properties import CheckpointStatus, CheckpointType, JobStatus, RequestStatus
+from checkpointing.pending import PendingCheckpoint
 from checkpointing.recovery import fail_attempt
+from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus, RequestStatus
 from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.store import CompletedCheckpoint
 from tests.helpers import (
     JOB,
     ack_all,

@@ -18,7 +18,7 @@ from checkpointing.failure import (
     TolerableFailuresExceeded,
 )
 from checkpointing.metastore import Metastore
-from checkpointing.properties import CheckpointStatus, RequestStatus
+from checkpointing.status import CheckpointStatus, RequestStatus
 from checkpointing.storage import FileSystemCheckpointStorage
 from checkpointing.views import checkpoint_detail, list_checkpoints
 from tests.helpers import (

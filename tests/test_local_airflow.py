@@ -1,5 +1,5 @@
-"""``make airflow`` (``ckpt airflow``): a real local Airflow 3 starts, serves this project's DAGs
-through its REST API to the printed login, and stops completely."""
+"""``make airflow`` (``python -m demo airflow``): a real local Airflow 3 starts, serves this
+project's DAGs through its REST API to the printed login, and stops completely."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from typing import Any
 import psutil
 import pytest
 
-CKPT = str(Path(sys.executable).with_name("ckpt"))
+#: ``make airflow``'s command, run from the checkout
+AIRFLOW = (sys.executable, "-m", "demo", "airflow")
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 def _free_port() -> int:
@@ -55,8 +57,9 @@ def test_make_airflow_serves_the_dags_to_the_printed_login_and_stops_cleanly(
     output = tmp_path / "out.txt"
     with output.open("w") as sink:
         proc = subprocess.Popen(
-            [CKPT, "airflow", "--port", str(port)],
+            [*AIRFLOW, "--port", str(port)],
             env=env,
+            cwd=CHECKOUT,
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -106,8 +109,9 @@ def test_make_airflow_on_a_port_in_use_says_so_and_starts_nothing(tmp_path: Path
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [CKPT, "airflow", "--port", str(port)],
+            [*AIRFLOW, "--port", str(port)],
             env=env,
+            cwd=CHECKOUT,
             capture_output=True,
             text=True,
             timeout=120,

@@ -31,8 +31,8 @@ from typer.testing import CliRunner
 from checkpointing.cli import app as ckpt_app
 from checkpointing.clock import ManualClock
 from checkpointing.metastore import Metastore
-from checkpointing.properties import JobStatus
 from checkpointing.restore import ForeignSnapshotError, preview_restore, record_restore
+from checkpointing.status import JobStatus
 from checkpointing.storage import FileSystemCheckpointStorage
 from tests.helpers import complete, new_coordinator, restore_rows
 
@@ -186,7 +186,7 @@ def test_the_permission_check_asks_the_auth_manager_for_the_triggering_user(
 ) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
-    from checkpointing_airflow.dag_factory import (
+    from checkpointing_airflow.permissions import (
         PermissionRefused,
         authorize_run,
         authorize_trigger,

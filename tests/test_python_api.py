@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from checkpointing.metastore import Metastore
-from checkpointing.spark.stages import ArrowStage, Pipeline
+from checkpointing.spark import ArrowStage, Pipeline
 from checkpointing.storage import FileSystemCheckpointStorage
 
 EPOCHS, EVENTS, USERS, MAX_PARALLELISM = 4, 3_000, 120, 16
@@ -189,7 +189,8 @@ def test_update_is_called_per_key_group_not_per_record(reference: Any) -> None:
 def test_crash_and_rescaled_resume_equals_the_crash_free_run(
     spark: Any, data: Any, reference: Any, tmp_path: Path, metastore: Metastore
 ) -> None:
-    from checkpointing.spark.runtime import RunOptions, SimulatedCrash
+    from checkpointing.spark.preflight import RunOptions
+    from checkpointing.spark.runtime import SimulatedCrash
 
     calls = tmp_path / "calls"
     calls.mkdir()
@@ -321,7 +322,8 @@ def item_tables(spark: Any, p: Pipeline) -> tuple[pd.DataFrame, pd.DataFrame]:
 def test_a_chain_of_two_keyed_stages_crashes_and_resumes_rescaled(
     spark: Any, data: Any, tmp_path: Path, metastore: Metastore
 ) -> None:
-    from checkpointing.spark.runtime import RunOptions, SimulatedCrash
+    from checkpointing.spark.preflight import RunOptions
+    from checkpointing.spark.runtime import SimulatedCrash
 
     _register_by_value()
     frames = data[1]
@@ -355,7 +357,7 @@ def test_a_chain_of_two_keyed_stages_crashes_and_resumes_rescaled(
 def test_a_chain_needs_keys_and_distinct_operator_ids(
     spark: Any, data: Any, tmp_path: Path, metastore_url: str
 ) -> None:
-    from checkpointing.spark.runtime import chained_stages
+    from checkpointing.spark.state import chained_stages
     from checkpointing.spec import SpecError
 
     unkeyed = ArrowStage(lambda s, b: (s, b), state_schema=STATE, output=OUTPUT, final=len)

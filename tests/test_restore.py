@@ -8,7 +8,6 @@ from collections.abc import Callable
 import pytest
 
 from checkpointing.clock import ManualClock
-from checkpointing.coordinator import CompletedCheckpoint
 from checkpointing.errors import (
     CorruptSnapshotError,
     NoCheckpointError,
@@ -16,7 +15,6 @@ from checkpointing.errors import (
     UnknownJobError,
 )
 from checkpointing.metastore import Metastore
-from checkpointing.properties import CheckpointType, RestoreStatus
 from checkpointing.restore import (
     SkippedCheckpoint,
     find_latest_valid,
@@ -24,7 +22,9 @@ from checkpointing.restore import (
     load_external,
     record_restore,
 )
+from checkpointing.status import CheckpointType, RestoreStatus
 from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.store import CompletedCheckpoint
 from tests.helpers import JOB, complete, new_coordinator, restore_rows
 
 Corruption = Callable[[FileSystemCheckpointStorage, CompletedCheckpoint], tuple[str, str]]

@@ -20,7 +20,7 @@ from checkpointing import savepoints, views
 from checkpointing.cli import app
 from checkpointing.errors import UnknownJobError
 from checkpointing.metastore import Metastore
-from checkpointing.properties import CheckpointType, JobStatus
+from checkpointing.status import CheckpointType, JobStatus
 from checkpointing.storage import FileSystemCheckpointStorage
 from tests.helpers import ack_all, new_coordinator
 from tests.spark_pipeline import (

@@ -26,12 +26,13 @@ import pytest
 from sqlalchemy import distinct, func, select
 
 from checkpointing.config import CheckpointConfig
-from checkpointing.coordinator import AckOutcome, CheckpointCoordinator
+from checkpointing.coordinator import CheckpointCoordinator
+from checkpointing.gateway import AckOutcome
 from checkpointing.metadata import read_metadata, verify_handles
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointAck
 from checkpointing.pending import AckResult, TaskAck, TaskSpec
-from checkpointing.properties import CheckpointStatus
+from checkpointing.status import CheckpointStatus
 from checkpointing.storage import FileSystemCheckpointStorage, checksum_of
 
 pytestmark = pytest.mark.slow

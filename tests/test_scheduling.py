@@ -17,7 +17,7 @@ from checkpointing.failure import (
     TolerableFailuresExceeded,
 )
 from checkpointing.metastore import Metastore
-from checkpointing.properties import CheckpointStatus, CheckpointType, JobStatus, RequestStatus
+from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus, RequestStatus
 from checkpointing.storage import FileSystemCheckpointStorage
 from tests.helpers import (
     ack_all,

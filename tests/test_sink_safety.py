@@ -105,8 +105,8 @@ def test_a_subfolder_beside_the_spec_stays_fine(project: Path) -> None:
 
 
 def test_the_python_api_refuses_the_input_folder_as_its_sink(project: Path) -> None:
+    from checkpointing.spark import AggregationStage, Pipeline
     from checkpointing.spark.aggregations import AggregationPlan
-    from checkpointing.spark.stages import AggregationStage, Pipeline
 
     with pytest.raises(SpecError, match=r"^pipeline api: sink\.path: .* is the input folder"):
         Pipeline(
@@ -121,7 +121,7 @@ def test_the_python_api_refuses_the_input_folder_as_its_sink(project: Path) -> N
 def test_the_run_refuses_a_sink_inside_the_storage_it_is_given(project: Path) -> None:
     """The storage may come from ``CKPT_STORAGE_URL`` rather than the spec: the pre-Spark run
     check compares against the storage the run will use."""
-    from checkpointing.spark.runtime import RunOptions, check_run
+    from checkpointing.spark.preflight import RunOptions, check_run
 
     spec = load_spec(spec_with_sink(project, "out"))
     storage = FileSystemCheckpointStorage(f"file://{project}/out/checkpoints")

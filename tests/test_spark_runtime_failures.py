@@ -18,8 +18,8 @@ from checkpointing import restore, views
 from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointRequest
-from checkpointing.properties import CheckpointType
 from checkpointing.spec import SpecError
+from checkpointing.status import CheckpointType
 from checkpointing.storage import FileSystemCheckpointStorage
 from tests.spark_pipeline import (
     EPOCHS,
@@ -163,7 +163,7 @@ def _csv_frames(seed: int = 7) -> list[pd.DataFrame]:
 def test_malformed_csv_row_fails_the_run_and_loses_nothing(
     spark: Any, tmp_path: Path, metastore_url: str, bad_row: str
 ) -> None:
-    from checkpointing.spark.runtime import through_epoch
+    from checkpointing.spark.state import through_epoch
 
     data = tmp_path / "csv"
     data.mkdir()
@@ -283,7 +283,7 @@ def test_savepoint_requested_by_another_coordinator_restores_into_a_fresh_job(
     decision = restore.load_external(storage, directory)
     assert decision.metadata is not None
     # triggered at the next epoch boundary after the request: it covers epochs 0..2
-    from checkpointing.spark.runtime import through_epoch
+    from checkpointing.spark.state import through_epoch
 
     assert through_epoch(decision.metadata, EPOCHS) == 2
 

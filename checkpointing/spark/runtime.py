@@ -10,19 +10,19 @@ rows in the sink. At a boundary with a triggered checkpoint (the barrier: the ep
 global, so alignment is free), every aggregate subtask writes its snapshot from the executor and
 the driver acknowledges them in one batch per operator; the completion notification commits the
 sink's staged epochs.
+
+Here: the run and its epoch loop. Elsewhere: the options and the checks before Spark starts
+(:mod:`~checkpointing.spark.preflight`), the session (:mod:`~checkpointing.spark.session`), the
+operator state's snapshot and restore on the driver (:mod:`~checkpointing.spark.state`) and on the
+executors (:mod:`~checkpointing.spark.executor`).
 """
 
 from __future__ import annotations
 
-import glob
-import json
 import logging
-import os
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -33,30 +33,22 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import from_arrow_schema
 from sqlalchemy import select
 
 from checkpointing import restore
 from checkpointing.assignment import plan_restore, snapshots_from_metadata
-from checkpointing.coordinator import CheckpointCoordinator, CompletedCheckpoint
-from checkpointing.errors import CheckpointingError, UnknownCheckpointError
+from checkpointing.coordinator import CheckpointCoordinator
+from checkpointing.errors import CheckpointingError
 from checkpointing.failure import CheckpointException
-from checkpointing.ids import validate_id
-from checkpointing.keygroups import key_group_range
 from checkpointing.metadata import CheckpointMetadata
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointTask
-from checkpointing.pending import TaskAck, TaskSpec
-from checkpointing.properties import CheckpointStatus, JobStatus, RestoreStatus
+from checkpointing.operator_ids import SINK, SOURCE
+from checkpointing.pending import TaskAck
 from checkpointing.recovery import pipeline_plan
 from checkpointing.sink_guard import check_pipeline_sink
 from checkpointing.spark.aggregations import AggregationPlan
-from checkpointing.spark.executor import (
-    WRITTEN,
-    read_row_groups,
-    read_subtask_snapshots,
-    write_subtask_snapshot,
-)
+from checkpointing.spark.executor import read_row_groups
 from checkpointing.spark.keys import (
     KEY_GROUP,
     SUBTASK,
@@ -64,41 +56,44 @@ from checkpointing.spark.keys import (
     key_group_column,
     partition_keys,
 )
+from checkpointing.spark.preflight import RestoreSourceError, RunOptions, check_run, input_files
+from checkpointing.spark.session import session_settings
 from checkpointing.spark.sink import TwoPhaseCommitSink
 from checkpointing.spark.stages import AggregationStage, Stage
+from checkpointing.spark.state import (
+    StageRun,
+    chained_stages,
+    check_source,
+    empty_state,
+    list_acks,
+    restore_stage,
+    snapshot_stage,
+    through_epoch,
+)
 from checkpointing.spec import PipelineSpec, SpecError
 from checkpointing.splits import InputSplit, epochs_of, plan_splits
+from checkpointing.status import CheckpointStatus, JobStatus, RestoreStatus
 from checkpointing.storage import CheckpointStorage
+from checkpointing.store import CompletedCheckpoint
+
+#: RestoreSourceError, RunOptions and check_run live in preflight: re-exported for callers that
+#: import them from here (not spark_session: a test patching it in session must not leave a stale
+#: copy here)
+__all__ = [
+    "InputError",
+    "PipelineRun",
+    "RestoreSourceError",
+    "RunOptions",
+    "RunResult",
+    "SimulatedCrash",
+    "check_run",
+]
 
 log = logging.getLogger(__name__)
-
-SOURCE, AGGREGATE, SINK = "source", "aggregate", "sink"
 
 
 class SimulatedCrash(RuntimeError):
     """Raised by the ``crash_after_epochs`` test hook: the job dies between two epochs."""
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """:param restore: ``latest`` (resume if the job has checkpoints), ``none``, a checkpoint id,
-        or a savepoint/checkpoint path.
-    :param parallelism: override the spec's parallelism (a rescaled restore).
-    :param attempt: this execution attempt's id (default: random).
-    :param crash_after_epochs: test hook — raise :class:`SimulatedCrash` after this many epochs
-        of this attempt.
-    """
-
-    restore: str = "latest"
-    parallelism: int | None = None
-    attempt: str | None = None
-    crash_after_epochs: int | None = None
-    allow_non_restored_state: bool = False
-    #: restore from a checkpoint or savepoint path of another job (refused otherwise)
-    allow_other_job: bool = False
-    #: the coordinator identity to act under: an Airflow operator passes its own, so the
-    #: operator (Flink's JobManager) and this driver are one coordinator of the job
-    coordinator_id: str | None = None
 
 
 @dataclass
@@ -112,117 +107,6 @@ class RunResult:
     #: set when a stop-with-savepoint ended the run: the savepoint to resume from
     stopped_with_savepoint: str | None = None
     rows_read: int = 0
-
-
-def spark_session(
-    app_name: str = "ckpt", master: str | None = None, conf: dict[str, str] | None = None
-) -> SparkSession:
-    """A Spark session whose Python workers run this interpreter (they need pyarrow and this
-    package), keeping partitioning of cached state across joins on a subset of the keys.
-
-    Under ``spark-submit`` the master, driver address and app name are the submitter's (an
-    Airflow Spark connection); otherwise ``master`` (default ``local[2]``) runs on loopback.
-    ``conf`` adds or overrides settings, e.g. ``spark.executorEnv.*`` for a cluster's executors."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.config("spark.sql.requireAllClusterKeysForCoPartition", "false")
-    if not under_spark_submit():
-        master = master or "local[2]"
-        builder = (
-            builder.master(master)
-            .appName(app_name)
-            .config("spark.pyspark.python", sys.executable)
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")  # ours is the progress display
-        )
-        if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
-            # one machine: stay on loopback; a real cluster's executors must reach the driver
-            builder = builder.config("spark.driver.host", "127.0.0.1").config(
-                "spark.driver.bindAddress", "127.0.0.1"
-            )
-    elif master:
-        builder = builder.master(master)
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
-
-
-@contextmanager
-def session_settings(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    """Runtime SQL settings for the duration of a run, then the session's own values again (a
-    Python API user's session is theirs)."""
-    before = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
-
-
-def under_spark_submit() -> bool:
-    """True in a driver launched by ``spark-submit``, whose JVM is already up with its conf."""
-    return "PYSPARK_GATEWAY_PORT" in os.environ
-
-
-def input_files(spec: PipelineSpec) -> list[str]:
-    """The files the spec's source glob matches, sorted; none is a :class:`SpecError`."""
-    pattern = spec.resolve(spec.source.path)
-    files = sorted(glob.glob(pattern.removeprefix("file://")))
-    if not files:
-        raise SpecError(f"source.path: {pattern!r} matches no files")
-    return files
-
-
-class RestoreSourceError(CheckpointingError, ValueError):
-    """The restore source (``--restore``) cannot be restored from."""
-
-
-def check_run(
-    spec: PipelineSpec,
-    options: RunOptions,
-    storage: CheckpointStorage,
-    metastore: Metastore | None,
-) -> None:
-    """Refuse what can be refused before a Spark session starts and before anything is written
-    (the job is not registered, no restore is recorded): the parallelism, the input files, the
-    sink path, and the restore source. Reads only; ``metastore`` None: there is none yet (so no
-    checkpoint to restore by id). :class:`RestoreSourceError` names a bad ``restore``."""
-    parallelism = options.parallelism or spec.parallelism
-    if parallelism > spec.max_parallelism:
-        raise SpecError(f"parallelism {parallelism} exceeds max_parallelism {spec.max_parallelism}")
-    input_files(spec)
-    check_pipeline_sink(spec, storage.base_url)  # not the input, the storage, ~, / ...
-    sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path), job=spec.job)  # nor foreign files
-    choice = options.restore
-    try:
-        if choice == "none":
-            if sink.committed_epochs():
-                raise SpecError(
-                    f"sink.path: {sink.path} holds committed output of an earlier run; "
-                    "use --restore latest to resume it, or a new sink path"
-                )
-        elif choice == "latest":
-            pass
-        elif choice.isdigit():
-            if metastore is None:
-                raise UnknownCheckpointError(f"job {spec.job} has no checkpoint {choice}")
-            restore.load_checkpoint(metastore, storage, spec.job, int(choice), deep=False)
-        else:
-            restore.load_external(
-                storage,
-                choice,
-                deep=False,
-                job_id=spec.job,
-                allow_other_job=options.allow_other_job,
-            )
-    except (CheckpointingError, ValueError) as exc:
-        if isinstance(exc, SpecError):
-            raise
-        raise RestoreSourceError(f"restore {choice!r}: {exc}") from None
 
 
 class PipelineRun:
@@ -449,17 +333,7 @@ class PipelineRun:
         return F.element_at(keys, index + 1)
 
     def _empty_state(self, s: StageRun) -> DataFrame:
-        assert s.input_schema is not None
-        schema = s.stage.state_schema(
-            s.input_schema,
-            extra_fields=[
-                T.StructField(SUBTASK, T.IntegerType()),
-                T.StructField(KEY_GROUP, T.IntegerType()),
-            ],
-        )
-        # hash-partitioned by subtask like every later state: the first merge's union then
-        # keeps that partitioning instead of shuffling by every grouping column from then on
-        return self.spark.createDataFrame([], schema).repartition(self.parallelism, SUBTASK)
+        return empty_state(self.spark, s, self.parallelism)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -500,8 +374,8 @@ class PipelineRun:
         remaining = self._remaining_splits(epoch + 1)
         staged = [{"epoch": e} for e in self.sink.staged_epochs() if e <= epoch]
         acks_by_op = {
-            SOURCE: _list_acks(self.plan, SOURCE, remaining),
-            SINK: _list_acks(self.plan, SINK, staged),
+            SOURCE: list_acks(self.plan, SOURCE, remaining),
+            SINK: list_acks(self.plan, SINK, staged),
         }
         for s in self.stages:
             acks_by_op[s.operator_id] = self._snapshot_stage(s, location_url)
@@ -520,61 +394,19 @@ class PipelineRun:
     def _snapshot_stage(self, s: StageRun, location_url: str) -> list[TaskAck]:
         """Every subtask of one keyed stage writes its snapshot from the executor; its acks."""
         state = s.state if s.state is not None else self._empty_state(s)
-        storage, keys, max_parallelism = self.storage, self.partition_keys, self.max_parallelism
-        key, operator_id = list(s.key), s.operator_id
-
-        def writer(table: pa.Table) -> pa.Table:  # annotated: Spark infers the UDF type from it
-            return write_subtask_snapshot(
-                storage, location_url, keys, max_parallelism, key, operator_id, table
-            )
-
-        snapshots = state.groupBy(SUBTASK).applyInArrow(writer, from_arrow_schema(WRITTEN))
-        written = {row["subtask"]: row for row in snapshots.collect()}
-        acks = []
-        for task in (t for t in self.plan if t.operator_id == operator_id):
-            r = key_group_range(self.max_parallelism, self.parallelism, task.subtask_index)
-            row = written.get(task.subtask_index)
-            meta: dict[str, Any] = {"key_groups": [r.start, r.end], "group_bytes": {}}
-            if row is None:  # no keys in this subtask's key groups
-                acks.append(TaskAck(task.attempt_id, state_meta=meta))
-                continue
-            meta["group_bytes"] = dict(zip(row["groups"], row["group_bytes"], strict=True))
-            acks.append(
-                TaskAck(
-                    task.attempt_id,
-                    row["url"],
-                    row["size"],
-                    row["checksum"],
-                    row["sync_ms"],
-                    row["async_ms"],
-                    state_meta=meta,
-                )
-            )
-        return acks
+        return snapshot_stage(
+            state,
+            s,
+            self.plan,
+            self.storage,
+            location_url,
+            self.partition_keys,
+            self.max_parallelism,
+        )
 
     def _remaining_splits(self, first_epoch: int) -> list[dict[str, Any]]:
         """The source's list state: every split of the epochs from ``first_epoch`` on."""
         return [s.to_state(e) for e in range(first_epoch, len(self.epochs)) for s in self.epochs[e]]
-
-    def _check_source(self, subtasks: Sequence[Any], checkpoint_id: int) -> None:
-        """The splits the checkpoint says remain must be the ones this run would read next:
-        otherwise the input (or ``splits_per_epoch``, ``max_split_bytes``) changed since, and
-        resuming would skip or repeat input."""
-
-        def key(item: dict[str, Any]) -> str:
-            return json.dumps(InputSplit.from_state(item).to_state(int(item["epoch"])))
-
-        restored = sorted(key(dict(item)) for s in subtasks for item in s.list_state)
-        planned = sorted(key(item) for item in self._remaining_splits(self.next_epoch))
-        if restored != planned:
-            missing = sorted(set(restored) - set(planned))
-            extra = sorted(set(planned) - set(restored))
-            raise SpecError(
-                f"source: the input does not match checkpoint {checkpoint_id}: it has "
-                f"{len(restored)} split(s) left to read, this run plans {len(planned)} "
-                f"(only in the checkpoint: {missing[:2]}; only now: {extra[:2]}). Restore with "
-                "the input, splits_per_epoch and max_split_bytes it was taken with"
-            )
 
     def _commit_sink(self, completed: CompletedCheckpoint) -> None:
         """The completion notification: commit the epochs the checkpoint covers."""
@@ -653,71 +485,21 @@ class PipelineRun:
         )
         self.covered_epoch = through_epoch(metadata, len(self.epochs))
         self.next_epoch = self.covered_epoch + 1
-        self._check_source(plan.operator(SOURCE).subtasks, metadata.checkpoint_id)
+        planned = self._remaining_splits(self.next_epoch)
+        check_source(plan.operator(SOURCE), planned, metadata.checkpoint_id)
         # sets the input schema, which defines the state schema (the next epoch's files: their
         # listing is then warm for the first epoch after the restore)
         self._read(self.epochs[min(self.next_epoch, len(self.epochs) - 1)])
-        handles = {h.handle: h for h in metadata.handles()}
         for s in self.stages:
-            reads = [
-                (
-                    self.partition_keys[t.subtask_index],
-                    r.url,
-                    handles[r.url].checksum,
-                    handles[r.url].size,  # bounds the executor's read of the file
-                    r.key_groups.start,
-                    r.key_groups.end,
-                )
-                for t in plan.operator(s.operator_id).subtasks
-                for r in t.reads
-            ]
-            s.state = self._load_stage(s, reads)
+            s.state = restore_stage(
+                self.spark,
+                self.storage,
+                self._empty_state(s),
+                plan.operator(s.operator_id),
+                metadata,
+                self.partition_keys,
+            )
         return plan.to_dict()
-
-    def _load_stage(self, s: StageRun, reads: list[tuple[Any, ...]]) -> DataFrame:
-        """One stage's restored state: each new subtask's executor reads just its key groups of
-        the old snapshot files; partitioned by subtask as the state always is."""
-        empty = self._empty_state(s)
-        if not reads:
-            return empty
-        tasks = self.spark.createDataFrame(
-            reads, "part_key int, url string, checksum string, size long, start int, end int"
-        ).repartition(len(reads))
-        reader = partial(read_subtask_snapshots, self.storage, empty.schema.names)
-        loaded = tasks.mapInArrow(reader, empty.schema)
-        return loaded.repartition(self.parallelism, SUBTASK).localCheckpoint(eager=True)
-
-
-@dataclass
-class StageRun:
-    """A keyed stage of a run: its operator id (its snapshots' name), key, input schema (fixed
-    by the first read) and current state."""
-
-    operator_id: str
-    stage: Stage
-    key: list[str]
-    input_schema: T.StructType | None = None
-    state: DataFrame | None = None
-
-
-def chained_stages(stages: Sequence[Stage], key: Sequence[str]) -> list[StageRun]:
-    """The runs of a chain of stages: the first keyed by the pipeline's ``key``, the others by
-    their own; operator ids from each stage's ``uid``, else ``aggregate`` for the first (the
-    id a single-stage job has always had) and ``stage-<i>`` after it. Ids must be distinct:
-    they name the state a restore maps back to each stage."""
-    runs: list[StageRun] = []
-    for i, stage in enumerate(stages):
-        if i == 0:
-            stage = stage.with_key(key)
-        stage_key = list(getattr(stage, "key", None) or [])
-        if not stage_key:
-            raise SpecError(f"stage {i + 1} ({stage!r}) has no key: give it key=[...]")
-        uid = getattr(stage, "uid", None) or (AGGREGATE if i == 0 else f"stage-{i + 1}")
-        validate_id(uid, f"stage {i + 1} uid")
-        if uid in (SOURCE, SINK) or any(r.operator_id == uid for r in runs):
-            raise SpecError(f"stage {i + 1}: operator id {uid!r} is taken; give it another uid")
-        runs.append(StageRun(uid, stage, stage_key))
-    return runs
 
 
 class InputError(CheckpointingError):
@@ -748,25 +530,3 @@ def _parquet_rows(splits: Sequence[InputSplit]) -> int | None:
         )
     except (OSError, pa.ArrowException):
         return None
-
-
-def through_epoch(metadata: CheckpointMetadata, num_epochs: int) -> int:
-    """The last epoch a checkpoint covers: one before the first split still to read."""
-    for op in metadata.operators:
-        if op.operator_id == SOURCE:
-            remaining = [int(item["epoch"]) for s in op.subtasks for item in (s.list_state or [])]
-            return (min(remaining) if remaining else num_epochs) - 1
-    raise ValueError("checkpoint has no source state")
-
-
-def _list_acks(
-    plan: Sequence[TaskSpec], operator: str, items: list[dict[str, Any]]
-) -> list[TaskAck]:
-    tasks = [t for t in plan if t.operator_id == operator]
-    dealt: list[list[dict[str, Any]]] = [[] for _ in tasks]
-    for i, item in enumerate(items):
-        dealt[i % len(tasks)].append(item)
-    return [
-        TaskAck(t.attempt_id, state_meta={"list_state": d})
-        for t, d in zip(tasks, dealt, strict=True)
-    ]

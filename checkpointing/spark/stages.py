@@ -12,30 +12,20 @@ state columns, partitioned by subtask — so snapshots, restore and rescaling ar
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import ValidationError
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 
-from checkpointing.config import describe_validation_error
-from checkpointing.errors import ConfigError
-from checkpointing.sink_guard import check_pipeline_sink
 from checkpointing.spark.aggregations import AggregationPlan
 from checkpointing.spark.keys import KEY_GROUP, SUBTASK
-from checkpointing.spec import CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec, SpecError
-
-if TYPE_CHECKING:
-    from checkpointing.metastore import Metastore
-    from checkpointing.spark.runtime import RunOptions, RunResult
-    from checkpointing.storage import CheckpointStorage
 
 #: ``keyed(df)``: ``df`` with its key group and subtask columns, partitioned by subtask
 Keyed = Callable[[DataFrame], DataFrame]
@@ -385,67 +375,3 @@ def _update_subtask(
         kept = left.filter(pc.invert(done))
         add(0, kept, kept.column(SUBTASK), kept.column(KEY_GROUP), state_fields)
     return pa.concat_tables(parts) if parts else tagged.empty_table()
-
-
-class Pipeline:
-    """A Python API job — source → keyed ``stage`` (or a chain of ``stages``) → sink — as a
-    :class:`PipelineSpec` without aggregations plus the stages, run by the same runtime (and
-    checkpoints) as a spec file.
-
-    In a chain, each stage's input in an epoch is the rows the stage before it emitted (its
-    ``changed`` rows) in that epoch — an append stream; the sink gets the last stage's. ``key``
-    keys the first stage; later ones need their own ``key=`` (state is repartitioned by it).
-
-    ``source``, ``sink`` and ``checkpoint`` take what the spec's sections take (``sink`` may be
-    just its path); ``fields`` any other spec field (``max_parallelism``, ``storage``, …)."""
-
-    def __init__(
-        self,
-        *,
-        job: str,
-        source: Mapping[str, Any] | SourceSpec,
-        key: str | Sequence[str],
-        sink: str | Mapping[str, Any] | SinkSpec,
-        stage: Stage | None = None,
-        stages: Sequence[Stage] = (),
-        parallelism: int = 2,
-        checkpoint: Mapping[str, Any] | CheckpointSpec | None = None,
-        **fields: Any,
-    ) -> None:
-        if (stage is None) == (not stages):
-            raise ValueError("give a stage, or a chain of stages (stages=[...]), not both")
-        try:
-            self.spec = PipelineSpec.model_validate(
-                {
-                    "job": job,
-                    "source": source,
-                    "key": [key] if isinstance(key, str) else list(key),
-                    "sink": {"path": sink} if isinstance(sink, str) else sink,
-                    "parallelism": parallelism,
-                    "checkpoint": checkpoint if checkpoint is not None else {},
-                    **fields,
-                }
-            )
-        except ValidationError as exc:
-            raise SpecError(describe_validation_error(exc, f"pipeline {job}")) from None
-        try:  # refused before Spark runs anything (the runtime checks again, with the storage)
-            check_pipeline_sink(self.spec)
-        except ConfigError as exc:
-            raise SpecError(f"pipeline {job}: {exc}") from None
-        chain = list(stages) if stages else [stage]
-        self.stages: list[Stage] = [chain[0].with_key(self.spec.key), *chain[1:]]  # type: ignore[union-attr]
-
-    def run(
-        self,
-        spark: Any,
-        metastore: Metastore,
-        storage: CheckpointStorage,
-        options: RunOptions | None = None,
-        *,
-        on_epoch: Callable[[int, int], None] | None = None,
-    ) -> RunResult:
-        from checkpointing.spark.runtime import PipelineRun
-
-        return PipelineRun(
-            self.spec, spark, metastore, storage, options, on_epoch=on_epoch, stages=self.stages
-        ).run()

@@ -32,7 +32,7 @@ def restore_from_latest(context: Any) -> None:
     """``on_retry_callback``: plan the next try's restore."""
     from checkpointing.recovery import fail_attempt, plan_recovery
     from checkpointing.storage import CheckpointStorage
-    from checkpointing_airflow.operators import attempt_id, run_started
+    from checkpointing_airflow.attempts import attempt_id, run_started
 
     task, ti = context["task"], context["ti"]
     spec = task.load_spec()
@@ -66,7 +66,7 @@ def restore_from_latest(context: Any) -> None:
 def job_failed(context: Any) -> None:
     """``on_failure_callback``: the last try failed; say where to resume from."""
     from checkpointing.recovery import fail_attempt
-    from checkpointing_airflow.operators import attempt_id
+    from checkpointing_airflow.attempts import attempt_id
 
     task, ti = context["task"], context["ti"]
     spec = task.load_spec()
@@ -106,16 +106,11 @@ def job_failed(context: Any) -> None:
 def newer_coordinator(metastore: Any, job_id: str, failed: str, try_number: int) -> str | None:
     """The coordinator id of a later try of the same DAG run that already coordinates the job
     (``failed`` is the failed try's attempt id, ``<run>-<hash>-t<try>``), else None."""
-    from checkpointing.models import Job
+    from checkpointing.jobs import get_job
+    from checkpointing_airflow.attempts import later_try
 
-    with metastore.transaction() as s:
-        job = s.get(Job, job_id)
-        current = job.coordinator_id if job is not None else None
-    run = failed.removesuffix(f"-t{try_number}")
-    if current is None or not current.startswith(f"{run}-t"):
-        return None
-    later = current.removeprefix(f"{run}-t")
-    return current if later.isdigit() and int(later) > try_number else None
+    job = get_job(metastore, job_id)
+    return later_try(job.coordinator_id if job is not None else None, failed, try_number)
 
 
 def _superseded(metastore: Any, job_id: str, failed: str, try_number: int) -> bool:

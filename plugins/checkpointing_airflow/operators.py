@@ -3,7 +3,6 @@ lifetime, its checkpoint coordinator (Flink's JobManager role)."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -11,7 +10,6 @@ import os
 import re
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,20 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from checkpointing.jobs import job_status, storage_url_for_run
+from checkpointing_airflow.attempts import attempt_id, run_started
 from checkpointing_airflow.hooks import CheckpointMetastoreHook, aws_environment, open_metastore
 from checkpointing_airflow.links import CheckpointsLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from checkpointing.coordinator import CheckpointCoordinator
     from checkpointing.metastore import Metastore
     from checkpointing.recovery import RecoveryPlan
     from checkpointing.spec import PipelineSpec
 
 log = logging.getLogger(__name__)
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 #: driver variables that hold credentials: never on a command line, always masked in logs
 SECRET_ENV = frozenset(
     {"CKPT_METASTORE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
@@ -51,13 +49,6 @@ def spark_application() -> str:
     spec = importlib.util.find_spec("checkpointing")
     assert spec is not None and spec.submodule_search_locations
     return str(Path(next(iter(spec.submodule_search_locations))) / "spark" / "app.py")
-
-
-def attempt_id(dag_id: str, run_id: str, try_number: int) -> str:
-    """A safe, unique id for one try of one DAG run (it becomes part of task and file names)."""
-    digest = hashlib.sha256(f"{dag_id}\0{run_id}".encode()).hexdigest()[:8]
-    readable = _UNSAFE.sub("-", run_id).strip("-._")[:48] or "run"
-    return f"{readable}-{digest}-t{try_number}"
 
 
 class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
@@ -166,13 +157,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         return CheckpointMetastoreHook(self.metastore_conn_id).get_url()
 
     def storage_for(self, spec: PipelineSpec) -> str:
-        from checkpointing.config import Settings
-
-        return (
-            self.storage_url
-            or (spec.storage and spec.resolve(spec.storage))
-            or Settings.resolve().storage_url
-        )
+        return storage_url_for_run(self.storage_url, spec)
 
     def parallelism_for(self, spec: PipelineSpec, try_number: int) -> int:
         chosen = self.parallelism_on_retry if try_number > 1 else None
@@ -276,7 +261,11 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
         secrets = self.prepare_submit(self._driver_env(url, storage_url))
 
-        deactivator = _DeActivator(coordinator, metastore, spec.job, self.coordinator_poll)
+        from checkpointing.deactivator import CheckpointCoordinatorDeActivator
+
+        deactivator = CheckpointCoordinatorDeActivator(
+            coordinator, self.coordinator_poll, follow_job_status=True, name=f"ckpt-{spec.job}"
+        )
         deactivator.start()
         try:
             with _process_environment(secrets):  # spark-submit inherits them, nothing else
@@ -412,67 +401,6 @@ def _with(ours: Any, theirs: Any) -> list[Any]:
     """Our callback first, then the user's (one or a list)."""
     extra = [] if theirs is None else list(theirs) if isinstance(theirs, list | tuple) else [theirs]
     return [ours, *(c for c in extra if c is not ours)]
-
-
-def job_status(metastore: Metastore, job_id: str) -> str | None:
-    from checkpointing.models import Job
-
-    with metastore.transaction() as s:
-        job = s.get(Job, job_id)
-        return job.status if job is not None else None
-
-
-def run_started(context: Context) -> Any:
-    dag_run = context.get("dag_run")
-    return getattr(dag_run, "start_date", None) if dag_run is not None else None
-
-
-class _DeActivator:
-    """Flink's ``CheckpointCoordinatorDeActivator`` plus the coordinator loop: periodic
-    checkpointing runs while the application reports RUNNING; requests, expiry and orphaned
-    completions are handled every ``poll`` seconds."""
-
-    def __init__(
-        self, coordinator: CheckpointCoordinator, metastore: Metastore, job_id: str, poll: float
-    ) -> None:
-        self.coordinator = coordinator
-        self.metastore = metastore
-        self.job_id = job_id
-        self.poll = poll
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"ckpt-{job_id}", daemon=True)
-        self._scheduling = False
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        from checkpointing.failure import CoordinatorSuperseded
-
-        while not self._stop.wait(self.poll):
-            try:
-                self._pass()
-            except CoordinatorSuperseded as exc:  # a newer try coordinates: nothing left to do
-                log.warning("job %s: %s; coordinator loop stopped", self.job_id, exc)
-                return
-            except Exception:  # a dying loop would silently stop checkpointing
-                log.exception("job %s: coordinator pass failed", self.job_id)
-
-    def _pass(self) -> None:
-        running = job_status(self.metastore, self.job_id) == "RUNNING"
-        scheduler = self.coordinator.scheduler
-        if scheduler is not None and running and not self._scheduling:
-            self.coordinator.start_scheduler()
-            self._scheduling = True
-        elif self._scheduling and not running:
-            self.coordinator.stop_scheduler()
-            self._scheduling = False
-        if running:
-            self.coordinator.run_once()
 
 
 def _truthy(value: bool | str) -> bool:

@@ -1,4 +1,5 @@
-"""``ckpt airflow`` (``make airflow``): a local Airflow 3 with this project's DAGs and plugins.
+"""``make airflow`` (``python -m demo airflow``): a local Airflow 3 with this project's DAGs and
+plugins.
 
 Its four components (api-server, scheduler, dag-processor, triggerer) run as child processes on
 embedded defaults: home ``CKPT_HOME/airflow``, SQLite, the LocalExecutor, Airflow's
@@ -27,9 +28,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from rich.console import Console
+from rich.text import Text
 
-from checkpointing.airflow_env import DAGS, airflow_command, airflow_env, migrate
 from checkpointing.config import Settings
+from demo.airflow_env import DAGS, airflow_command, airflow_env, migrate
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 USER = "admin"
@@ -165,8 +167,8 @@ def run_local_airflow(
 ) -> int:
     """Start the local Airflow, print its URL and login, and run until interrupted (Ctrl-C or
     SIGTERM) or until a component dies; then stop every component. Returns the exit code."""
-    console.print(f"[bold]airflow[/bold]  {settings.home / 'airflow'} (SQLite)", highlight=False)
-    console.print(f"[bold]DAGs[/bold]     {DAGS}", highlight=False)
+    console.print(Text.assemble(("airflow", "bold"), f"  {settings.home / 'airflow'} (SQLite)"))
+    console.print(Text.assemble(("DAGs", "bold"), f"     {DAGS}"))
     with socket.socket() as probe:  # say so now, not as an api-server crash in its log
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the api-server does
         try:
@@ -174,7 +176,7 @@ def run_local_airflow(
         except OSError:
             raise RuntimeError(
                 f"port {port} on 127.0.0.1 is in use: choose another one "
-                "(make airflow AIRFLOW_PORT=8081, or ckpt airflow --port 8081)"
+                "(make airflow AIRFLOW_PORT=8081, or python -m demo airflow --port 8081)"
             ) from None
     airflow = local_airflow(settings, port=port)
     stopping: list[int] = []
@@ -189,23 +191,32 @@ def run_local_airflow(
         console.print(f"starting {', '.join(COMPONENTS)} (logs in {airflow.home / 'logs'}) …")
         if airflow.wait_until_serving(ready_timeout, interrupted=lambda: bool(stopping)):
             console.print(
-                f"\n[bold green]Airflow is up[/bold green]: {airflow.url}\n"
-                f"  login: user [bold]{airflow.user}[/bold], password "
-                f"[bold]{airflow.password}[/bold] (kept in {airflow.home / 'passwords.json'})\n"
-                f"  metastore {settings.display_metastore_url},"
-                f" checkpoints {settings.storage_url}\n"
-                "  Ctrl-C stops it.",
-                highlight=False,
+                Text.assemble(
+                    "\n",
+                    ("Airflow is up", "bold green"),
+                    f": {airflow.url}\n  login: user ",
+                    (airflow.user, "bold"),
+                    ", password ",
+                    (airflow.password, "bold"),
+                    f" (kept in {airflow.home / 'passwords.json'})\n"
+                    f"  metastore {settings.display_metastore_url},"
+                    f" checkpoints {settings.storage_url}\n"
+                    "  Ctrl-C stops it.",
+                ),
                 soft_wrap=True,
             )
         while not stopping:
             if dead := airflow.dead():
-                console.print(f"[red]Airflow components exited: {dead}[/red]; stopping the rest")
+                console.print(
+                    Text.assemble(
+                        (f"Airflow components exited: {dead}", "red"), "; stopping the rest"
+                    )
+                )
                 code = 1
                 break
             time.sleep(1)
     except RuntimeError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        console.print(Text.assemble(("error:", "red"), f" {exc}"), soft_wrap=True)
         code = 1
     finally:
         console.print("stopping Airflow …")

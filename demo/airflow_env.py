@@ -1,10 +1,10 @@
 """A project-local Airflow: the environment its commands run with (home, metadata database,
 this project's plugins and a DAGs folder) and how to run them.
 
-Shared by ``ckpt demo`` (``airflow dags test`` of the example pipeline), ``ckpt airflow`` (the
-local Airflow of ``make airflow``) and the tests, so that all three configure Airflow alike.
-Airflow is only ever run as a subprocess (``airflow …`` of this interpreter's environment):
-this module imports nothing of Airflow, keeping the core library free of it.
+Shared by ``make demo`` (``airflow dags test`` of the example pipeline), ``make airflow`` (the
+local Airflow of :mod:`demo.local_airflow`) and the tests, so that all three configure Airflow
+alike. Airflow is only ever run as a subprocess (``airflow …`` of this interpreter's
+environment): this module imports nothing of Airflow.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-#: the checkout: ``dags/`` and ``plugins/`` live next to the package
-REPO = Path(__file__).resolve().parent.parent
-PLUGINS = REPO / "plugins"
-DAGS = REPO / "dags"
+from demo import CHECKOUT, DAGS, PLUGINS
+
+#: the checkout (``dags/``, ``plugins/``, ``demo/``), on the ``PYTHONPATH`` of Airflow's commands
+REPO = CHECKOUT
+__all__ = ["DAGS", "LOCAL_SPARK", "PLUGINS", "REPO", "airflow_command", "airflow_env", "migrate"]
 #: Spark for the pipelines' ``spark-submit``: local, two cores
 LOCAL_SPARK = {"conn_type": "spark", "host": "local[2]"}
 

@@ -1,5 +1,5 @@
-"""``ckpt demo`` (``make demo``): the example pipeline as an Airflow DAG, end to end, on embedded
-defaults.
+"""``make demo`` (``python -m demo``): the example pipeline as an Airflow DAG, end to end, on
+embedded defaults.
 
 ``dags/pipelines/nycflights13.yaml`` becomes a DAG through the project's DAG factory, in a
 project-local Airflow (``CKPT_HOME/airflow-demo``: SQLite, this project's plugins), and runs with
@@ -7,8 +7,8 @@ project-local Airflow (``CKPT_HOME/airflow-demo``: SQLite, this project's plugin
 submits it to local Spark with ``spark-submit``; the first try crashes partway (the operator's
 failure drill), Airflow's failure callback plans the restore and the retry resumes from the latest
 checkpoint. The demo then verifies the sink against an independent pandas computation (the same
-check as the Spark-only demo, :func:`checkpointing.flights_demo.verify`) and prints the checkpoint
-and restore history.
+check as the Spark-only demo, :func:`demo.flights.verify`) and prints the checkpoint and restore
+history.
 
 Airflow runs only as a subprocess here: this module imports nothing of it.
 """
@@ -25,23 +25,26 @@ from typing import Any
 import pandas as pd
 import yaml
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
-from checkpointing.airflow_env import airflow_command, airflow_env, migrate
+from checkpointing.cli.render import RESTORE_DECISIONS, checkpoints_table, restores_table
 from checkpointing.config import Settings
-from checkpointing.flights_demo import (
+from checkpointing.spec import PipelineSpec, load_spec
+from checkpointing.views import list_checkpoints, list_restores
+from demo import SPEC_PATH
+from demo.airflow_env import airflow_command, airflow_env, migrate
+from demo.flights import (
     AVG_RTOL,
-    SPEC_PATH,
     Verification,
     crash_point,
     demo_conf,
     open_demo_home,
+    print_problems,
     reset_job,
-    restores_table,
+    step,
     top_routes,
     verify,
 )
-from checkpointing.spec import PipelineSpec, load_spec
 
 #: the demo's DAG and job id: the example pipeline's, marked as the demo's own, so that the demo
 #: (which starts afresh every time) never touches a job run from the spec itself
@@ -50,9 +53,9 @@ DEFAULT_JOB = "nycflights13_routes_demo"
 RETRY_DELAY = "2s"
 
 DAG_FILE = '''\
-"""ckpt demo: the pipeline spec next to this file (the example pipeline {source} with the demo's
+"""make demo: the pipeline spec next to this file (the example pipeline {source} with the demo's
 job id, input and sink) as a DAG of the project's DAG factory. Its first try crashes after
-{crash_after} epochs (the operator's failure drill). Written by `ckpt demo`, rewritten each run."""
+{crash_after} epochs (the operator's failure drill). Written by `make demo`, rewritten each run."""
 
 from checkpointing_airflow.dag_factory import pipeline_dag
 
@@ -83,7 +86,7 @@ class DemoRun:
     returncode: int | None = None
     _shown: set[str] = field(default_factory=set)
 
-    def read(self, line: str) -> str | None:
+    def read(self, line: str) -> Text | None:
         """Note what ``line`` of the log says; return what to show of it (once), if anything.
         Spark's driver output comes twice (as it runs, and again in the error of a failed
         try), so every message is shown at most once per try."""
@@ -93,28 +96,28 @@ class DemoRun:
         if (t := _TRY.search(msg)) is not None:
             self.tries.append((int(t.group(1)), t.group(3), int(t.group(4))))
             self._shown.clear()
-            return (
-                f"[bold]try {t.group(1)}[/bold] (coordinator {escape(t.group(2))}): restore "
-                f"{escape(t.group(3))}, parallelism {t.group(4)}"
+            return Text.assemble(
+                (f"try {t.group(1)}", "bold"),
+                f" (coordinator {t.group(2)}): restore {t.group(3)}, parallelism {t.group(4)}",
             )
         if msg.startswith("Task instance state updated") and (s := _STATE.search(kv)):
             self.states.append(s.group(1))
-            return f"airflow: task run -> [bold]{s.group(1)}[/bold]"
+            return Text.assemble("airflow: task run -> ", (s.group(1), "bold"))
         if (c := _CRASH.search(msg)) is not None:
             if self.crashed:
                 return None
             self.crashed = True
             # the runtime counts epochs from 0, the epoch lines from 1
-            return (
-                f"[red]the Spark driver dies after epoch {int(c.group(1)) + 1}[/red] "
-                f"(the failure drill: {c.group(0)})"
+            return Text.assemble(
+                (f"the Spark driver dies after epoch {int(c.group(1)) + 1}", "red"),
+                f" (the failure drill: {c.group(0)})",
             )
         if (shown := _SHOWN.search(msg)) is None or shown.group(0) in self._shown:
             return None
         self._shown.add(shown.group(0))
         if " finished: " in msg:
             self.finished = msg
-        return escape(shown.group(0))
+        return Text(shown.group(0))
 
 
 def write_demo_dag(
@@ -135,7 +138,7 @@ def write_demo_dag(
         if old.is_file():
             old.unlink()
     spec_file = dags / f"{job}.yaml"
-    header = f"# written by `ckpt demo` from {spec_path}; rewritten each run\n"
+    header = f"# written by `make demo` from {spec_path}; rewritten each run\n"
     spec_file.write_text(header + yaml.safe_dump(raw, sort_keys=False))
     spec = load_spec(spec_file)
     operator_args: dict[str, Any] = {
@@ -171,11 +174,11 @@ def run_dag(
             log.write(line)
             shown = seen.read(line)
             if shown is not None:
-                indent = "  " if shown.startswith("[bold]try") else "    "
-                console.print(indent + shown, highlight=False, soft_wrap=True)
+                indent = "  " if shown.plain.startswith("try") else "    "
+                console.print(Text.assemble(indent, shown), soft_wrap=True)
             if time.monotonic() > deadline:
                 proc.kill()
-                console.print(f"  [red]timed out after {timeout:.0f} s[/red]")
+                console.print(Text.assemble("  ", (f"timed out after {timeout:.0f} s", "red")))
                 break
         seen.returncode = proc.wait()
     return seen
@@ -191,13 +194,10 @@ def run_airflow_demo(
 ) -> Verification:
     """Run the example pipeline as an Airflow DAG with a crash in its first try; verify the
     retry's resume and the output; show the history."""
-    from checkpointing.cli import checkpoints_table
-    from checkpointing.views import list_checkpoints, list_restores
-
     started = time.monotonic()
     root = settings.home / "airflow-demo"
     dags = root / "dags"
-    console.print(f"[bold]airflow  [/bold] {root} (SQLite), DAGs in {dags}", highlight=False)
+    console.print(step("airflow  ", f"{root} (SQLite), DAGs in {dags}"))
     metastore, storage, flights, data_dir, files = open_demo_home(console, settings, spec_path)
     sink_dir = settings.home / "demo" / job / "out"
     if reset_job(metastore, storage, job, sink_dir):
@@ -210,19 +210,23 @@ def run_airflow_demo(
     env = airflow_env(root, dags, ckpt_home=settings.home)
     env["CKPT_METASTORE_URL"] = settings.metastore_url
     env["CKPT_STORAGE_URL"] = settings.storage_url
-    console.print("\n[bold]1.[/bold] Airflow's metadata database (airflow db migrate)")
+    console.print()
+    console.print(step("1.", "Airflow's metadata database (airflow db migrate)"))
     t = time.monotonic()
     migrate(env)
     console.print(f"  ready in {time.monotonic() - t:.0f} s", highlight=False)
 
     every = spec.checkpoint.every_epochs or 1
     log_file = root / "dags-test.log"
+    console.print()
     console.print(
-        f"\n[bold]2.[/bold] airflow dags test {job}: {num_epochs} epochs of "
-        f"{spec.source.splits_per_epoch} days, a checkpoint every {every} epoch(s), parallelism "
-        f"{spec.parallelism}, {spec.retries} retries {RETRY_DELAY} apart; the first try crashes "
-        f"after epoch {crash_after}. Full log: {log_file}",
-        highlight=False,
+        step(
+            "2.",
+            f"airflow dags test {job}: {num_epochs} epochs of {spec.source.splits_per_epoch} "
+            f"days, a checkpoint every {every} epoch(s), parallelism {spec.parallelism}, "
+            f"{spec.retries} retries {RETRY_DELAY} apart; the first try crashes after epoch "
+            f"{crash_after}. Full log: {log_file}",
+        ),
         soft_wrap=True,
     )
     run = run_dag(env, job, log_file, console)
@@ -241,7 +245,7 @@ def run_airflow_demo(
     if run.finished is None:
         check.problems.append("the pipeline did not finish")
     if not check.ok:
-        _print_problems(console, check)
+        print_problems(console, check)
         return check
 
     check = verify(spec, flights, files, sink_dir)
@@ -268,32 +272,31 @@ def run_airflow_demo(
         if epochs_run:
             redone = crash_after - (num_epochs - int(epochs_run.group(1)))
 
-    console.print("\n[bold]3.[/bold] the result, the checkpoint history and the restores\n")
+    console.print()
+    console.print(step("3.", "the result, the checkpoint history and the restores\n"))
     console.print(top_routes(pd.read_parquet(sink_dir / "final"), spec))
     console.print(checkpoints_table(checkpoints, f"Checkpoints of {job}"))
-    console.print(restores_table(restores, f"Restores of {job}"))
+    console.print(restores_table(restores, f"Restores of {job}", RESTORE_DECISIONS))
     metastore.dispose()
 
-    console.print("\n[bold]4.[/bold] verification against an independent pandas computation")
+    console.print()
+    console.print(step("4.", "verification against an independent pandas computation"))
     if not check.ok:
-        _print_problems(console, check)
+        print_problems(console, check)
         return check
     assert restored is not None
     console.print(
-        f"  [green]ok[/green]: the final table ({check.routes} routes) and all "
-        f"{check.epochs} changelog epochs are equal to it\n"
-        f"  (counts, sums, minima and maxima exactly, averages within {AVG_RTOL:g}); "
-        f"the retry restored checkpoint {restored['checkpoint_id']}, the latest completed "
-        f"before the crash, and redid {redone if redone is not None else '?'} epoch(s).\n"
-        f"  {time.monotonic() - started:.0f} s in all. Try: ckpt list {job} | "
-        f"ckpt restores {job} | ckpt show {job} {restored['checkpoint_id']}",
-        highlight=False,
+        Text.assemble(
+            "  ",
+            ("ok", "green"),
+            f": the final table ({check.routes} routes) and all "
+            f"{check.epochs} changelog epochs are equal to it\n"
+            f"  (counts, sums, minima and maxima exactly, averages within {AVG_RTOL:g}); "
+            f"the retry restored checkpoint {restored['checkpoint_id']}, the latest completed "
+            f"before the crash, and redid {redone if redone is not None else '?'} epoch(s).\n"
+            f"  {time.monotonic() - started:.0f} s in all. Try: ckpt list {job} | "
+            f"ckpt restores {job} | ckpt show {job} {restored['checkpoint_id']}",
+        ),
         soft_wrap=True,
     )
     return check
-
-
-def _print_problems(console: Console, check: Verification) -> None:
-    console.print("  [red]verification failed[/red]:")
-    for problem in check.problems:
-        console.print(f"  {problem}", highlight=False, soft_wrap=True)

@@ -1,4 +1,5 @@
-"""The queue of checkpoint and savepoint requests (Flink's ``CheckpointRequestDecider``).
+"""The queue of checkpoint and savepoint requests, and the decision whether one may be triggered
+now (Flink's ``CheckpointRequestDecider``).
 
 Requests live in the metastore so that the UI, a DAG or the CLI in another process can ask the
 running job's coordinator for a savepoint. Order: savepoint > forced > manual > periodic, then by
@@ -9,14 +10,19 @@ bounded, and periodic requests are dropped first when it overflows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from checkpointing import pending
 from checkpointing.failure import CheckpointException, CheckpointFailureReason
-from checkpointing.models import CheckpointRequest
-from checkpointing.properties import CheckpointType, RequestStatus
+from checkpointing.models import CheckpointRequest, Job
+from checkpointing.status import CheckpointProperties, CheckpointType, RequestStatus
+
+if TYPE_CHECKING:
+    from checkpointing.scheduler import PeriodicScheduler
 
 MAX_QUEUED_REQUESTS = 1000
 
@@ -136,3 +142,56 @@ def drop_queued(session: Session, job_id: str, reason: str, now: datetime) -> in
         .values(status=RequestStatus.DROPPED, message=reason, finished_at=now)
     )
     return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def precheck(
+    s: Session,
+    job_id: str,
+    props: CheckpointProperties,
+    *,
+    periodic: bool,
+    request_id: int | None,
+    max_concurrent: int,
+    min_pause: timedelta,
+    now: datetime,
+    requested_by: str,
+    scheduler: PeriodicScheduler | None = None,
+) -> CheckpointException | None:
+    """Flink's ``preCheckBeforeTriggeringCheckpoint``: forced requests bypass the limits, and
+    the min pause holds back periodic ones only (a manual checkpoint is triggered at once).
+
+    Returns the refusal instead of raising it, so that the caller's transaction commits what
+    the check recorded (a request queued behind the pending checkpoints). A periodic trigger
+    held back by the min pause moves ``scheduler``'s next trigger to the end of the pause."""
+    if props.forced:
+        return None
+    if queued_non_forced(s, job_id, exclude=request_id) is not None:
+        return CheckpointException(
+            CheckpointFailureReason.ALREADY_QUEUED, "another checkpoint request is queued already"
+        )
+    num_pending = pending.count_pending(s, job_id)
+    if num_pending >= max_concurrent:
+        if request_id is None:
+            enqueue(
+                s,
+                job_id,
+                props.checkpoint_type,
+                requested_by=requested_by,
+                now=now,
+                periodic=periodic,
+            )
+        return CheckpointException(
+            CheckpointFailureReason.TOO_MANY_CONCURRENT_CHECKPOINTS,
+            f"{num_pending} pending, max_concurrent={max_concurrent}; request queued",
+        )
+    job = s.get(Job, job_id)
+    if periodic and job is not None and job.last_completion_at is not None:
+        earliest = job.last_completion_at + min_pause
+        if now < earliest:
+            if scheduler is not None:
+                scheduler.reschedule_at(earliest)
+            return CheckpointException(
+                CheckpointFailureReason.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
+                f"min pause not over until {earliest.isoformat()}",
+            )
+    return None

@@ -1,5 +1,8 @@
-"""Checkpoint types and properties: what is forced, and what is discarded when (Flink's
-``CheckpointProperties``)."""
+"""The status enums of jobs, checkpoints, requests and restores, and the checkpoint types.
+
+``CheckpointProperties`` lives here too: it maps a job's terminal status to whether a checkpoint's
+files are discarded (Flink's ``CheckpointProperties``: what is forced, and what is discarded when).
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,210 @@
+"""Tables for people: the read models of :mod:`checkpointing.views` (plain dicts) as Rich tables.
+
+Shared by the ``ckpt`` commands and the demos (``demo/``), so that a checkpoint history or a list
+of restores looks the same wherever it is printed. Values are given as text or
+:class:`~rich.text.Text`, never as markup."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+Row = dict[str, Any]
+
+STATUS_STYLE = {
+    "COMPLETED": "green",
+    "PENDING": "yellow",
+    "ABORTED": "red",
+    "SUBSUMED": "dim",
+    "DISCARDED": "dim",
+    "QUEUED": "yellow",
+    "TRIGGERED": "yellow",
+    "FAILED": "red",
+    "DROPPED": "red",
+}
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def human_ms(v: int | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v} ms" if v < 10_000 else f"{v / 1000:.1f} s"
+
+
+def when(iso: str | None, length: int = 23) -> str:
+    """An ISO timestamp as ``YYYY-MM-DD HH:MM:SS[.mmm]`` (``length`` characters), or empty."""
+    return (iso or "")[:length].replace("T", " ")
+
+
+def short(text: str, width: int = 70) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def failure_text(r: Row, width: int = 70) -> str:
+    """A checkpoint's failure reason and message, cut to ``width``."""
+    return short(": ".join(x for x in (r["failure_reason"], r["failure_message"]) if x), width)
+
+
+def checkpoints_table(rows: list[Row], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col, kw in (
+        ("ID", {"justify": "right"}),
+        ("Type", {}),
+        ("Status", {}),
+        ("Triggered (UTC)", {}),
+        ("Duration", {"justify": "right"}),
+        ("Acked", {"justify": "right"}),
+        ("State size", {"justify": "right"}),
+        ("Failure", {"overflow": "fold"}),
+    ):
+        table.add_column(col, **kw)  # type: ignore[arg-type]
+    for r in rows:
+        table.add_row(
+            str(r["checkpoint_id"]),
+            r["type"].lower().replace("_", "-"),
+            Text(r["status"], style=STATUS_STYLE.get(r["status"], "")),
+            when(r["trigger_at"]),
+            human_ms(r["duration_ms"]),
+            f"{r['acked_tasks']}/{r['num_tasks']}",
+            human_bytes(r["state_size"]),
+            failure_text(r),
+        )
+    return table
+
+
+def restore_source(r: Row) -> str:
+    """What a restore read: ``empty state`` or ``checkpoint 7`` / ``savepoint 9``."""
+    if r["checkpoint_id"] is None:
+        return "empty state"
+    return f"{r['checkpoint_type'].lower()} {r['checkpoint_id']}"
+
+
+#: the columns a restores table can show, and how each cell is made from a restore row
+RESTORE_COLUMNS: dict[str, Callable[[Row], str]] = {
+    "#": lambda r: str(r["restore_id"]),
+    "When (UTC)": lambda r: when(r["created_at"], 19),
+    "Attempt": lambda r: r["attempt"],
+    "Status": lambda r: r["status"],
+    "From": restore_source,
+    "Parallelism": lambda r: str(r["parallelism"] or "-"),
+    "Fallbacks": lambda r: (
+        "; ".join(f"{f['checkpoint_id']}: {f['reason']}" for f in r["fallbacks"]) or "-"
+    ),
+    "Decision": lambda r: r["message"] or "-",
+}
+#: ``ckpt restores``: when each restore was made; the demos show its status and decision instead
+RESTORES = ("#", "When (UTC)", "Attempt", "From", "Parallelism", "Fallbacks")
+RESTORE_DECISIONS = ("#", "Attempt", "Status", "From", "Parallelism", "Fallbacks", "Decision")
+
+
+def restores_table(rows: list[Row], title: str, columns: Sequence[str] = RESTORES) -> Table:
+    """A job's restores (:func:`checkpointing.views.list_restores`), newest first."""
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(*(RESTORE_COLUMNS[col](r) for col in columns))
+    return table
+
+
+def jobs_table(rows: list[Row]) -> Table:
+    table = Table(title="Jobs", title_justify="left")
+    for col in ("Job", "Status", "Completed", "Pending", "Failed", "Last completed", "Storage"):
+        table.add_column(col)
+    for r in rows:
+        c = r["checkpoints"]
+        table.add_row(
+            r["job_id"],
+            r["status"],
+            str(c.get("COMPLETED", 0)),
+            str(c.get("PENDING", 0)),
+            str(c.get("ABORTED", 0)),
+            str(r["last_completed_id"] or "-"),
+            r["storage_url"],
+        )
+    return table
+
+
+def tasks_table(tasks: list[Row]) -> Table:
+    """Every task of one checkpoint (:func:`checkpointing.views.checkpoint_detail`) and its ack."""
+    table = Table(title="Tasks", title_justify="left")
+    for col in ("Operator", "Subtask", "Attempt", "Acked", "Size", "Sync", "Async", "Handle"):
+        table.add_column(col, overflow="fold")
+    for t in tasks:
+        table.add_row(
+            t["operator_id"],
+            f"{t['subtask_index']}/{t['parallelism']} (max {t['max_parallelism']})",
+            t["attempt_id"],
+            when(t["acked_at"]) if t["acked"] else Text("no", style="yellow"),
+            human_bytes(t["state_size"]),
+            human_ms(t["sync_ms"]),
+            human_ms(t["async_ms"]),
+            t["state_handle"] or "-",
+        )
+    return table
+
+
+def summary_table(stats: dict[str, Any], title: str) -> Table:
+    """:func:`checkpointing.views.checkpoint_stats` as a two-column table."""
+
+    def spread(values: dict[str, Any] | None, unit: str) -> str:
+        if not values:
+            return "-"
+        return " / ".join(f"{values[k]:,}{unit}" for k in ("min", "avg", "max"))
+
+    def which(row: Row | None) -> str:
+        if not row:
+            return "-"
+        at = when(row["completed_at"] or row["ended_at"] or row["trigger_at"], 19)
+        return f"{row['type'].lower()} {row['checkpoint_id']} ({row['status']}, {at})"
+
+    restore = stats["latest_restore"]
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("value", overflow="fold")
+    counts = " · ".join(f"{k} {v}" for k, v in sorted(stats["counts"].items()))
+    table.add_row("Checkpoints", counts or "none")
+    table.add_row("Duration min / avg / max", spread(stats["duration_ms"], " ms"))
+    table.add_row("State size min / avg / max", spread(stats["state_size"], " B"))
+    table.add_row("Latest completed", which(stats["latest_completed"]))
+    table.add_row("Latest failed", which(stats["latest_failed"]))
+    table.add_row("Latest savepoint", which(stats["latest_savepoint"]))
+    table.add_row(
+        "Latest restore",
+        "-"
+        if restore is None
+        else f"{restore['attempt']} from "
+        + ("empty state" if restore["checkpoint_id"] is None else str(restore["checkpoint_id"])),
+    )
+    return table
+
+
+def requests_table(rows: list[Row], title: str) -> Table:
+    """Savepoint and checkpoint requests (:func:`checkpointing.views.list_requests`)."""
+    table = Table(title=title, title_justify="left")
+    for col in ("id", "type", "status", "checkpoint", "requested by", "requested at", "message"):
+        table.add_column(col, justify="right" if col in ("id", "checkpoint") else "left")
+    for r in rows:
+        table.add_row(
+            str(r["request_id"]),
+            r["type"],
+            Text(r["status"], style=STATUS_STYLE.get(r["status"], "white")),
+            str(r["checkpoint_id"] or "-"),
+            r["requested_by"],
+            r["requested_at"] or "-",
+            short(r["message"] or ""),
+        )
+    return table

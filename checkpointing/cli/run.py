@@ -1,0 +1,204 @@
+"""``ckpt run``: a pipeline spec on Spark (:class:`checkpointing.spark.runtime.PipelineRun`),
+checked before Spark starts, with a progress bar (or a line per epoch in logs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from checkpointing.cli.common import EXIT_ERROR, handles_errors, out, print_error, state
+from checkpointing.errors import CheckpointingError, ConfigError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from checkpointing.metastore import Metastore
+    from checkpointing.spark.preflight import RunOptions
+    from checkpointing.spec import PipelineSpec
+    from checkpointing.storage import CheckpointStorage
+
+
+@handles_errors
+def run(
+    pipeline: Annotated[Path, typer.Argument(help="The pipeline spec (YAML).")],
+    restore: Annotated[
+        str, typer.Option(help="latest (resume when there are checkpoints), none, an id, a path")
+    ] = "latest",
+    parallelism: Annotated[
+        int | None, typer.Option(min=1, help="Override the spec's parallelism (rescale).")
+    ] = None,
+    master: Annotated[
+        str | None,
+        typer.Option(help="Spark master URL [default: local[2], or spark-submit's master]"),
+    ] = None,
+    attempt: Annotated[str | None, typer.Option(help="Execution attempt id.")] = None,
+    coordinator_id: Annotated[
+        str | None,
+        typer.Option(hidden=True, help="Act as this coordinator (set by the Airflow operator)."),
+    ] = None,
+    allow_non_restored_state: Annotated[
+        bool,
+        typer.Option(help="Restore even if the checkpoint has state of operators no longer here."),
+    ] = False,
+    allow_other_job: Annotated[
+        bool,
+        typer.Option(help="Let --restore be a checkpoint or savepoint path of another job."),
+    ] = False,
+    result_json: Annotated[
+        Path | None,
+        typer.Option(help="Write the run's outcome here as JSON (for the Airflow operator)."),
+    ] = None,
+    fail_after_epochs: Annotated[
+        int | None,
+        typer.Option(
+            min=1, hidden=True, help="Failure drill: crash after this many epochs of this run."
+        ),
+    ] = None,
+) -> None:
+    """Run a pipeline: epochs with checkpoints, resuming from the latest checkpoint."""
+    from checkpointing.ids import validate_id
+    from checkpointing.jobs import storage_url_for_run
+    from checkpointing.spec import load_spec
+    from checkpointing.storage import CheckpointStorage
+
+    spec = load_spec(pipeline)
+    for value, name in ((attempt, "attempt"), (coordinator_id, "coordinator id")):
+        if value is not None:
+            validate_id(value, name)
+    if parallelism is not None and parallelism > spec.max_parallelism:
+        raise ConfigError(
+            f"--parallelism {parallelism} exceeds max_parallelism {spec.max_parallelism} of "
+            f"{pipeline}"
+        )
+    storage = CheckpointStorage.from_url(
+        storage_url_for_run(state.storage_url, spec, state.settings)
+    )
+    from checkpointing.spark.preflight import RunOptions
+
+    options = RunOptions(
+        restore=restore,
+        parallelism=parallelism,
+        attempt=attempt,
+        coordinator_id=coordinator_id,
+        allow_non_restored_state=allow_non_restored_state,
+        allow_other_job=allow_other_job,
+        crash_after_epochs=fail_after_epochs,
+    )
+    metastore = _checked_metastore(spec, options, storage)
+    result = _run_on_spark(spec, options, metastore, storage, master)
+    if result_json is not None:
+        from dataclasses import asdict
+
+        tmp = result_json.with_name(f".{result_json.name}.inprogress")
+        tmp.write_text(json.dumps(asdict(result), default=str))
+        tmp.replace(result_json)
+    source = (
+        f"restored from checkpoint {result.restored_from}"
+        if result.restored_from is not None
+        else "started empty"
+    )
+    if result.stopped_with_savepoint:
+        out.print(
+            f"job {spec.job} stopped with savepoint {result.checkpoints[-1]} after "
+            f"{len(result.epochs_run)} of {result.epochs_total} epochs ({source}); resume with "
+            f"`ckpt run {pipeline} --restore {result.stopped_with_savepoint}`",
+            soft_wrap=True,
+        )
+        return
+    out.print(
+        f"job {spec.job} finished: {len(result.epochs_run)} of {result.epochs_total} epochs run "
+        f"({source}); checkpoints {result.checkpoints}; final table {result.final_path}",
+        soft_wrap=True,
+    )
+
+
+def _checked_metastore(
+    spec: PipelineSpec, options: RunOptions, storage: CheckpointStorage
+) -> Metastore:
+    """Everything checked before Spark starts and before anything is written; then the
+    metastore to run with. The embedded default metastore is created on a first run, a
+    user-supplied one needs ``ckpt db upgrade``."""
+    from checkpointing.spark.preflight import RestoreSourceError, check_run
+
+    settings = state.settings
+    metastore = state.metastore(check_schema=not settings.embedded_metastore, create=False)
+    schema = metastore.current_revision()
+    if schema is not None:  # an older embedded schema is migrated by `ckpt db upgrade` only
+        metastore.check_schema()
+    try:
+        check_run(spec, options, storage, metastore if schema is not None else None)
+    except RestoreSourceError as exc:  # "restore 'x': why" names the option
+        raise ConfigError(f"--{exc}") from None
+    if schema is None:
+        metastore.dispose()
+        metastore = state.metastore(check_schema=False)
+        metastore.upgrade()
+    return metastore
+
+
+def _run_on_spark(
+    spec: PipelineSpec,
+    options: RunOptions,
+    metastore: Metastore,
+    storage: CheckpointStorage,
+    master: str | None,
+) -> Any:
+    """The run, with its progress shown; a Spark error is one line here (details in the log)."""
+    from checkpointing.spark.runtime import PipelineRun
+    from checkpointing.spark.session import spark_session
+
+    spark = spark_session(f"ckpt-{spec.job}", master)
+    progress, on_epoch, holder = _progress(spec)
+    try:
+        with progress:
+            holder["run"] = PipelineRun(spec, spark, metastore, storage, options, on_epoch=on_epoch)
+            return holder["run"].run()
+    except CheckpointingError:
+        raise
+    except Exception as exc:  # Spark errors: one line here, the details are in the log
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print_error(f"job {spec.job} failed: {first}")
+        raise typer.Exit(EXIT_ERROR) from None
+    finally:
+        spark.stop()
+
+
+def _progress(spec: PipelineSpec) -> tuple[Progress, Any, dict[str, Any]]:
+    """A progress bar on a terminal, a line per epoch otherwise; the epoch callback updates it
+    from the run (put in the returned holder as ``"run"``)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    interactive = out.is_terminal
+    progress = Progress(
+        TextColumn(spec.job, style="bold", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(
+            "epochs  {task.fields[rate]}  last checkpoint {task.fields[checkpoint]}", markup=False
+        ),
+        console=out,
+        disable=not interactive,
+    )
+    task = progress.add_task("epochs", total=None, rate="-", checkpoint="-")
+    holder: dict[str, Any] = {}
+
+    def on_epoch(epoch: int, millis: int) -> None:
+        run = holder["run"]
+        done = run.next_epoch
+        last = run.result.checkpoints[-1] if run.result.checkpoints else "-"
+        rows = run.last_epoch_rows
+        rate = f"{rows / max(millis, 1) * 1000:,.0f} rows/s" if rows is not None else "-"
+        progress.update(
+            task, total=run.result.epochs_total, completed=done,
+            rate=f"{rate}, {millis / 1000:.1f} s/epoch", checkpoint=last,
+        )  # fmt: skip
+        if not interactive:
+            out.print(
+                f"job {spec.job}: epoch {epoch + 1}/{run.result.epochs_total} done in "
+                f"{millis} ms ({rate}); last completed checkpoint {last}"
+            )
+
+    return progress, on_epoch, holder

@@ -1,0 +1,91 @@
+"""The Python API's job: :class:`Pipeline` — source → keyed stage(s) → sink, built in Python
+rather than a spec file, and run by :class:`~checkpointing.spark.runtime.PipelineRun` like one.
+
+The stages it takes are :mod:`checkpointing.spark.stages`' (:class:`ArrowStage` for user Arrow
+code, :class:`AggregationStage` for declarative aggregations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from checkpointing.config import describe_validation_error
+from checkpointing.errors import ConfigError
+from checkpointing.sink_guard import check_pipeline_sink
+from checkpointing.spark.stages import Stage
+from checkpointing.spec import CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec, SpecError
+
+if TYPE_CHECKING:
+    from checkpointing.metastore import Metastore
+    from checkpointing.spark.preflight import RunOptions
+    from checkpointing.spark.runtime import RunResult
+    from checkpointing.storage import CheckpointStorage
+
+
+class Pipeline:
+    """A Python API job — source → keyed ``stage`` (or a chain of ``stages``) → sink — as a
+    :class:`PipelineSpec` without aggregations plus the stages, run by the same runtime (and
+    checkpoints) as a spec file.
+
+    In a chain, each stage's input in an epoch is the rows the stage before it emitted (its
+    ``changed`` rows) in that epoch — an append stream; the sink gets the last stage's. ``key``
+    keys the first stage; later ones need their own ``key=`` (state is repartitioned by it).
+
+    ``source``, ``sink`` and ``checkpoint`` take what the spec's sections take (``sink`` may be
+    just its path); ``fields`` any other spec field (``max_parallelism``, ``storage``, …)."""
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        source: Mapping[str, Any] | SourceSpec,
+        key: str | Sequence[str],
+        sink: str | Mapping[str, Any] | SinkSpec,
+        stage: Stage | None = None,
+        stages: Sequence[Stage] = (),
+        parallelism: int = 2,
+        checkpoint: Mapping[str, Any] | CheckpointSpec | None = None,
+        **fields: Any,
+    ) -> None:
+        if (stage is None) == (not stages):
+            raise ValueError("give a stage, or a chain of stages (stages=[...]), not both")
+        try:
+            self.spec = PipelineSpec.model_validate(
+                {
+                    "job": job,
+                    "source": source,
+                    "key": [key] if isinstance(key, str) else list(key),
+                    "sink": {"path": sink} if isinstance(sink, str) else sink,
+                    "parallelism": parallelism,
+                    "checkpoint": checkpoint if checkpoint is not None else {},
+                    **fields,
+                }
+            )
+        except ValidationError as exc:
+            raise SpecError(describe_validation_error(exc, f"pipeline {job}")) from None
+        try:  # refused before Spark runs anything (the runtime checks again, with the storage)
+            check_pipeline_sink(self.spec)
+        except ConfigError as exc:
+            raise SpecError(f"pipeline {job}: {exc}") from None
+        chain = list(stages) if stages else [stage]
+        self.stages: list[Stage] = [chain[0].with_key(self.spec.key), *chain[1:]]  # type: ignore[union-attr]
+
+    def run(
+        self,
+        spark: Any,
+        metastore: Metastore,
+        storage: CheckpointStorage,
+        options: RunOptions | None = None,
+        *,
+        on_epoch: Callable[[int, int], None] | None = None,
+    ) -> RunResult:
+        # the runtime (coordinator, SQLAlchemy) loads when a pipeline runs, not where it is
+        # declared: a Python worker importing the module of a stage's function needs none of it
+        from checkpointing.spark.runtime import PipelineRun
+
+        return PipelineRun(
+            self.spec, spark, metastore, storage, options, on_epoch=on_epoch, stages=self.stages
+        ).run()

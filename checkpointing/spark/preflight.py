@@ -1,0 +1,96 @@
+"""What is decided before a Spark session starts and before anything is written: a run's
+:class:`RunOptions`, and :func:`check_run`, which refuses the options, input, sink and restore
+source a run could not go through with (reads only; starts no Spark)."""
+
+from __future__ import annotations
+
+import glob
+from dataclasses import dataclass
+
+from checkpointing import restore
+from checkpointing.errors import CheckpointingError, UnknownCheckpointError
+from checkpointing.metastore import Metastore
+from checkpointing.sink_guard import check_pipeline_sink
+from checkpointing.spark.sink import TwoPhaseCommitSink
+from checkpointing.spec import PipelineSpec, SpecError
+from checkpointing.storage import CheckpointStorage
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """:param restore: ``latest`` (resume if the job has checkpoints), ``none``, a checkpoint id,
+        or a savepoint/checkpoint path.
+    :param parallelism: override the spec's parallelism (a rescaled restore).
+    :param attempt: this execution attempt's id (default: random).
+    :param crash_after_epochs: test hook — raise
+        :class:`~checkpointing.spark.runtime.SimulatedCrash` after this many epochs
+        of this attempt.
+    """
+
+    restore: str = "latest"
+    parallelism: int | None = None
+    attempt: str | None = None
+    crash_after_epochs: int | None = None
+    allow_non_restored_state: bool = False
+    #: restore from a checkpoint or savepoint path of another job (refused otherwise)
+    allow_other_job: bool = False
+    #: the coordinator identity to act under: an Airflow operator passes its own, so the
+    #: operator (Flink's JobManager) and this driver are one coordinator of the job
+    coordinator_id: str | None = None
+
+
+def input_files(spec: PipelineSpec) -> list[str]:
+    """The files the spec's source glob matches, sorted; none is a :class:`SpecError`."""
+    pattern = spec.resolve(spec.source.path)
+    files = sorted(glob.glob(pattern.removeprefix("file://")))
+    if not files:
+        raise SpecError(f"source.path: {pattern!r} matches no files")
+    return files
+
+
+class RestoreSourceError(CheckpointingError, ValueError):
+    """The restore source (``--restore``) cannot be restored from."""
+
+
+def check_run(
+    spec: PipelineSpec,
+    options: RunOptions,
+    storage: CheckpointStorage,
+    metastore: Metastore | None,
+) -> None:
+    """Refuse what can be refused before a Spark session starts and before anything is written
+    (the job is not registered, no restore is recorded): the parallelism, the input files, the
+    sink path, and the restore source. Reads only; ``metastore`` None: there is none yet (so no
+    checkpoint to restore by id). :class:`RestoreSourceError` names a bad ``restore``."""
+    parallelism = options.parallelism or spec.parallelism
+    if parallelism > spec.max_parallelism:
+        raise SpecError(f"parallelism {parallelism} exceeds max_parallelism {spec.max_parallelism}")
+    input_files(spec)
+    check_pipeline_sink(spec, storage.base_url)  # not the input, the storage, ~, / ...
+    sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path), job=spec.job)  # nor foreign files
+    choice = options.restore
+    try:
+        if choice == "none":
+            if sink.committed_epochs():
+                raise SpecError(
+                    f"sink.path: {sink.path} holds committed output of an earlier run; "
+                    "use --restore latest to resume it, or a new sink path"
+                )
+        elif choice == "latest":
+            pass
+        elif choice.isdigit():
+            if metastore is None:
+                raise UnknownCheckpointError(f"job {spec.job} has no checkpoint {choice}")
+            restore.load_checkpoint(metastore, storage, spec.job, int(choice), deep=False)
+        else:
+            restore.load_external(
+                storage,
+                choice,
+                deep=False,
+                job_id=spec.job,
+                allow_other_job=options.allow_other_job,
+            )
+    except (CheckpointingError, ValueError) as exc:
+        if isinstance(exc, SpecError):
+            raise
+        raise RestoreSourceError(f"restore {choice!r}: {exc}") from None

@@ -1,0 +1,66 @@
+"""The Spark session a run uses: started here (``local[2]`` on loopback by default) or under
+``spark-submit`` with the submitter's settings, and the runtime SQL settings a run sets for its
+duration only."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pyspark.sql import SparkSession
+
+
+def spark_session(
+    app_name: str = "ckpt", master: str | None = None, conf: dict[str, str] | None = None
+) -> SparkSession:
+    """A Spark session whose Python workers run this interpreter (they need pyarrow and this
+    package), keeping partitioning of cached state across joins on a subset of the keys.
+
+    Under ``spark-submit`` the master, driver address and app name are the submitter's (an
+    Airflow Spark connection); otherwise ``master`` (default ``local[2]``) runs on loopback.
+    ``conf`` adds or overrides settings, e.g. ``spark.executorEnv.*`` for a cluster's executors."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.config("spark.sql.requireAllClusterKeysForCoPartition", "false")
+    if not under_spark_submit():
+        master = master or "local[2]"
+        builder = (
+            builder.master(master)
+            .appName(app_name)
+            .config("spark.pyspark.python", sys.executable)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")  # ours is the progress display
+        )
+        if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
+            # one machine: stay on loopback; a real cluster's executors must reach the driver
+            builder = builder.config("spark.driver.host", "127.0.0.1").config(
+                "spark.driver.bindAddress", "127.0.0.1"
+            )
+    elif master:
+        builder = builder.master(master)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+@contextmanager
+def session_settings(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """Runtime SQL settings for the duration of a run, then the session's own values again (a
+    Python API user's session is theirs)."""
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+def under_spark_submit() -> bool:
+    """True in a driver launched by ``spark-submit``, whose JVM is already up with its conf."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ

@@ -1,0 +1,211 @@
+"""A run's operator state on the driver, in Flink's words: the keyed state of each stage
+(:class:`StageRun`: a table partitioned by subtask between epochs), snapshotted by every subtask
+from its executor and restored by each new subtask reading just its key groups of the old files;
+and the list state of the ``source`` (splits still to read) and ``sink`` (staged epochs),
+dealt round-robin over their subtasks. What runs on the executors is
+:mod:`checkpointing.spark.executor`; when a checkpoint is taken or restored is the runtime's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from checkpointing.assignment import OperatorRestore
+from checkpointing.ids import validate_id
+from checkpointing.keygroups import key_group_range
+from checkpointing.metadata import CheckpointMetadata
+from checkpointing.operator_ids import AGGREGATE, SINK, SOURCE
+from checkpointing.pending import TaskAck, TaskSpec
+from checkpointing.spark.executor import WRITTEN, read_subtask_snapshots, write_subtask_snapshot
+from checkpointing.spark.keys import KEY_GROUP, SUBTASK
+from checkpointing.spark.stages import Stage
+from checkpointing.spec import SpecError
+from checkpointing.splits import InputSplit
+from checkpointing.storage import CheckpointStorage
+
+
+@dataclass
+class StageRun:
+    """A keyed stage of a run: its operator id (its snapshots' name), key, input schema (fixed
+    by the first read) and current state."""
+
+    operator_id: str
+    stage: Stage
+    key: list[str]
+    input_schema: T.StructType | None = None
+    state: DataFrame | None = None
+
+
+def chained_stages(stages: Sequence[Stage], key: Sequence[str]) -> list[StageRun]:
+    """The runs of a chain of stages: the first keyed by the pipeline's ``key``, the others by
+    their own; operator ids from each stage's ``uid``, else ``aggregate`` for the first (the
+    id a single-stage job has always had) and ``stage-<i>`` after it. Ids must be distinct:
+    they name the state a restore maps back to each stage."""
+    runs: list[StageRun] = []
+    for i, stage in enumerate(stages):
+        if i == 0:
+            stage = stage.with_key(key)
+        stage_key = list(getattr(stage, "key", None) or [])
+        if not stage_key:
+            raise SpecError(f"stage {i + 1} ({stage!r}) has no key: give it key=[...]")
+        uid = getattr(stage, "uid", None) or (AGGREGATE if i == 0 else f"stage-{i + 1}")
+        validate_id(uid, f"stage {i + 1} uid")
+        if uid in (SOURCE, SINK) or any(r.operator_id == uid for r in runs):
+            raise SpecError(f"stage {i + 1}: operator id {uid!r} is taken; give it another uid")
+        runs.append(StageRun(uid, stage, stage_key))
+    return runs
+
+
+def empty_state(spark: SparkSession, s: StageRun, parallelism: int) -> DataFrame:
+    """A stage's state before it has any key: its schema, partitioned like every later state."""
+    assert s.input_schema is not None
+    schema = s.stage.state_schema(
+        s.input_schema,
+        extra_fields=[
+            T.StructField(SUBTASK, T.IntegerType()),
+            T.StructField(KEY_GROUP, T.IntegerType()),
+        ],
+    )
+    # hash-partitioned by subtask like every later state: the first merge's union then
+    # keeps that partitioning instead of shuffling by every grouping column from then on
+    return spark.createDataFrame([], schema).repartition(parallelism, SUBTASK)
+
+
+# ---------------------------------------------------------------------- snapshot
+
+
+def snapshot_stage(
+    state: DataFrame,
+    s: StageRun,
+    plan: Sequence[TaskSpec],
+    storage: CheckpointStorage,
+    location_url: str,
+    partition_keys: Sequence[int],
+    max_parallelism: int,
+) -> list[TaskAck]:
+    """Every subtask of one keyed stage writes its snapshot of ``state`` from the executor;
+    the acks of the stage's tasks in ``plan``."""
+    keys, key, operator_id = list(partition_keys), list(s.key), s.operator_id
+    parallelism = len(keys)
+
+    def writer(table: pa.Table) -> pa.Table:  # annotated: Spark infers the UDF type from it
+        return write_subtask_snapshot(
+            storage, location_url, keys, max_parallelism, key, operator_id, table
+        )
+
+    snapshots = state.groupBy(SUBTASK).applyInArrow(writer, from_arrow_schema(WRITTEN))
+    written = {row["subtask"]: row for row in snapshots.collect()}
+    acks = []
+    for task in (t for t in plan if t.operator_id == operator_id):
+        r = key_group_range(max_parallelism, parallelism, task.subtask_index)
+        row = written.get(task.subtask_index)
+        meta: dict[str, Any] = {"key_groups": [r.start, r.end], "group_bytes": {}}
+        if row is None:  # no keys in this subtask's key groups
+            acks.append(TaskAck(task.attempt_id, state_meta=meta))
+            continue
+        meta["group_bytes"] = dict(zip(row["groups"], row["group_bytes"], strict=True))
+        acks.append(
+            TaskAck(
+                task.attempt_id,
+                row["url"],
+                row["size"],
+                row["checksum"],
+                row["sync_ms"],
+                row["async_ms"],
+                state_meta=meta,
+            )
+        )
+    return acks
+
+
+def list_acks(
+    plan: Sequence[TaskSpec], operator: str, items: list[dict[str, Any]]
+) -> list[TaskAck]:
+    """The acks of a list-state operator's tasks: ``items`` dealt round-robin over them."""
+    tasks = [t for t in plan if t.operator_id == operator]
+    dealt: list[list[dict[str, Any]]] = [[] for _ in tasks]
+    for i, item in enumerate(items):
+        dealt[i % len(tasks)].append(item)
+    return [
+        TaskAck(t.attempt_id, state_meta={"list_state": d})
+        for t, d in zip(tasks, dealt, strict=True)
+    ]
+
+
+# ---------------------------------------------------------------------- restore
+
+
+def through_epoch(metadata: CheckpointMetadata, num_epochs: int) -> int:
+    """The last epoch a checkpoint covers: one before the first split still to read."""
+    for op in metadata.operators:
+        if op.operator_id == SOURCE:
+            remaining = [int(item["epoch"]) for s in op.subtasks for item in (s.list_state or [])]
+            return (min(remaining) if remaining else num_epochs) - 1
+    raise ValueError("checkpoint has no source state")
+
+
+def check_source(
+    restored: OperatorRestore, planned: Sequence[dict[str, Any]], checkpoint_id: int
+) -> None:
+    """The splits the checkpoint says remain must be the ones this run would read next
+    (``planned``): otherwise the input (or ``splits_per_epoch``, ``max_split_bytes``) changed
+    since, and resuming would skip or repeat input."""
+
+    def key(item: dict[str, Any]) -> str:
+        return json.dumps(InputSplit.from_state(item).to_state(int(item["epoch"])))
+
+    old = sorted(key(dict(item)) for s in restored.subtasks for item in s.list_state)
+    new = sorted(key(item) for item in planned)
+    if old != new:
+        missing = sorted(set(old) - set(new))
+        extra = sorted(set(new) - set(old))
+        raise SpecError(
+            f"source: the input does not match checkpoint {checkpoint_id}: it has "
+            f"{len(old)} split(s) left to read, this run plans {len(new)} "
+            f"(only in the checkpoint: {missing[:2]}; only now: {extra[:2]}). Restore with "
+            "the input, splits_per_epoch and max_split_bytes it was taken with"
+        )
+
+
+def restore_stage(
+    spark: SparkSession,
+    storage: CheckpointStorage,
+    empty: DataFrame,
+    restored: OperatorRestore,
+    metadata: CheckpointMetadata,
+    partition_keys: Sequence[int],
+) -> DataFrame:
+    """One stage's state restored from ``metadata`` as ``restored`` assigns it: each new
+    subtask's executor reads just its key groups of the old snapshot files; partitioned by
+    subtask as the state always is (``empty`` gives the schema, and is the state when there is
+    nothing to read)."""
+    handles = {h.handle: h for h in metadata.handles()}
+    reads = [
+        (
+            partition_keys[t.subtask_index],
+            r.url,
+            handles[r.url].checksum,
+            handles[r.url].size,  # bounds the executor's read of the file
+            r.key_groups.start,
+            r.key_groups.end,
+        )
+        for t in restored.subtasks
+        for r in t.reads
+    ]
+    if not reads:
+        return empty
+    tasks = spark.createDataFrame(
+        reads, "part_key int, url string, checksum string, size long, start int, end int"
+    ).repartition(len(reads))
+    reader = partial(read_subtask_snapshots, storage, empty.schema.names)
+    loaded = tasks.mapInArrow(reader, empty.schema)
+    return loaded.repartition(len(partition_keys), SUBTASK).localCheckpoint(eager=True)

@@ -1,0 +1,273 @@
+"""``checkpoint_deploy``: start a pipeline (its current spec and code) from a savepoint or its
+latest checkpoint, possibly at a new parallelism: the upgrade flow. ``check`` validates
+everything it can (:func:`plan_deploy`) before ``run`` submits anything.
+
+Airflow is imported inside the functions, so the module imports without it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from checkpointing.errors import CheckpointingError
+from checkpointing.spec import PipelineSpec, load_spec
+from checkpointing_airflow.dag_defaults import (
+    DEPLOY_DAG_ID,
+    JOB_ID_PATTERN,
+    METASTORE_CONN_ID,
+    SAVEPOINT_DAG_ID,
+    SPARK_CONN_ID,
+    START_DATE,
+    TAG,
+)
+from checkpointing_airflow.dag_files import known_pipelines
+from checkpointing_airflow.permissions import authorize_run
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
+
+    from checkpointing.metastore import Metastore
+
+log = logging.getLogger(__name__)
+
+
+class DeployError(CheckpointingError):
+    """A deploy that would fail or do harm: refused before anything is submitted."""
+
+
+def build_deploy_dag(
+    pipelines_dir: str | Path,
+    *,
+    metastore_conn_id: str = METASTORE_CONN_ID,
+    spark_conn_id: str = SPARK_CONN_ID,
+    check_permissions: bool = True,
+) -> DAG:
+    """``checkpoint_deploy``: start a pipeline of ``pipelines_dir`` (its current spec and code)
+    from a savepoint or its latest checkpoint, possibly at a new parallelism. ``check``
+    validates everything it can before ``run`` submits anything, starting with the triggering
+    user's permission to edit the pipeline's own DAG (:func:`authorize_trigger`; off with
+    ``check_permissions=False``). A savepoint of another job is refused unless the run asks for
+    it (``allow_other_job``)."""
+    from airflow.sdk import DAG, Param, get_current_context, task
+
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
+
+    pipelines_dir = Path(pipelines_dir)
+    jobs = list(known_pipelines(pipelines_dir))
+    defaults = PipelineSpec.model_fields
+    with DAG(
+        dag_id=DEPLOY_DAG_ID,
+        description="Start a pipeline from a savepoint or its latest checkpoint (upgrades)",
+        doc_md=(
+            "### Deploy a pipeline\n\n"
+            "The upgrade flow: take a savepoint with `checkpoint_savepoint` (**stop** on), "
+            "change the spec or the code, then start the pipeline here **from** that savepoint, "
+            "at the same or a new **parallelism** (the state's key groups are reassigned). "
+            "`check` refuses, before anything is submitted, a savepoint that does not verify or "
+            "whose state cannot be assigned, a parallelism above the job's max parallelism, and "
+            "a job that is still running, a savepoint of another pipeline unless **allow another "
+            "pipeline's savepoint** is on, and a user who may not edit the pipeline's own DAG. "
+            "`run` then runs the pipeline like its own DAG would, and its retries resume from "
+            "the latest checkpoint."
+        ),
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        tags=[TAG],
+        params={
+            "pipeline": Param(
+                type="string",
+                title="Pipeline",
+                description=f"The job id of a pipeline spec in {pipelines_dir}.",
+                **({"enum": jobs} if jobs else {"pattern": JOB_ID_PATTERN}),
+            ),
+            "from": Param(
+                "latest",
+                type="string",
+                minLength=1,
+                title="Start from",
+                description=(
+                    "latest: the job's newest valid checkpoint or savepoint (empty state if it "
+                    "has none); or a savepoint path (its directory or its _metadata), e.g. the "
+                    "result of checkpoint_savepoint."
+                ),
+            ),
+            "parallelism": Param(
+                None,
+                type=["null", "integer"],
+                minimum=1,
+                title="Parallelism",
+                description="Empty: the spec's parallelism.",
+            ),
+            "allow_other_job": Param(
+                False,
+                type="boolean",
+                title="Allow another pipeline's savepoint",
+                description=(
+                    "Start from a checkpoint or savepoint of another job (e.g. a renamed "
+                    "pipeline); recorded with the restore. Off: such a path is refused."
+                ),
+            ),
+        },
+    ) as dag:
+
+        @task(task_id="check", retries=0, multiple_outputs=True)
+        def check() -> dict[str, Any]:
+            """What ``run`` runs: the spec file, the restore source and the parallelism."""
+            from checkpointing_airflow.hooks import CheckpointMetastoreHook
+
+            context = get_current_context()
+            params = context["params"]
+            if check_permissions:
+                authorize_run(
+                    context["dag_run"],
+                    str(params["pipeline"]),
+                    jobs=list(known_pipelines(pipelines_dir)),
+                )
+            metastore = CheckpointMetastoreHook(metastore_conn_id).get_metastore()
+            try:
+                plan = deploy_plan_from_params(
+                    params, pipelines=known_pipelines(pipelines_dir), metastore=metastore
+                )
+            finally:
+                metastore.dispose()
+            _refuse_active_runs(context["ti"], plan["job"])
+            return plan
+
+        checked = check()
+        CheckpointedSparkSubmitOperator(
+            task_id="run",
+            pipeline=checked["pipeline"],
+            restore=checked["restore"],
+            parallelism=checked["parallelism"],
+            allow_other_job=checked["allow_other_job"],
+            metastore_conn_id=metastore_conn_id,
+            conn_id=spark_conn_id,
+            retries=defaults["retries"].default,
+            retry_delay=defaults["retry_delay"].default,
+        )
+    return dag
+
+
+def plan_deploy(
+    pipelines: Mapping[str, Path],
+    pipeline: str,
+    source: str,
+    parallelism: int | None,
+    *,
+    metastore: Metastore,
+    storage_url: str | None = None,
+    allow_other_job: bool = False,
+) -> dict[str, Any]:
+    """Validate a deploy without running it: the spec loads, the job is not running, the
+    savepoint verifies (``_metadata`` and file sizes), it is the job's own unless
+    ``allow_other_job``, and its state can be assigned to ``parallelism`` subtasks under the
+    spec's max parallelism.
+
+    ``storage_url`` defaults as for the operator: the spec's ``storage``, else
+    ``CKPT_STORAGE_URL``, else the embedded default."""
+    from checkpointing import restore
+    from checkpointing.jobs import job_status, storage_url_for_run
+    from checkpointing.status import JobStatus
+    from checkpointing.storage import CheckpointStorage
+
+    path = pipelines.get(pipeline)
+    if path is None:
+        known = ", ".join(pipelines) or "none"
+        raise DeployError(f"pipeline: unknown pipeline {pipeline!r} (known: {known})")
+    spec = load_spec(path)
+    chosen = spec.parallelism if parallelism is None else int(parallelism)
+    if not 1 <= chosen <= spec.max_parallelism:
+        raise DeployError(
+            f"parallelism: {chosen} is outside 1..{spec.max_parallelism} (the max parallelism "
+            f"of job {spec.job}, fixed for the life of its state)"
+        )
+    status = job_status(metastore, spec.job)
+    if status == JobStatus.RUNNING:
+        raise DeployError(
+            f"job {spec.job} is running: stop it first with the {SAVEPOINT_DAG_ID} DAG "
+            "(stop on) and deploy from that savepoint"
+        )
+    storage = CheckpointStorage.from_url(storage_url_for_run(storage_url, spec))
+    source = str(source).strip()
+    if source.startswith("/"):  # a local savepoint given as a plain path: the URL it is known by
+        source = Path(source).as_uri()
+    if source == "latest":
+        if status is None:
+            starts = "empty state (the job has no checkpoints yet)"
+        else:
+            decision = restore.find_latest_valid(metastore, storage, spec.job, deep=False)
+            starts = decision.describe()
+    elif "/" in source or source.isdigit():
+        preview = restore.preview_restore(
+            metastore,
+            storage,
+            spec.job,
+            parallelism=chosen,
+            source=source,
+            deep=False,
+            allow_other_job=allow_other_job,
+        )
+        for op in preview.metadata.operators:
+            if op.max_parallelism != spec.max_parallelism:
+                raise DeployError(
+                    f"from: {source}: operator {op.operator_id!r} has max parallelism "
+                    f"{op.max_parallelism}, the spec {spec.max_parallelism}; it is fixed for "
+                    "the life of the job's state"
+                )
+        starts = (
+            f"{preview.decision.checkpoint_type or 'checkpoint'} "
+            f"{preview.decision.checkpoint_id} of job {preview.metadata.job_id} "
+            f"({preview.decision.metadata_path}), reassigned to {chosen} subtask(s)"
+        )
+        if preview.decision.from_job_id is not None:
+            starts += " (another job's: allowed explicitly)"
+    else:
+        raise DeployError(f"from: expected 'latest' or a savepoint path, got {source!r}")
+    log.info("deploy %s from %s at parallelism %d: %s", spec.job, source, chosen, starts)
+    return {
+        "job": spec.job,
+        "pipeline": str(path),
+        "restore": source,
+        "parallelism": chosen,
+        "allow_other_job": bool(allow_other_job),
+        "starts_from": starts,
+    }
+
+
+def deploy_plan_from_params(
+    params: Mapping[str, Any], *, pipelines: Mapping[str, Path], metastore: Metastore
+) -> dict[str, Any]:
+    """The deploy's ``check`` task: anything wrong fails it for good, with the reason."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        return plan_deploy(
+            pipelines,
+            str(params["pipeline"]),
+            str(params.get("from") or "latest"),
+            params.get("parallelism"),
+            metastore=metastore,
+            allow_other_job=bool(params.get("allow_other_job", False)),
+        )
+    except CheckpointingError as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+def _refuse_active_runs(ti: Any, job_id: str) -> None:
+    """The pipeline's own DAG must not run the job at the same time (the metastore says RUNNING
+    only once its driver is up, or not at all between a failed try and its retry)."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        active = ti.get_dr_count(dag_id=job_id, states=["queued", "running"])
+    except Exception as exc:  # the DAG may not exist: the job is deployed only from here
+        log.info("DAG %s: no run count (%s)", job_id, exc)
+        return
+    if active:
+        raise AirflowFailException(
+            f"the DAG {job_id} has {active} queued or running run(s) of this job: wait for them, "
+            f"or stop the job with the {SAVEPOINT_DAG_ID} DAG (stop on)"
+        )

@@ -1,0 +1,203 @@
+"""The DAG of one pipeline spec: ``<job>`` with the task ``run``, a
+:class:`~checkpointing_airflow.operators.CheckpointedSparkSubmitOperator`.
+
+Every ``dags/pipelines/<name>.yaml`` (the spec of :mod:`checkpointing.spec`, with its deployment
+fields ``schedule``, ``retries``, ``retry_delay``, ``parallelism_on_retry``, ``owner`` and
+``tags``) becomes the DAG ``<job>``, built by its own DAG file calling :func:`pipeline_dag`
+(:mod:`checkpointing_airflow.dag_files` says why).
+
+Airflow is imported inside the functions. This module is also imported as a top-level module by
+Airflow's plugin manager, so it has no side effects and uses only absolute imports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from checkpointing.config import format_duration
+from checkpointing.spec import PipelineSpec, SpecError, load_spec
+from checkpointing_airflow.dag_defaults import (
+    DEPLOY_DAG_ID,
+    METASTORE_CONN_ID,
+    SAVEPOINT_DAG_ID,
+    SPARK_CONN_ID,
+    START_DATE,
+    TAG,
+)
+from checkpointing_airflow.dag_files import spec_file_for
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
+
+#: Airflow refuses longer tags
+MAX_TAG_LENGTH = 100
+
+
+def pipeline_dag(
+    dag_file: str | Path,
+    *,
+    metastore_conn_id: str = METASTORE_CONN_ID,
+    spark_conn_id: str = SPARK_CONN_ID,
+    operator_args: Mapping[str, Any] | None = None,
+) -> DAG:
+    """The DAG of the spec next to ``dag_file`` (call it with ``__file__``).
+
+    A broken spec raises :class:`~checkpointing.spec.SpecError` naming the file and the field,
+    and Airflow records it as this DAG file's import error."""
+    spec = load_spec(spec_file_for(dag_file))
+    return build_pipeline_dag(
+        spec,
+        metastore_conn_id=metastore_conn_id,
+        spark_conn_id=spark_conn_id,
+        operator_args=operator_args,
+    )
+
+
+def build_pipeline_dag(
+    spec: PipelineSpec,
+    *,
+    metastore_conn_id: str = METASTORE_CONN_ID,
+    spark_conn_id: str = SPARK_CONN_ID,
+    operator_args: Mapping[str, Any] | None = None,
+) -> DAG:
+    """DAG ``spec.job`` with the task ``run``. Airflow-level mistakes in the deployment fields
+    (a bad cron expression, a tag that is too long) become :class:`SpecError` as well.
+
+    ``operator_args`` go to the task's operator on top of what the spec says, e.g. Spark
+    ``conf`` or the failure drill ``fail_first_try_after_epochs`` (``make demo`` uses both)."""
+    from airflow.sdk import DAG, Param
+
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
+
+    check_deployment(spec)
+    with DAG(
+        dag_id=spec.job,
+        description=summary(spec),
+        doc_md=describe(spec),
+        schedule=spec.schedule,
+        start_date=START_DATE,
+        catchup=False,
+        # two runs of one job would write the same state and sink
+        max_active_runs=1,
+        tags=list(dict.fromkeys([TAG, *spec.tags])),
+        default_args={"owner": spec.owner},
+        params={
+            "restore": Param(
+                "latest",
+                type="string",
+                minLength=1,
+                title="Restore from",
+                description=(
+                    "latest: resume from the newest valid checkpoint (start empty if there is "
+                    "none); none: start empty; a checkpoint id; or a savepoint or checkpoint "
+                    "path. Retries always resume from this run's latest checkpoint."
+                ),
+            ),
+            "parallelism": Param(
+                spec.parallelism,
+                type="integer",
+                minimum=1,
+                maximum=spec.max_parallelism,
+                title="Parallelism",
+                description=(
+                    f"subtasks of every operator; the spec says {spec.parallelism}. A different "
+                    "value rescales the restored state (key groups are reassigned)."
+                ),
+            ),
+        },
+    ) as dag:
+        CheckpointedSparkSubmitOperator(
+            task_id="run",
+            pipeline=str(spec.spec_path),
+            restore="{{ params.restore }}",
+            parallelism="{{ params.parallelism }}",
+            parallelism_on_retry=spec.parallelism_on_retry,
+            metastore_conn_id=metastore_conn_id,
+            conn_id=spark_conn_id,
+            retries=spec.retries,
+            retry_delay=spec.retry_delay,
+            **(operator_args or {}),
+        )
+    return dag
+
+
+def check_deployment(spec: PipelineSpec) -> None:
+    """What Airflow would refuse in the deployment fields, refused with the file and field."""
+    from airflow.sdk import DAG
+
+    where = spec.spec_path or spec.job
+    for tag in spec.tags:
+        if len(tag) > MAX_TAG_LENGTH:
+            raise SpecError(f"{where}: tags: {tag!r} is longer than {MAX_TAG_LENGTH} characters")
+    if spec.schedule is None:
+        return
+    try:  # Airflow checks a cron expression only when it validates the whole DAG
+        probe = DAG(
+            dag_id=spec.job, schedule=spec.schedule, start_date=START_DATE, max_active_runs=1
+        )
+        probe.timetable.validate()
+    except Exception as exc:
+        raise SpecError(
+            f"{where}: schedule: {exc} (got {spec.schedule!r}; use a cron expression such as "
+            "'0 3 * * *' or a preset such as '@daily')"
+        ) from None
+
+
+def summary(spec: PipelineSpec) -> str:
+    """One line for the DAG list."""
+    return (
+        f"{spec.source.format} {Path(spec.source.path).name} → "
+        f"{', '.join(spec.aggregations)} by {', '.join(spec.key)} → {spec.sink.path}"
+    )
+
+
+def describe(spec: PipelineSpec) -> str:
+    """The DAG's documentation (Markdown): what the pipeline reads, computes, writes, and how it
+    checkpoints, retries and is operated."""
+    config = spec.checkpoint.config()
+    checkpoints = []
+    if spec.checkpoint.every_epochs:
+        checkpoints.append(f"every {spec.checkpoint.every_epochs} epoch(s)")
+    if config.periodic_interval is not None:
+        checkpoints.append(f"every {format_duration(config.periodic_interval)}")
+    checkpoints += [
+        f"timeout {format_duration(config.timeout)}",
+        f"{config.retained} retained",
+        config.retention.value,
+    ]
+    retry_parallelism = spec.parallelism_on_retry or spec.parallelism
+    aggregations = ", ".join(f"`{name} = {agg}`" for name, agg in spec.aggregations.items())
+    rows = [
+        ("spec", f"`{spec.spec_path}`"),
+        (
+            "source",
+            f"{spec.source.format} `{spec.source.path}`, "
+            f"{spec.source.splits_per_epoch} file(s) per epoch",
+        ),
+        ("key", ", ".join(f"`{k}`" for k in spec.key)),
+        ("aggregations", aggregations),
+        ("sink", f"`{spec.sink.path}` (final table in `final/`, epochs in `changelog/`)"),
+        ("parallelism", f"{spec.parallelism} (max parallelism {spec.max_parallelism})"),
+        (
+            "retries",
+            f"{spec.retries}, {format_duration(spec.retry_delay)} apart, each resuming from the "
+            f"latest checkpoint at parallelism {retry_parallelism}"
+            if spec.retries
+            else "none",
+        ),
+        ("checkpoints", "; ".join(checkpoints)),
+        ("storage", f"`{spec.storage}`" if spec.storage else "`CKPT_STORAGE_URL` (or default)"),
+        ("schedule", f"`{spec.schedule}`" if spec.schedule else "none (triggered)"),
+    ]
+    table = "\n".join(f"| {name} | {value} |" for name, value in rows)
+    return (
+        f"### Checkpointed pipeline `{spec.job}`\n\n"
+        "Runs the pipeline on Spark in epochs with checkpoints at epoch boundaries; a failed "
+        "try is retried from the latest completed checkpoint.\n\n"
+        f"| | |\n|---|---|\n{table}\n\n"
+        "Trigger it with **Restore from** (`latest`, `none`, a checkpoint id or a savepoint "
+        "path) and **Parallelism** (rescales the state). Take a savepoint with the "
+        f"`{SAVEPOINT_DAG_ID}` DAG; start a new version from one with `{DEPLOY_DAG_ID}`.\n"
+    )
