@@ -15,6 +15,9 @@ from rich.console import Console
 
 from checkpointing.cli.common import (
     EXIT_ERROR,
+    MetastoreUrlOption,
+    StorageUrlOption,
+    VerboseOption,
     configure_logging,
     handles_errors,
     out,
@@ -63,15 +66,9 @@ def demo(
         Path | None, typer.Option(help="Pipeline spec (default: dags/pipelines/nycflights13.yaml).")
     ] = None,
     master: Annotated[str, typer.Option(help="Spark master URL (with --no-airflow).")] = "local[2]",
-    metastore_url: Annotated[
-        str | None,
-        typer.Option(help="SQLAlchemy URL of the metastore [env: CKPT_METASTORE_URL]"),
-    ] = None,
-    storage_url: Annotated[
-        str | None,
-        typer.Option(help="Checkpoint storage, file:///… or s3://… [env: CKPT_STORAGE_URL]"),
-    ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens.")] = False,
+    metastore_url: MetastoreUrlOption = None,
+    storage_url: StorageUrlOption = None,
+    verbose: VerboseOption = False,
 ) -> None:
     """Run the nycflights13 example pipeline as an Airflow DAG with a crash injected in its first
     try; the retry resumes from the latest checkpoint. Verify the result against pandas and print

@@ -288,7 +288,10 @@ def test_savepoint_requested_by_another_coordinator_restores_into_a_fresh_job(
     assert through_epoch(decision.metadata, EPOCHS) == 2
 
     fresh = events_spec(tmp_path, events, "fromsavepoint")
-    restored = run(spark, fresh, metastore, storage, restore=directory)
+    # another job's savepoint: refused unless asked for (issue 10), then recorded as such
+    with pytest.raises(restore.ForeignSnapshotError, match="of job origin, not of job fromsav"):
+        run(spark, fresh, metastore, storage, restore=directory)
+    restored = run(spark, fresh, metastore, storage, restore=directory, allow_other_job=True)
     assert restored.restored_from == savepoint
     assert restored.epochs_run == [3, 4, 5]
     final, changelog = tables(spark, fresh)
@@ -309,7 +312,7 @@ def test_savepoint_requested_by_another_coordinator_restores_into_a_fresh_job(
     Metastore(other_url, check_schema=False).upgrade()
     other = Metastore(other_url)
     elsewhere = events_spec(tmp_path, events, "elsewhere")
-    moved = run(spark, elsewhere, other, storage, restore=directory)
+    moved = run(spark, elsewhere, other, storage, restore=directory, allow_other_job=True)
     assert moved.restored_from == savepoint
     assert moved.epochs_run == [3, 4, 5]
     final, _changelog = tables(spark, elsewhere)

@@ -57,16 +57,22 @@ class State:
 state = State()
 
 
+#: the settings every entry point takes as flags (``ckpt`` and ``python -m demo``)
+MetastoreUrlOption = Annotated[
+    str | None,
+    typer.Option(help="SQLAlchemy URL of the metastore [env: CKPT_METASTORE_URL]"),
+]
+StorageUrlOption = Annotated[
+    str | None,
+    typer.Option(help="Checkpoint storage, file:///… or s3://… [env: CKPT_STORAGE_URL]"),
+]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens.")]
+
+
 def main_options(
-    metastore_url: Annotated[
-        str | None,
-        typer.Option(help="SQLAlchemy URL of the metastore [env: CKPT_METASTORE_URL]"),
-    ] = None,
-    storage_url: Annotated[
-        str | None,
-        typer.Option(help="Checkpoint storage, file:///… or s3://… [env: CKPT_STORAGE_URL]"),
-    ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens.")] = False,
+    metastore_url: MetastoreUrlOption = None,
+    storage_url: StorageUrlOption = None,
+    verbose: VerboseOption = False,
 ) -> None:
     state.metastore_url = metastore_url
     state.storage_url = storage_url
