@@ -64,7 +64,7 @@ ddl: $(VENV)/.synced ## regenerate the reference DDL in sql/ from the models
 	$(VENV)/bin/ckpt db ddl --dialect sqlite > sql/sqlite.sql
 
 $(VENV)/.synced: pyproject.toml uv.lock | check-python $(UV)
-	$(UV) sync --frozen
+	$(UV) sync --frozen --all-extras
 	@touch $@
 
 $(TOOLS)/bin/uv: | check-python
