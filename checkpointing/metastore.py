@@ -189,16 +189,29 @@ class Metastore:
 
     def upgrade(self, revision: str = "head") -> tuple[str | None, str]:
         """Create or migrate the schema; returns (before, after) revisions."""
-        from alembic import command
-
         if self.missing:  # creating it is what an upgrade is for
             Path(str(self.url.database)).parent.mkdir(parents=True, exist_ok=True)
         self.create = True
         before = self.current_revision()
-        with self.engine.begin() as conn:
-            cfg = _alembic_config(conn)
-            command.upgrade(cfg, revision)
+        with _quiet_alembic(), self.engine.begin() as conn:
+            from alembic import command  # its import logs too (plugin set-up)
+
+            command.upgrade(_alembic_config(conn), revision)
         return before, self.current_revision() or ""
+
+
+@contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    """Alembic's INFO lines (``Context impl``, ``Running upgrade …``) kept out of callers' logs
+    (an Airflow task's, a Spark driver's): its warnings and errors still show, and a failed
+    migration raises. ``ckpt db upgrade`` reports the revisions itself."""
+    logger = logging.getLogger("alembic")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _alembic_config(connection: Any) -> Any:

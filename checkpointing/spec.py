@@ -26,13 +26,22 @@ from pydantic import (
     model_validator,
 )
 
-from checkpointing.config import CheckpointConfig, describe_validation_error, parse_duration
+from checkpointing.config import (
+    CheckpointConfig,
+    ckpt_home,
+    describe_validation_error,
+    parse_duration,
+)
 from checkpointing.errors import ConfigError
 from checkpointing.ids import validate_id
 from checkpointing.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
 from checkpointing.sink_guard import check_pipeline_sink
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: ``${NAME}`` in a path field; ``$`` otherwise is a plain character
+_VARIABLE = re.compile(r"\$\{([^}]*)\}")
+#: the fields where ``${CKPT_HOME}`` may be used: the paths
+PATH_FIELDS = (("source", "path"), ("sink", "path"), ("storage",))
 _AGG = re.compile(r"^\s*(count|sum|min|max|avg)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)?\s*\)\s*$")
 
 
@@ -195,8 +204,13 @@ class PipelineSpec(BaseModel):
         return str((self.spec_path.parent / path).resolve())
 
 
-def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineSpec:
-    """Read and validate a pipeline spec; :class:`SpecError` names the file and the field."""
+def load_spec(
+    path: str | Path, overrides: dict[str, Any] | None = None, *, home: Path | None = None
+) -> PipelineSpec:
+    """Read and validate a pipeline spec; :class:`SpecError` names the file and the field.
+
+    ``${CKPT_HOME}`` in its paths is ``home`` (default: ``CKPT_HOME``, as the metastore and the
+    checkpoints find it), so that a spec's data and output can live in the same home."""
     path = Path(path)
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # safe loader
@@ -213,6 +227,10 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> Pipe
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: a pipeline spec is a mapping (job:, source:, key:, …)")
     raw = {**raw, **(overrides or {})}
+    try:
+        raw = expand_path_variables(raw, {"CKPT_HOME": str(home or ckpt_home())})
+    except ValueError as exc:
+        raise SpecError(f"{path}: {exc}") from None
     try:
         spec = PipelineSpec.model_validate(raw)
     except ValidationError as exc:
@@ -232,6 +250,35 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> Pipe
     except ConfigError as exc:
         raise SpecError(f"{path}: {exc}") from None
     return spec
+
+
+def expand_path_variables(raw: dict[str, Any], variables: dict[str, str]) -> dict[str, Any]:
+    """``raw`` with ``${NAME}`` replaced in its path fields (:data:`PATH_FIELDS`), from
+    ``variables`` only: never from the whole environment, whose secrets would end up in paths
+    and logs. An unknown name is a :class:`ValueError` naming the field."""
+    raw = dict(raw)
+    for where in PATH_FIELDS:
+        parent: Any = raw
+        for name in where[:-1]:
+            if not isinstance(parent.get(name), dict):
+                break
+            parent[name] = parent = dict(parent[name])
+        else:
+            value = parent.get(where[-1])
+            if isinstance(value, str) and "${" in value:
+                parent[where[-1]] = _expand(value, variables, ".".join(where))
+    return raw
+
+
+def _expand(value: str, variables: dict[str, str], field: str) -> str:
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in variables:
+            known = ", ".join(f"${{{v}}}" for v in sorted(variables))
+            raise ValueError(f"{field}: unknown variable ${{{name}}} (a path may use {known})")
+        return variables[name]
+
+    return _VARIABLE.sub(one, value)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -60,10 +60,12 @@ def demo(
         ),
     ] = False,
     crash_after: Annotated[
-        int | None, typer.Option(min=1, help="Inject the crash after this many epochs.")
+        int | None,
+        typer.Option(min=1, metavar="N", help="Inject the crash after this many epochs."),
     ] = None,
     spec: Annotated[
-        Path | None, typer.Option(help="Pipeline spec (default: dags/pipelines/nycflights13.yaml).")
+        Path | None,
+        typer.Option(help="Pipeline spec (default: nycflights13.yaml of dags/pipelines/)."),
     ] = None,
     master: Annotated[str, typer.Option(help="Spark master URL (with --no-airflow).")] = "local[2]",
     metastore_url: MetastoreUrlOption = None,
@@ -110,17 +112,34 @@ def demo(
 @handles_errors
 def airflow_cmd(
     ctx: typer.Context,
-    port: Annotated[int, typer.Option(min=1, max=65535, help="The API server's port.")] = 8080,
+    port: Annotated[
+        int, typer.Option(min=1, max=65535, metavar="PORT", help="The API server's port.")
+    ] = 8080,
     ready_timeout: Annotated[
-        float, typer.Option(min=1, help="Seconds to wait for the API server to answer.")
+        float,
+        typer.Option(min=1, metavar="SECONDS", help="How long to wait for the API server."),
     ] = 300,
+    dags: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--dags",
+            exists=True,
+            file_okay=False,
+            metavar="DIR",
+            help="Also serve the DAGs of this folder (repeatable).",
+        ),
+    ] = None,
 ) -> None:
     """Start a local Airflow 3 (api-server, scheduler, dag-processor, triggerer) with this
-    project's DAGs and plugins on 127.0.0.1, print its URL and login, run until Ctrl-C."""
+    project's DAGs and plugins on 127.0.0.1, print its URL and login, run until Ctrl-C.
+
+    Your AIRFLOW__*, AIRFLOW_CONN_*, AIRFLOW_VAR_* reach Airflow, except what it sets here."""
     from demo.local_airflow import run_local_airflow
 
     try:
-        code = run_local_airflow(ctx.obj, console, port=port, ready_timeout=ready_timeout)
+        code = run_local_airflow(
+            ctx.obj, console, port=port, ready_timeout=ready_timeout, user_dags=dags or ()
+        )
     except RuntimeError as exc:  # e.g. airflow db migrate failed: Airflow's own message
         print_error(exc)
         raise typer.Exit(EXIT_ERROR) from None

@@ -4,20 +4,60 @@ subprocesses (so that a test can kill one)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psutil
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-from checkpointing import datasets
+from checkpointing import datasets, views
+from checkpointing.failure import CheckpointFailureReason
+from checkpointing.metastore import Metastore
+from checkpointing.models import Checkpoint, Job
 from demo.airflow_env import REPO, airflow_command, airflow_env, migrate
+from tests.helpers import checkpoint_rows
 
-__all__ = ["AIRFLOW", "CKPT", "REPO", "AirflowHome", "assert_exactly_once", "make_airflow_home"]
+__all__ = [
+    "AIRFLOW",
+    "CKPT",
+    "DEADLINE_S",
+    "KILLED_TASK_DAG",
+    "PG_ADMIN_URL",
+    "REPO",
+    "AirflowHome",
+    "Api",
+    "Killed",
+    "assert_exactly_once",
+    "assert_nothing_left",
+    "assert_retry_resumed",
+    "free_port",
+    "fresh_pg_database",
+    "heartbeat_env",
+    "kill_while_pending",
+    "make_airflow_home",
+    "tree_of",
+    "wait_for",
+    "worker_hostname",
+]
 
 AIRFLOW = airflow_command()
 CKPT = str(Path(sys.executable).with_name("ckpt"))
@@ -117,3 +157,331 @@ def assert_exactly_once(
         got = pd.read_parquet(out / "changelog" / f"epoch={epoch}")
         assert sorted(got.user) == sorted(frame.user.unique()), f"epoch {epoch}"
     assert not list(out.rglob("*.inprogress"))
+
+
+#: the local PostgreSQL's admin URL (trust auth on loopback), as the metastore tests use it
+PG_ADMIN_URL = os.environ.get("CKPT_TEST_PG_URL", "postgresql+psycopg://127.0.0.1:5432/test")
+
+
+@contextmanager
+def fresh_pg_database(
+    prefix: str, *, owner: str | None = None, password: str = ""
+) -> Iterator[URL]:
+    """A new database on the local PostgreSQL, dropped (with its connections) on exit; its URL
+    on 127.0.0.1 with the admin's driver. ``owner`` (created if missing, a LOGIN role with
+    ``password``) owns it and is the URL's user, as a deployment's role would."""
+    admin_url = make_url(PG_ADMIN_URL)
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            if (
+                owner
+                and not conn.execute(
+                    text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": owner}
+                ).first()
+            ):
+                with contextlib.suppress(ProgrammingError, IntegrityError):  # a racing test
+                    conn.execute(text(f"CREATE ROLE \"{owner}\" LOGIN PASSWORD '{password}'"))
+            conn.execute(text(f'CREATE DATABASE "{name}"' + (f' OWNER "{owner}"' if owner else "")))
+        url = admin_url.set(database=name)
+        yield url.set(username=owner, password=password or None) if owner else url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+# ============================================================================ a running Airflow
+
+#: per wait of the running-Airflow tests (their whole run takes a few minutes on 2 cores)
+DEADLINE_S = 300
+#: how a pending checkpoint of a killed try may end: aborted by the new coordinator
+FAILOVER_REASONS = {"CHECKPOINT_COORDINATOR_FAILOVER", "JOB_FAILOVER"}
+#: a pipeline DAG of one checkpointed task, retried once after 2 s (``.format(job, task, spec)``)
+KILLED_TASK_DAG = """
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG
+
+from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
+
+with DAG({job!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False):
+    CheckpointedSparkSubmitOperator(
+        task_id={task!r},
+        pipeline={spec!r},
+        retries=1,
+        retry_delay=timedelta(seconds=2),
+        conf={{
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+        }},
+    )
+"""
+
+
+def heartbeat_env(timeout_s: int) -> dict[str, str]:
+    """Airflow settings that fail a task whose supervisor stopped heartbeating within about
+    ``timeout_s`` (a live one heartbeats every 2 s), and re-parse DAG files every 5 s."""
+    return {
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(timeout_s),
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+        "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "2",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+    }
+
+
+def worker_hostname() -> str:
+    """``[core] hostname_callable`` of a test's Celery workers: each its own name, although
+    they share this machine (Airflow records it as the task instance's hostname)."""
+    return os.environ["CKPT_TEST_WORKER_HOSTNAME"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(what: str, found: Callable[[], Any], timeout: float = DEADLINE_S) -> Any:
+    """Poll ``found`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (value := found()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+    return value
+
+
+class Api:
+    """Airflow's REST API at ``url`` with a user's login (``POST /auth/token``)."""
+
+    def __init__(self, url: str, user: str, password: str) -> None:
+        self.url = url
+        body = {"username": user, "password": password}
+        self.token = self.call("/auth/token", body, auth=False)["access_token"]
+
+    def call(self, path: str, body: dict[str, Any] | None = None, *, auth: bool = True) -> Any:
+        headers = {"Content-Type": "application/json"}
+        if auth:
+            headers["Authorization"] = f"Bearer {self.token}"
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.url}{path}", data, headers)
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return json.loads(r.read())
+
+    def get(self, path: str) -> Any:
+        """GET, or None on 404 (not there yet)."""
+        try:
+            return self.call(path)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+
+def leftovers(root: Path) -> list[psutil.Process]:
+    """Processes of a test's Airflow: its home in their environment or the test's directory
+    on their command line (Spark drivers, spark-submit, task runners, components)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid == os.getpid():
+            continue
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            home = proc.environ().get("AIRFLOW_HOME", "")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if str(root) in cmdline or home.startswith(str(root)):
+            found.append(proc)
+    return found
+
+
+def assert_nothing_left(root: Path, grace: float = 30) -> None:
+    deadline = time.monotonic() + grace
+    while (left := leftovers(root)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, [" ".join(p.cmdline()) for p in left]
+
+
+def tree_of(roots: list[psutil.Process]) -> list[psutil.Process]:
+    """``roots`` and all their descendants (those still there)."""
+    tree: dict[int, psutil.Process] = {}
+    for root in roots:
+        try:
+            for p in [root, *root.children(recursive=True)]:
+                tree[p.pid] = p
+        except psutil.NoSuchProcess:
+            continue
+    return list(tree.values())
+
+
+def freeze(tree: Callable[[], list[psutil.Process]]) -> list[psutil.Process]:
+    """SIGSTOP every process of ``tree()``, until no new process appears in it."""
+    stopped: dict[int, psutil.Process] = {}
+    while new := [p for p in tree() if p.pid not in stopped]:
+        for p in new:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.suspend()
+            stopped[p.pid] = p
+    return list(stopped.values())
+
+
+def described(proc: psutil.Process) -> tuple[int, str]:
+    """Parent pid and command line ("" for a zombie: a child that exited, not yet reaped)."""
+    try:
+        return proc.ppid(), " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return -1, ""
+
+
+def gone(proc: psutil.Process) -> bool:
+    """Dead (a zombie counts: nothing runs in it any more)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def thaw(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.resume()
+
+
+@dataclass
+class Killed:
+    """Try 1, SIGKILLed: its processes (pid: parent pid, command line), the checkpoint it left
+    pending and the latest one it completed."""
+
+    processes: dict[int, tuple[int, str]]
+    pending: Checkpoint
+    latest: int
+
+
+def kill_while_pending(
+    metastore: Metastore,
+    job: str,
+    first: str,
+    second: str,
+    tree: Callable[[], list[psutil.Process]],
+) -> Killed:
+    """SIGKILL every process of ``tree()`` (try 1, coordinator ``first``) at once while one of
+    its checkpoints is pending, after two completed; frozen first, so that nothing completes
+    the pending checkpoint or starts a process in between."""
+
+    def try_1_pending() -> Checkpoint | None:
+        rows = checkpoint_rows(metastore, job)
+        with metastore.transaction() as s:
+            state = s.get(Job, job)
+        assert state is None or state.status != "FINISHED", "try 1 ended before it was killed"
+        assert not any(c.coordinator_id == second for c in rows)
+        done = [c for c in rows if c.completed_at is not None]
+        pending = [c for c in rows if c.status == "PENDING" and c.coordinator_id == first]
+        return pending[0] if len(done) >= 2 and pending else None
+
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        assert time.monotonic() < deadline, "no checkpoint of try 1 was ever pending"
+        if try_1_pending() is None:
+            time.sleep(0.05)
+            continue
+        frozen = freeze(tree)
+        if (pending := try_1_pending()) is None:  # it completed before the freeze: next one
+            thaw(frozen)
+            continue
+        latest = max(c.checkpoint_id for c in checkpoint_rows(metastore, job) if c.completed_at)
+        killed = {p.pid: described(p) for p in frozen}
+        for p in frozen:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        wait_for("try 1's processes to die", lambda: all(map(gone, frozen)), 30)  # noqa: B023
+        break
+    assert any(f"--coordinator-id {first}" in cmd for _, cmd in killed.values()), killed
+    assert any("SparkSubmit" in cmd for _, cmd in killed.values()), killed
+    # try 1's checkpoints were 1 … latest (each after its epoch) and the pending one
+    ours = [c for c in checkpoint_rows(metastore, job) if c.coordinator_id == first]
+    assert [c.checkpoint_id for c in ours] == list(range(1, pending.checkpoint_id + 1))
+    assert pending.checkpoint_id == latest + 1
+    return Killed(killed, pending, latest)
+
+
+def assert_retry_resumed(
+    api: Api,
+    metastore: Metastore,
+    *,
+    job: str,
+    task: str,
+    run_id: str,
+    killed: Killed,
+    files: int,
+    root: Path,
+) -> dict[int, dict[str, Any]]:
+    """After try 1 was killed: the DAG run succeeds on try 2, which became the coordinator
+    (try 1's pending checkpoint aborted as a failover, not counted), restored the latest
+    completed checkpoint (as ``ckpt restores`` shows), redid only the epochs after it, and the
+    output under ``root / "out"`` is exactly-once. Returns the task's tries by number."""
+    from checkpointing_airflow.operators import attempt_id
+
+    second = attempt_id(job, run_id, 2)
+    run_path = f"/api/v2/dags/{job}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
+
+    def run_ended() -> str | None:
+        state = api.call(run_path)["state"]
+        return state if state in ("success", "failed") else None
+
+    assert wait_for("the DAG run to end", run_ended) == "success"
+    tries = {
+        t["try_number"]: t
+        for t in api.call(f"{run_path}/taskInstances/{task}/tries")["task_instances"]
+    }
+    assert tries[2]["state"] == "success", tries
+    assert tries[1]["state"] in ("failed", "up_for_retry"), tries[1]
+    timeouts = api.call(f"/api/v2/eventLogs?dag_id={job}&event=heartbeat%20timeout")
+    assert timeouts["total_entries"] >= 1  # the scheduler found try 1 without heartbeats
+
+    with metastore.transaction() as s:
+        state = s.get(Job, job)
+        assert state is not None
+        assert state.coordinator_id == second
+        assert state.failure_cause is None and state.consecutive_failures == 0
+    rows = {c.checkpoint_id: c for c in checkpoint_rows(metastore, job)}
+    aborted = rows[killed.pending.checkpoint_id]
+    assert aborted.status == "ABORTED"
+    assert aborted.failure_reason in FAILOVER_REASONS, aborted.failure_reason
+    counted = [
+        c
+        for c in rows.values()
+        if c.failure_reason and CheckpointFailureReason(c.failure_reason).counts_as_failure
+    ]
+    assert not counted, [(c.checkpoint_id, c.failure_reason) for c in counted]
+    later = [c for c in rows.values() if c.coordinator_id == second]
+    assert later and all(c.completed_at is not None for c in later), later
+
+    shown = subprocess.run(
+        [CKPT, "restores", job, "--json"],
+        env={
+            **os.environ,
+            "CKPT_METASTORE_URL": metastore.url.render_as_string(hide_password=False),
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    restores = json.loads(shown.stdout)
+    assert restores == views.list_restores(metastore, job)
+    restored = [r for r in restores if r["attempt"] == second and r["status"] == "RESTORED"]
+    assert [r["checkpoint_id"] for r in restored] == [killed.latest], restores
+
+    # … and redid only the epochs after it (checkpoint k covers the first k epochs; outcomes
+    # count epochs)
+    xcom = api.call(f"{run_path}/taskInstances/{task}/xcomEntries/return_value?deserialize=true")
+    outcome = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+    assert outcome["restored_from"] == killed.latest
+    assert outcome["epochs_run"] == files - killed.latest, outcome
+    assert outcome["epochs_done"] == files, outcome
+    assert_exactly_once(root / "out", root / "events", AGGS)
+    return tries

@@ -311,6 +311,8 @@ class RecordingS3Storage(S3CheckpointStorage):
             "pid": os.getpid(),
             "python": sys.executable,
             "aws_endpoint": os.environ.get("AWS_ENDPOINT_URL"),
+            "aws_session_token": bool(os.environ.get("AWS_SESSION_TOKEN")),
+            "credentials_on_command_line": _credentials_on_command_line(os.getpid()),
             "task": None
             if task is None
             else {
@@ -324,6 +326,71 @@ class RecordingS3Storage(S3CheckpointStorage):
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(note))
         tmp.rename(path)
+
+
+class RecordingMotoServer:
+    """moto's server on loopback in a process and directory of its own, recording every request
+    (headers included) it serves, so a test can see what credentials each request carried."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.recording = root / "moto_recording"
+        self.url = ""
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        env = {**os.environ, "MOTO_RECORDER_FILEPATH": str(self.recording)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            cwd=self.root,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._api("reset-recording")
+                self._api("start-recording")
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("moto server did not start") from None
+                time.sleep(0.2)
+
+    def _api(self, action: str) -> bytes:
+        request = urllib.request.Request(f"{self.url}/moto-api/recorder/{action}", method="POST")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return bytes(response.read())
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request recorded so far: method, url, headers (bodies left out)."""
+        lines = self.recording.read_text().splitlines() if self.recording.exists() else []
+        return [
+            {k: v for k, v in json.loads(line).items() if k in ("method", "url", "headers")}
+            for line in lines
+        ]
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+def _credentials_on_command_line(pid: int) -> bool:
+    """Whether this process's secret AWS variables appear on its or an ancestor's command line
+    (the executor JVM's included)."""
+    secrets = [os.environ.get(n) for n in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")]
+    pids = [pid, *(p["ppid"] for p in ancestry(pid))]
+    args = [a for p in pids for a in _cmdline(p)]
+    return any(s and s in a for s in secrets for a in args)
 
 
 def read_records(record_dir: Path) -> list[dict[str, Any]]:
@@ -342,11 +409,12 @@ def executor_of(note: dict[str, Any], worker_pids: set[int]) -> str | None:
 # ============================================================================ the driver
 
 
-def cluster_conf(env: dict[str, str]) -> dict[str, str]:
+def cluster_conf(event_log: Path | None = None) -> dict[str, str]:
     """Settings for an application on the test cluster: one 1-core executor per worker, waiting
-    for both before the first job; the executors get the S3 endpoint and credentials (boto3's
-    standard variables) and this repository on their Python path (for this module, which
-    :class:`RecordingS3Storage` is unpickled from) through ``spark.executorEnv``."""
+    for both before the first job; this repository on the executors' Python path (for this
+    module, which :class:`RecordingS3Storage` is unpickled from); Spark's event log in
+    ``event_log`` when given. The S3 endpoint and credentials are not set here: the runtime's
+    session hands the driver's own to the executors (``checkpointing.spark.executor_env``)."""
     conf = {
         "spark.executor.cores": "1",
         "spark.executor.memory": "512m",
@@ -356,12 +424,10 @@ def cluster_conf(env: dict[str, str]) -> dict[str, str]:
         "spark.sql.shuffle.partitions": "4",
         "spark.executorEnv.PYTHONPATH": str(REPO_ROOT),
     }
-    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        if name not in env:
-            raise RuntimeError(f"the driver needs {name} to hand to the executors")
-    for name, value in env.items():
-        if name.startswith("AWS_"):
-            conf[f"spark.executorEnv.{name}"] = value
+    if event_log is not None:
+        conf["spark.eventLog.enabled"] = "true"
+        conf["spark.eventLog.dir"] = event_log.as_uri()
+        conf["spark.eventLog.compress"] = "false"  # plain JSON lines, for the test to read
     return conf
 
 
@@ -390,11 +456,13 @@ def run_driver(
     """One attempt of the pipeline as a Spark application on ``cluster``, in a driver process of
     its own (killed with its JVM if it outlives ``timeout``). ``options`` are RunOptions."""
     report, log = workdir / f"{name}.json", workdir / f"{name}.log"
+    event_log = workdir / f"{name}-events"
+    event_log.mkdir()
     args = [
         sys.executable, "-m", "tests.spark_cluster", "--master", cluster.master_url,
         "--spec", str(spec), "--metastore", metastore_url, "--storage", storage_url,
         "--records", str(record_dir), "--report", str(report),
-        "--options", json.dumps(options),
+        "--options", json.dumps(options), "--event-log", str(event_log),
     ]  # fmt: skip
     env = {**os.environ, "SPARK_HOME": str(PYSPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1"}
     env[MARKER] = cluster.token  # so the cluster's teardown also finds a stray driver JVM
@@ -433,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("--master", "--spec", "--metastore", "--storage", "--records", "--report"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--options", default="{}")
+    parser.add_argument("--event-log", type=Path, default=None)
     args = parser.parse_args(argv)
 
     spec = load_spec(args.spec)
@@ -442,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     def on_epoch(epoch: int, _ms: int) -> None:
         report["listings"][str(epoch)] = storage.list_files(storage.job_url(spec.job))
 
-    spark = spark_session(f"ckpt-cluster-{spec.job}", args.master, cluster_conf(dict(os.environ)))
+    spark = spark_session(f"ckpt-cluster-{spec.job}", args.master, cluster_conf(args.event_log))
     try:
         report["app_id"] = spark.sparkContext.applicationId
         run = PipelineRun(

@@ -121,6 +121,15 @@ def test_a_crashed_try_is_retried_from_the_latest_checkpoint(
     # the callback planned the retry's restore, and the retry used that plan
     assert re.search(rf"failover: job {job}: attempt \S+-t2 restores checkpoint 2", logs), logs
     assert "restore plan recorded by the failure callback" in logs
+    # try 1 said in one line how its driver ended and what the retry restores, epochs counted
+    # as in the XCom; no Alembic lines in the task log
+    assert re.search(
+        rf"job {job}: try 1: the Spark driver failed \(exit code \d+\); last completed "
+        rf"checkpoint 2 \(\S+, 2 epochs done\); the retry \(try 2\) restores checkpoint 2",
+        logs,
+    ), logs[-4000:]
+    assert "try ran 2 epochs, 4 epochs done" in logs
+    assert "alembic" not in logs.lower()
     # the retry redid only the epochs after checkpoint 2
     assert any(
         "2 of 4 epochs run (restored from checkpoint 2)" in line for line in run_lines(result)

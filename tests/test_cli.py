@@ -321,6 +321,27 @@ def test_a_listing_by_status_or_type_is_case_insensitive(
     base = ["--metastore-url", url, "list", "etl", "--json"]
     result = CliRunner().invoke(app, [*base, "--status", "Aborted", "--type", "checkpoint"])
     assert [r["checkpoint_id"] for r in json.loads(result.stdout)] == [3]
+    result = CliRunner().invoke(app, [*base, "--status", "COMPLETED", "--type", "CHECKPOINT"])
+    assert [r["checkpoint_id"] for r in json.loads(result.stdout)] == [2]  # as printed
+
+
+def test_savepoint_wait_says_what_it_waits_for(tmp_path: Path) -> None:
+    """Not silent: off a terminal, one line per state of the request (a spinner on one)."""
+    from checkpointing.models import Job
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    Metastore(url, check_schema=False).upgrade()
+    metastore = Metastore(url)
+    make_history(metastore, FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}"))
+    with metastore.transaction() as s:  # as if it ran: nothing takes the request
+        s.get(Job, "etl").status = "RUNNING"
+    base = ["--metastore-url", url, "savepoint", "etl", "--wait", "--timeout", "1s"]
+    result = CliRunner().invoke(app, base)
+    assert result.exit_code == 1
+    assert result.stderr.count("waiting for savepoint of job etl (request 1): QUEUED…") == 1
+    assert "request 1 of job 'etl' is still QUEUED after 1 s" in result.stderr
+    quiet = CliRunner().invoke(app, [*base, "--json"])
+    assert quiet.exit_code == 1 and "waiting" not in quiet.stderr  # --json: the error only
 
 
 @pytest.mark.parametrize(

@@ -41,12 +41,13 @@ def _ckpt(
     )
 
 
-def test_example_spec_is_valid_and_reads_the_embedded_home() -> None:
-    spec = load_spec(SPEC_PATH)
-    root = SPEC_PATH.parent.parent.parent
+def test_example_spec_is_valid_and_reads_the_embedded_home(tmp_path: Path) -> None:
+    """The shipped spec's paths follow the home (``${CKPT_HOME}``), whatever the environment's."""
+    home = tmp_path / "home"
+    spec = load_spec(SPEC_PATH, home=home)
     assert spec.job == "nycflights13_routes" and spec.key == ["origin", "dest"]
-    assert spec.resolve(spec.source.path) == str(root / ".ckpt/data/nycflights13/flights-*.parquet")
-    assert spec.resolve(spec.sink.path).startswith(str(root / ".ckpt"))
+    assert spec.resolve(spec.source.path) == str(home / "data/nycflights13/flights-*.parquet")
+    assert spec.resolve(spec.sink.path).startswith(str(home))
 
 
 @pytest.fixture(scope="module")

@@ -92,9 +92,21 @@ def airflow_services() -> set[str]:
 
 
 def worker_service() -> str:
-    """Where the Spark driver runs: the LocalExecutor runs tasks in the scheduler."""
-    assert environment("airflow-scheduler")["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
-    return "airflow-scheduler"
+    """Where the Spark driver runs: the CeleryExecutor runs tasks on the Celery worker."""
+    assert environment("airflow-worker")["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert command("airflow-worker")[:3] == ["airflow", "celery", "worker"]
+    return "airflow-worker"
+
+
+def common_env() -> dict[str, str]:
+    """The environment every Airflow service shares (``x-airflow-common``)."""
+    return {k: str(v) for k, v in COMPOSE["x-airflow-common"]["environment"].items()}
+
+
+def healthcheck(service: str) -> list[str]:
+    """The service's healthcheck command, ``CMD``/``CMD-SHELL`` first."""
+    probe = (SERVICES[service].get("healthcheck") or {}).get("test") or []
+    return [str(word) for word in probe]
 
 
 # ============================================================================ the image
@@ -116,7 +128,12 @@ def test_one_image_built_from_the_lock_runs_airflow_and_spark_at_the_locked_vers
     assert not [i for i in others if re.search(r"airflow|spark", i)], others
 
     # the Dockerfile installs exactly the lock, with the uv and the Python the project uses
-    assert re.search(r"^RUN uv sync --frozen --no-dev --no-editable$", DOCKERFILE, re.M)
+    install = re.search(r"^RUN uv sync --frozen --no-dev --no-editable\b(.*)$", DOCKERFILE, re.M)
+    assert install, "the image installs the project from the lock"
+    # … with the extras its services run: Airflow with the Celery executor, Spark, S3
+    words = install[1].split()
+    extras = {words[i + 1] for i, w in enumerate(words[:-1]) if w == "--extra"}
+    assert "--all-extras" in words or {"airflow", "celery", "s3", "spark"} <= extras, install[0]
     makefile_uv = re.search(r"^UV_VERSION \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
     assert makefile_uv and f"ARG UV_VERSION={makefile_uv[1]}" in DOCKERFILE
     python = re.search(r"^FROM python:3\.(\d+)-", DOCKERFILE, re.M)
@@ -156,7 +173,7 @@ def test_every_mount_exists_and_driver_and_executors_share_the_pipelines_data() 
     # each spec's local input and sink, as the driver resolves them in the container, are on it
     dags = environment(worker_service())["AIRFLOW__CORE__DAGS_FOLDER"]
     for spec_file in sorted((ROOT / "dags" / "pipelines").glob("*.yaml")):
-        spec = load_spec(spec_file)
+        spec = load_spec(spec_file, home=Path(home))  # ${CKPT_HOME} as in the container
         for path in (spec.source.path, spec.sink.path):
             if "://" in path:
                 continue
@@ -202,7 +219,7 @@ def test_the_services_agree_on_hosts_ports_and_credentials() -> None:
     for url in urls:
         if url.startswith("s3://"):
             continue
-        parts = urlsplit(url)
+        parts = urlsplit(re.sub(r"^[\w+.-]+://", "x://", url))  # urlsplit refuses "_" in schemes
         if parts.hostname == "localhost":
             continue
         assert parts.hostname in SERVICES, f"{url}: no service {parts.hostname}"
@@ -327,6 +344,12 @@ uri = request["connections"]["checkpoint_metastore"]
 out["metastore_url"] = connection_url(Connection(conn_id="checkpoint_metastore", uri=uri))
 spark = SparkSubmitHook(conn_id="spark_default")._resolve_connection()
 out["spark"] = {"master": spark["master"], "deploy_mode": spark["deploy_mode"]}
+# the Celery app the worker's healthcheck pings, configured from the compose settings
+out["celery"] = {}
+for path in request["celery_apps"]:
+    module, _, name = path.rpartition(".")
+    app = getattr(__import__(module, fromlist=[name]), name)
+    out["celery"][path] = [app.conf.broker_url, app.conf.result_backend]
 print("@@RESULT@@" + json.dumps(out))
 """
 
@@ -336,8 +359,12 @@ print("@@RESULT@@" + json.dumps(out))
 )
 def test_airflow_accepts_the_commands_settings_and_connections(tmp_path: Path) -> None:
     env = environment(worker_service())
+    probes = [healthcheck(name) for name in sorted(SERVICES)]
+    shell = [" ".join(p[1:]) for p in probes if p[:1] == ["CMD-SHELL"]]
     request = {
-        "commands": [command(name)[1:] for name in sorted(airflow_services())],
+        "commands": [command(name)[1:] for name in sorted(airflow_services())]
+        + [probe[2:] for probe in probes if probe[:2] == ["CMD", "airflow"]],
+        "celery_apps": sorted({app for s in shell for app in re.findall(r"--app[= ](\S+)", s)}),
         "options": sorted(
             {
                 tuple(var.removeprefix("AIRFLOW__").lower().split("__", 1))
@@ -358,6 +385,8 @@ def test_airflow_accepts_the_commands_settings_and_connections(tmp_path: Path) -
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
+        # the executor decides which commands exist (`airflow celery …`); Celery's settings
+        **{k: v for k, v in env.items() if k.startswith(("AIRFLOW__CORE__EXEC", "AIRFLOW__CEL"))},
     }
     proc = subprocess.run(
         [sys.executable, "-c", _AIRFLOW_CHECK],
@@ -368,8 +397,18 @@ def test_airflow_accepts_the_commands_settings_and_connections(tmp_path: Path) -
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.split("@@RESULT@@", 1)[1])
-    assert len(request["commands"]) >= 5 and result["bad_commands"] == []
+    result = json.loads(proc.stdout.split("@@RESULT@@", 1)[1].splitlines()[0])
+    assert len(request["commands"]) >= 7 and result["bad_commands"] == []
+    assert ["celery", "worker"] in request["commands"]
+    assert ["jobs", "check", "--job-type", "SchedulerJob", "--local"] in request["commands"]
+    assert (
+        result["celery"]
+        == {
+            app: [env["AIRFLOW__CELERY__BROKER_URL"], env["AIRFLOW__CELERY__RESULT_BACKEND"]]
+            for app in request["celery_apps"]
+        }
+        and request["celery_apps"]
+    ), result["celery"]
     assert result["unknown_options"] == []
     # the hook reaches the same metastore as `ckpt`, the operator the compose Spark master
     assert result["metastore_url"] == env[ENV_METASTORE_URL]
@@ -418,3 +457,129 @@ def test_the_jwt_secret_is_generated_on_first_start_not_written_in_the_file() ->
         }, name
     # the image's Airflow user is the uid the file is given to
     assert "useradd --uid 50000" in DOCKERFILE
+
+
+# ============================================================================ start-up and health
+
+
+def test_long_running_services_run_under_init_report_health_and_wait_for_it() -> None:
+    """An init process reaps the orphans of killed tasks (spark-submit, drivers) and forwards
+    SIGTERM; a service whose dependants need it answering has a healthcheck they wait on."""
+    one_shot = {"secrets-init", "airflow-init", "ckpt-init", "minio-init"}
+    for name in PROJECT_IMAGE - one_shot:
+        assert SERVICES[name].get("init") is True, f"{name}: no init process"
+    assert healthcheck("airflow-apiserver")[:3] == ["CMD", "python", "-c"]
+    assert "/api/v2/monitor/health" in healthcheck("airflow-apiserver")[3]
+    assert healthcheck("airflow-scheduler") == [
+        *["CMD", "airflow", "jobs", "check", "--job-type", "SchedulerJob", "--local"]
+    ]
+    ping = " ".join(healthcheck("airflow-worker"))
+    assert healthcheck("airflow-worker")[0] == "CMD-SHELL"
+    # $$: compose's escape of a $ the shell expands, in the container
+    assert re.search(r"celery --app \S+ inspect ping -d \"celery@\$\$\{HOSTNAME\}\"", ping), ping
+    assert healthcheck("redis") == ["CMD", "redis-cli", "ping"]
+    # tasks and callbacks go through the api-server's execution API; tasks through the broker
+    for name in (
+        "airflow-scheduler",
+        "airflow-dag-processor",
+        "airflow-triggerer",
+        worker_service(),
+    ):
+        depends = SERVICES[name]["depends_on"]
+        assert depends["airflow-apiserver"] == {"condition": "service_healthy"}, name
+        assert depends["redis"] == {"condition": "service_healthy"}, name
+        assert depends["postgres"] == {"condition": "service_healthy"}, name
+    for name, service in SERVICES.items():
+        depends = service.get("depends_on") or {}
+        for dependency, how in depends.items() if isinstance(depends, dict) else []:
+            if how["condition"] == "service_healthy":
+                assert healthcheck(dependency), f"{name} waits on {dependency}'s missing health"
+
+
+_ENGINES_CHECK = r"""
+import asyncio, json
+from sqlalchemy import text
+from airflow import settings
+from airflow.providers.celery.executors.celery_executor import app
+
+
+async def select_one():
+    async with settings.AsyncSession() as session:
+        return (await session.execute(text("SELECT 1"))).scalar_one()
+
+
+session = app.backend.ResultSession()  # Celery's result backend: its tables, in Airflow's db
+try:
+    backend = session.execute(text("SELECT current_database()")).scalar_one()
+finally:
+    session.close()
+out = {
+    "sync": [settings.engine.url.drivername, settings.engine.url.database],
+    "async": [settings.async_engine.url.drivername, settings.async_engine.url.database],
+    "async_select": asyncio.run(select_one()),
+    "result_backend_database": backend,
+}
+print("@@RESULT@@" + json.dumps(out))
+"""
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(
+    importlib.util.find_spec("airflow") is None, reason="Apache Airflow is not installed"
+)
+def test_airflow_migrates_and_runs_on_postgresql_with_the_compose_database_settings(
+    tmp_path: Path,
+) -> None:
+    """Airflow's sync and async engines and Celery's result backend, exactly as compose sets
+    them (drivers, user, password), on the local PostgreSQL: only the host (``postgres`` →
+    127.0.0.1) and the database (a fresh one, ``airflow`` → unique) differ. Without the async
+    URL Airflow derives ``postgresql+asyncpg://`` and ``airflow db migrate`` fails."""
+    from tests.airflow_harness import AIRFLOW, fresh_pg_database
+
+    env = common_env()
+    keys = (
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC",
+        "AIRFLOW__CELERY__RESULT_BACKEND",
+    )
+    urls = {k: make_url(env[k].removeprefix("db+")) for k in keys}
+    sync = urls[keys[0]]
+    assert {(u.host, u.port, u.username, u.password, u.database) for u in urls.values()} == {
+        (sync.host, sync.port, sync.username, sync.password, sync.database)
+    }, "one database for Airflow and Celery's results"
+    assert sync.host == "postgres"
+    with fresh_pg_database("compose_airflow", owner=sync.username, password=sync.password) as db:
+
+        def local(value: str) -> str:
+            moved = make_url(value.removeprefix("db+")).set(host="127.0.0.1", database=db.database)
+            prefix = "db+" if value.startswith("db+") else ""
+            return prefix + moved.render_as_string(hide_password=False)
+
+        run_env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")},
+            "AIRFLOW_HOME": str(tmp_path / "airflow"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": env["AIRFLOW__CORE__EXECUTOR"],
+            **{k: local(env[k]) for k in keys},
+        }
+        for argv in (["db", "migrate"], ["db", "check"]):
+            done = subprocess.run(
+                [AIRFLOW, *argv], env=run_env, capture_output=True, text=True, timeout=600
+            )
+            assert done.returncode == 0, (argv, (done.stderr or done.stdout)[-4000:])
+        done = subprocess.run(
+            [sys.executable, "-c", _ENGINES_CHECK],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        result = json.loads(done.stdout.split("@@RESULT@@", 1)[1].splitlines()[0])
+    assert result == {
+        "sync": [urls[keys[0]].drivername, db.database],
+        "async": [urls[keys[1]].drivername, db.database],
+        "async_select": 1,
+        "result_backend_database": db.database,
+    }
+    assert result["async"][0] == "postgresql+psycopg_async"  # a driver the lock installs

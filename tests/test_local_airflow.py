@@ -47,6 +47,14 @@ def _api(url: str, token: str | None = None, body: dict[str, Any] | None = None)
         return json.loads(r.read())
 
 
+def _cmdline(proc: psutil.Process) -> str:
+    """A process's command line; empty for one that has just exited (a zombie until reaped)."""
+    try:
+        return " ".join(proc.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return ""
+
+
 @pytest.mark.timeout(400)  # ~1 min on an idle 2-core machine
 def test_make_airflow_serves_the_dags_to_the_printed_login_and_stops_cleanly(
     tmp_path: Path,
@@ -54,10 +62,20 @@ def test_make_airflow_serves_the_dags_to_the_printed_login_and_stops_cleanly(
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CKPT_"))}
     env["CKPT_HOME"] = str(tmp_path / "home")
+    # the user's own settings reach Airflow, except those the launcher owns
+    env.update({"AIRFLOW__CORE__PARALLELISM": "3", "AIRFLOW__API__PORT": "1"})
+    # a user's DAG folder whose DAG imports a module next to it
+    user_dags = tmp_path / "my-dags"
+    user_dags.mkdir()
+    (user_dags / "my_helpers.py").write_text('DAG_ID = "user_dag"\n')
+    (user_dags / "user_dag.py").write_text(
+        "from airflow.sdk import DAG\nfrom my_helpers import DAG_ID\n\n"
+        "with DAG(DAG_ID, schedule=None):\n    pass\n"
+    )
     output = tmp_path / "out.txt"
     with output.open("w") as sink:
         proc = subprocess.Popen(
-            [*AIRFLOW, "--port", str(port)],
+            [*AIRFLOW, "--port", str(port), "--dags", str(user_dags)],
             env=env,
             cwd=CHECKOUT,
             stdout=sink,
@@ -75,7 +93,9 @@ def test_make_airflow_serves_the_dags_to_the_printed_login_and_stops_cleanly(
         token = _api(
             f"{url}/auth/token", body={"username": "admin", "password": password["admin"]}
         )["access_token"]
-        wanted = {"nycflights13_routes", "checkpoint_savepoint", "checkpoint_deploy"}
+        assert "from your environment: AIRFLOW__CORE__PARALLELISM" in text
+        assert "ignored: AIRFLOW__API__PORT (set by the launcher)" in text
+        wanted = {"nycflights13_routes", "checkpoint_savepoint", "checkpoint_deploy", "user_dag"}
 
         def dags() -> set[str] | None:
             found = {d["dag_id"] for d in _api(f"{url}/api/v2/dags?limit=100", token)["dags"]}
@@ -87,13 +107,16 @@ def test_make_airflow_serves_the_dags_to_the_printed_login_and_stops_cleanly(
             _api(f"{url}/api/v2/dags")
 
         children = psutil.Process(proc.pid).children(recursive=True)
-        names = " ".join(" ".join(c.cmdline()) for c in children)
+        names = " ".join(_cmdline(c) for c in children)
         for component in ("api", "scheduler", "dag-processor", "triggerer"):
             assert component in names, names
+        scheduler = next(c for c in children if "scheduler" in _cmdline(c))
+        assert scheduler.environ()["AIRFLOW__CORE__PARALLELISM"] == "3"
+        assert scheduler.environ()["AIRFLOW__API__PORT"] == str(port)
         proc.send_signal(signal.SIGTERM)  # what Ctrl-C or a service manager does
         assert proc.wait(timeout=90) == 0, output.read_text()[-3000:]
         _, alive = psutil.wait_procs(children, timeout=10)
-        assert not alive, [" ".join(p.cmdline()) for p in alive]
+        assert not alive, [_cmdline(p) for p in alive]
         assert output.read_text().rstrip().endswith("stopped")
     finally:
         if proc.poll() is None:
@@ -120,3 +143,43 @@ def test_make_airflow_on_a_port_in_use_says_so_and_starts_nothing(tmp_path: Path
     assert result.returncode == 1
     assert f"port {port} on 127.0.0.1 is in use" in result.stderr
     assert not (tmp_path / "home" / "airflow" / "airflow.db").exists()
+
+
+def test_user_dag_folders_are_served_through_one_folder_of_symlinks(tmp_path: Path) -> None:
+    """Airflow has one DAGs folder: this project's ``dags/`` and each ``--dags`` folder are
+    symlinks in it (names made unique), rebuilt at every start."""
+    from demo import DAGS
+    from demo.local_airflow import dags_folder
+
+    home = tmp_path / "airflow"
+    assert dags_folder(home, []) == DAGS  # no user folders: the project's, as before
+    first, second = tmp_path / "a" / "dags", tmp_path / "b" / "dags"
+    first.mkdir(parents=True)
+    second.mkdir(parents=True)
+    folder = dags_folder(home, [first, second])
+    assert {p.name: p.readlink() for p in folder.iterdir()} == {
+        "project": DAGS,
+        "dags": first,
+        "dags-2": second,
+    }
+    assert {p.name for p in dags_folder(home, [second]).iterdir()} == {"project", "dags"}
+    (folder / "stray.py").write_text("")
+    with pytest.raises(RuntimeError, match=r"stray\.py"):
+        dags_folder(home, [first])
+
+
+def test_the_callers_airflow_settings_pass_except_those_the_launcher_owns() -> None:
+    from demo.local_airflow import passed_through
+
+    passed, ignored = passed_through(
+        {
+            "AIRFLOW__CORE__PARALLELISM": "8",
+            "AIRFLOW_CONN_AWS_DEFAULT": "aws://",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD": "cat /secret",
+            "AIRFLOW__CORE__DAGS_FOLDER": "/elsewhere",
+            "AIRFLOW_HOME": "/home/me/airflow",
+            "PATH": "/usr/bin",
+        }
+    )
+    assert passed == {"AIRFLOW__CORE__PARALLELISM": "8", "AIRFLOW_CONN_AWS_DEFAULT": "aws://"}
+    assert ignored == ["AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD"]

@@ -6,12 +6,19 @@ equal that of a crash-free local run.
 
 Each attempt is a driver process of its own (:func:`tests.spark_cluster.run_driver`), as an
 Airflow retry would be; the test process only compares results (with the local ``spark``).
+
+The first run's driver has temporary credentials (a session token), as the Airflow operator
+resolves them from a role or session-token connection: the executors get them from the driver's
+session (``spark.executorEnv.*``), and a recording moto server shows the token on every snapshot
+PUT; neither the secret nor the token is in Spark's event log, any log of the cluster, or any
+command line.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +32,7 @@ from checkpointing.metastore import Metastore
 from tests.spark_cluster import (
     CRASH_EXIT,
     DriverRun,
+    RecordingMotoServer,
     StandaloneCluster,
     executor_of,
     read_records,
@@ -54,6 +62,46 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalo
     finally:
         cluster.stop()
     assert cluster.processes() == [], "processes of the Spark cluster outlived its teardown"
+
+
+@pytest.fixture(scope="module")
+def recording_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordingMotoServer]:
+    server = RecordingMotoServer(tmp_path_factory.mktemp("moto-recording"))
+    server.start()
+    yield server
+    server.stop()
+
+
+#: temporary credentials, as an assumed role or a session-token connection gives them
+KEY_ID, SECRET = "ASIACLUSTER0EXAMPLE1", "tmp-secret-5b0e1c9d-x"
+TOKEN = "IQoJb3JpZ2luX2VjToken-41f7"
+
+
+@pytest.fixture
+def token_bucket(recording_s3: RecordingMotoServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The drivers' environment as the operator sets it for a session-token connection."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", recording_s3.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", TOKEN)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    name = f"ckpt-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name
+
+
+def _assert_no_credentials_in(paths: list[Path]) -> int:
+    """Neither the secret nor the token in any of the files under ``paths``; returns how many
+    files were read."""
+    read = 0
+    for root in paths:
+        for path in [root] if root.is_file() else root.rglob("*"):
+            if path.is_file() and path.stat().st_size < 20_000_000:
+                text = path.read_bytes()
+                read += 1
+                for value in (SECRET, TOKEN):
+                    assert value.encode() not in text, f"{value[:4]}… in {path}"
+    return read
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +159,12 @@ def test_cluster_run_snapshots_from_executors_to_s3_equals_reference(
     spark_cluster: StandaloneCluster,
     events: Path,
     reference: Any,
-    s3_bucket: str,
+    token_bucket: str,
+    recording_s3: RecordingMotoServer,
     metastore_url: str,
     tmp_path: Path,
 ) -> None:
+    s3_bucket = token_bucket
     spec = events_spec(tmp_path, events, "cluster")
     (tmp_path / "records").mkdir()
     storage_url = f"s3://{s3_bucket}/checkpoints"
@@ -143,6 +193,24 @@ def test_cluster_run_snapshots_from_executors_to_s3_equals_reference(
         (c, i) for c in checkpoints for i in range(3)
     }
     executors = _assert_from_executors(writes, spark_cluster, run.report["pid"])
+    assert all(n["aws_session_token"] and not n["credentials_on_command_line"] for n in writes)
+    # on the wire: each snapshot PUT (made by those executors) carried the session token
+    puts = [
+        r
+        for r in recording_s3.requests()
+        if r["method"] == "PUT" and re.search(r"/chk-\d+/aggregate-\d+\.arrow", r["url"])
+    ]
+    assert len(puts) >= 3 * EPOCHS, [r["url"] for r in puts]
+    tokens = {r["headers"].get("X-Amz-Security-Token") for r in puts}
+    assert tokens == {TOKEN}, "a snapshot PUT without the session token"
+    assert all(KEY_ID in r["headers"].get("Authorization", "") for r in puts)
+    # nowhere in Spark's event log (its environment: redacted), the driver's log, the cluster's
+    # logs (master, workers, executors' stdout/stderr)
+    event_log = tmp_path / "run-events"
+    logged = "".join(p.read_text() for p in event_log.rglob("*") if p.is_file())
+    assert "spark.executorEnv.AWS_SESSION_TOKEN" in logged  # the setting is there, redacted
+    assert KEY_ID not in logged  # AWS_ACCESS_KEY_ID: redacted by the session's regex
+    assert _assert_no_credentials_in([event_log, run.log, spark_cluster.root]) > 3
     apps = {a["id"]: a["state"] for a in spark_cluster.state()["completedapps"]}
     assert apps[run.report["app_id"]] == "FINISHED"  # an application of this master
     print(f"snapshots written by executors {sorted(executors)} of app {run.report['app_id']}")

@@ -192,3 +192,52 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path: Path) -> None:
     """``<<: *base`` then a key of the merged mapping is an override, not a duplicate."""
     text = VALID.replace("sink:\n  path: out/routes", "sink:\n  <<: {path: x}\n  path: out/routes")
     assert load_spec(write(tmp_path, text)).sink.path == "out/routes"
+
+
+def test_paths_may_refer_to_the_home_of_the_metastore_and_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("CKPT_HOME", str(home))
+    text = (
+        VALID.replace("path: data/*.parquet", "path: ${CKPT_HOME}/data/flights-*.parquet")
+        .replace("path: out/routes", "path: ${CKPT_HOME}/out/routes")
+        .replace("storage: s3://bucket/checkpoints", "storage: file://${CKPT_HOME}/elsewhere")
+    )
+    spec = load_spec(write(tmp_path, text))
+    assert spec.resolve(spec.source.path) == f"{home}/data/flights-*.parquet"
+    assert spec.resolve(spec.sink.path) == f"{home}/out/routes"
+    assert spec.storage == f"file://{home}/elsewhere"
+    # a caller that knows another home (e.g. a container's) says so; a relative CKPT_HOME is
+    # the working directory's, as for the metastore
+    assert (
+        load_spec(write(tmp_path, text), home=Path("/opt/ckpt")).sink.path == "/opt/ckpt/out/routes"
+    )
+    monkeypatch.setenv("CKPT_HOME", "rel")
+    monkeypatch.chdir(tmp_path)
+    assert load_spec(write(tmp_path, text)).sink.path == f"{tmp_path.resolve()}/rel/out/routes"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        ("path: data/*.parquet", "path: ${HOME}/data/*.parquet", "source.path"),
+        ("path: out/routes", "path: ${AWS_SECRET_ACCESS_KEY}/out", "sink.path"),
+        ("storage: s3://bucket/checkpoints", "storage: s3://${BUCKET}/c", "storage"),
+        ("path: out/routes", "path: ${}/out", "sink.path"),
+    ],
+)
+def test_an_unknown_variable_is_refused_naming_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str, field: str
+) -> None:
+    """Only ``${CKPT_HOME}``: the environment's other variables (secrets among them) never
+    reach a path, a log or an error message."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    with pytest.raises(SpecError, match=rf"pipeline\.yaml: {field}: unknown variable") as info:
+        load_spec(write(tmp_path, VALID.replace(old, new)))
+    assert "${CKPT_HOME}" in str(info.value) and "s3cr3t" not in str(info.value)
+
+
+def test_a_dollar_without_braces_is_a_plain_character(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, VALID.replace("path: out/routes", "path: out/$routes")))
+    assert spec.sink.path == "out/$routes"

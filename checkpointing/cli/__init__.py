@@ -10,6 +10,9 @@ One module per group of commands, each command a thin typer declaration over lib
 options) is in :mod:`.common`, the tables in :mod:`.render`. A command imports what it needs when
 it runs, so that ``--help`` loads neither SQLAlchemy nor Spark. To add a command, write it in its
 group's module and wire it up below.
+
+``--help`` and the ``--json`` reads stay fast for scripts that poll them (a test checks what
+they import): Rich's console is made on first use, tables are imported only to print one.
 """
 
 from __future__ import annotations

@@ -1,41 +1,148 @@
 """What every ``ckpt`` command shares: the consoles, the settings given as flags, error handling
-and the option types used by many commands."""
+and the option types used by many commands.
+
+Nothing heavy is imported here: ``--help`` and the ``--json`` reads must start fast (scripts
+poll them), so Rich's console is made on first use and each command imports what it needs."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from enum import Enum
 from functools import wraps
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
-from checkpointing.config import Settings
 from checkpointing.errors import CheckpointingError, SchemaOutdated
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
+    from checkpointing.config import Settings
     from checkpointing.metastore import Metastore
 
-# markup off: ids, paths and stored messages are printed as typed (``[/x]`` is text, not a
-# tag); styles are given as Text objects
-out = Console(markup=False)
-if not out.is_terminal:  # logs and CI: wide enough for the tables, never wrapped mid-word
-    out = Console(width=160, markup=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
+#: the distribution ``ckpt --version`` reports
+DISTRIBUTION = "airflow-spark-checkpointing"
+#: the environment variables of the root options (as :mod:`checkpointing.config` reads them)
+ENV_METASTORE_URL, ENV_STORAGE_URL = "CKPT_METASTORE_URL", "CKPT_STORAGE_URL"
 
 EXIT_ERROR, EXIT_SCHEMA = 1, 3
 #: the largest ``--limit`` (a SQL LIMIT must fit a 32-bit integer everywhere)
 MAX_LIMIT = 2**31 - 1
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _LazyConsole:
+    """A Rich console made on first use, so that ``--json`` output never imports Rich's."""
+
+    def __init__(self, factory: Callable[[], Console]) -> None:
+        self._factory = factory
+        self._console: Console | None = None
+
+    def get(self) -> Console:
+        if self._console is None:
+            self._console = self._factory()
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+
+def real_console(console: Console) -> Console:
+    """The console behind :data:`out` or :data:`err` (made now), for Rich objects that use it
+    as a context manager (a Progress, a Live, a status)."""
+    return console.get() if isinstance(console, _LazyConsole) else console
+
+
+def _out() -> Console:
+    # markup off: ids, paths and stored messages are printed as typed (``[/x]`` is text, not a
+    # tag); styles are given as Text objects
+    from rich.console import Console
+
+    console = Console(markup=False)
+    if not console.is_terminal:  # logs and CI: wide enough for the tables, never wrapped mid-word
+        console = Console(width=160, markup=False)
+    return console
+
+
+def _err() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
+
+
+out: Console = _LazyConsole(_out)  # type: ignore[assignment]
+err: Console = _LazyConsole(_err)  # type: ignore[assignment]
+
+
+@contextmanager
+def waiting(console: Console, *, quiet: bool = False) -> Iterator[Callable[[str], None]]:
+    """Say what is being awaited: a spinner with the seconds waited on a terminal, a line
+    whenever it changes otherwise (logs, CI), nothing when ``quiet`` (``--json``). Yields the
+    function that says it."""
+    import time
+
+    from rich.text import Text
+
+    console = real_console(console)
+    if quiet:
+        yield lambda _what: None
+    elif console.is_terminal:
+        start = time.monotonic()
+        with console.status(Text("")) as status:
+            yield lambda what: status.update(
+                Text(f"{what} {time.monotonic() - start:.0f} s", overflow="ellipsis", no_wrap=True)
+            )
+    else:
+        said: list[str] = []
+
+        def say(what: str) -> None:
+            if not said or said[-1] != what:
+                said.append(what)
+                console.print(what, soft_wrap=True)
+
+        yield say
+
+
+def choices(values: Iterable[Any], *param_decls: str, help: str, **kwargs: Any) -> Any:
+    """A ``typer.Option`` that takes one of ``values`` (an Enum's members or strings), listed in
+    the help as users see them in the output (``COMPLETED``), accepted in any case and with ``-``
+    for ``_`` (``completed``, ``savepoint-then-stop``); anything else is a usage error (exit 2)
+    naming the option and the valid values."""
+    allowed = {str(v.value if isinstance(v, Enum) else v): v for v in values}
+
+    def canonical(text: str) -> str:
+        return text.strip().casefold().replace("-", "_")
+
+    def parse(text: Any) -> Any:
+        if not isinstance(text, str):  # the default, or a value already converted
+            return text
+        for shown, value in allowed.items():
+            if canonical(shown) == canonical(text):
+                return value
+        raise typer.BadParameter(f"{text!r} is not one of {', '.join(allowed)}")
+
+    return typer.Option(
+        *param_decls,
+        parser=parse,
+        metavar=param_decls[0].lstrip("-").upper() if param_decls else "NAME",
+        help=f"{help} One of: {', '.join(allowed)}.",
+        autocompletion=lambda incomplete: [
+            v for v in allowed if canonical(v).startswith(canonical(incomplete))
+        ],
+        **kwargs,
+    )
+
+
 #: arguments and options many commands take, with the same help everywhere
 JobArg = Annotated[str, typer.Argument(help="Job id.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 class State:
@@ -46,6 +153,8 @@ class State:
 
     @property
     def settings(self) -> Settings:
+        from checkpointing.config import Settings
+
         return Settings.resolve(self.metastore_url, self.storage_url)
 
     def metastore(self, *, check_schema: bool = True, create: bool | None = None) -> Metastore:
@@ -57,22 +166,61 @@ class State:
 state = State()
 
 
-#: the settings every entry point takes as flags (``ckpt`` and ``python -m demo``)
+#: the settings every entry point takes as flags or from the environment (``ckpt`` and
+#: ``python -m demo``); an unset option falls back to the embedded default under ``CKPT_HOME``
 MetastoreUrlOption = Annotated[
     str | None,
-    typer.Option(help="SQLAlchemy URL of the metastore [env: CKPT_METASTORE_URL]"),
+    typer.Option(
+        envvar=ENV_METASTORE_URL, show_envvar=True, help="SQLAlchemy URL of the metastore."
+    ),
 ]
 StorageUrlOption = Annotated[
     str | None,
-    typer.Option(help="Checkpoint storage, file:///… or s3://… [env: CKPT_STORAGE_URL]"),
+    typer.Option(
+        envvar=ENV_STORAGE_URL, show_envvar=True, help="Checkpoint storage: file:///… or s3://…"
+    ),
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens.")]
+
+
+def package_version() -> str:
+    """This distribution's version; from a checkout without install metadata, the version in
+    its ``pyproject.toml``, marked as such."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        pass
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        import tomllib
+
+        found = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
+    except (OSError, KeyError, ValueError):
+        return "unknown (not installed)"
+    return f"{found} (checkout {pyproject.parent}, not installed)"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"ckpt {package_version()}\n")
+        raise typer.Exit()
+
+
+VersionOption = Annotated[
+    bool,
+    typer.Option(
+        "--version", callback=_show_version, is_eager=True, help="Show the version and exit."
+    ),
+]
 
 
 def main_options(
     metastore_url: MetastoreUrlOption = None,
     storage_url: StorageUrlOption = None,
     verbose: VerboseOption = False,
+    version: VersionOption = False,
 ) -> None:
     state.metastore_url = metastore_url
     state.storage_url = storage_url
@@ -109,6 +257,8 @@ def handles_errors(fn: F) -> F:
 
 
 def print_error(message: object) -> None:
+    from rich.text import Text
+
     err.print(Text("error:", style="red"), Text(str(message)))
 
 

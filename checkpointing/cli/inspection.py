@@ -7,8 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from checkpointing.cli.common import (
     MAX_LIMIT,
@@ -19,9 +17,10 @@ from checkpointing.cli.common import (
     print_json,
     state,
 )
-from checkpointing.cli.render import human_bytes
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from checkpointing.state_reader import StateView
 
 
@@ -44,6 +43,9 @@ def restore_plan(
     """Dry run of a restore: which checkpoint, and what each new subtask would read.
 
     Nothing is recorded in the metastore and no state is loaded."""
+    from rich.text import Text
+
+    from checkpointing.cli.render import human_bytes
     from checkpointing.jobs import job_storage
     from checkpointing.restore import preview_restore
 
@@ -96,7 +98,8 @@ def inspect(
         typer.Option(help="Comma-separated key columns, when the snapshot does not record them."),
     ] = None,
     limit: Annotated[
-        int, typer.Option(min=0, max=MAX_LIMIT, help="At most this many rows (0: all).")
+        int,
+        typer.Option(min=0, max=MAX_LIMIT, metavar="N", help="At most this many rows (0: all)."),
     ] = 50,
     as_json: AsJson = False,
 ) -> None:
@@ -147,6 +150,10 @@ def inspect(
 
 def _plan_table(data: dict[str, Any], title: str) -> Table:
     """One row per new subtask: its key groups, the files it reads, its list state."""
+    from rich.table import Table
+
+    from checkpointing.cli.render import human_bytes
+
     lists = [op["operator_id"] for op in data["operators"] if op["list_mode"] is not None]
     table = Table(title=title, title_justify="left")
     table.add_column("Subtask", justify="right")
@@ -192,6 +199,10 @@ def _short_items(items: list[dict[str, Any]], shown: int = 3) -> str:
 
 
 def _operators_table(ops: list[dict[str, Any]], title: str) -> Table:
+    from rich.table import Table
+
+    from checkpointing.cli.render import human_bytes
+
     table = Table(title=title, title_justify="left")
     for col in ("Operator", "State", "Parallelism", "Files", "Bytes", "List items"):
         table.add_column(col)
@@ -209,6 +220,8 @@ def _operators_table(ops: list[dict[str, Any]], title: str) -> Table:
 
 def _state_table(view: StateView, data: dict[str, Any], title: str) -> Table:
     """An operator's list state items per subtask, or its keyed rows (of one key)."""
+    from rich.table import Table
+
     if view.kind == "list":
         table = Table(title=f"{view.operator_id} list state of {title}", title_justify="left")
         table.add_column("Subtask", justify="right")

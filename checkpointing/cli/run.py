@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from checkpointing.cli.common import EXIT_ERROR, handles_errors, out, print_error, state
+from checkpointing.cli.common import (
+    EXIT_ERROR,
+    handles_errors,
+    out,
+    print_error,
+    real_console,
+    state,
+)
 from checkpointing.errors import CheckpointingError, ConfigError
 
 if TYPE_CHECKING:
@@ -28,7 +35,8 @@ def run(
         str, typer.Option(help="latest (resume when there are checkpoints), none, an id, a path")
     ] = "latest",
     parallelism: Annotated[
-        int | None, typer.Option(min=1, help="Override the spec's parallelism (rescale).")
+        int | None,
+        typer.Option(min=1, metavar="N", help="Override the spec's parallelism (rescale)."),
     ] = None,
     master: Annotated[
         str | None,
@@ -41,11 +49,17 @@ def run(
     ] = None,
     allow_non_restored_state: Annotated[
         bool,
-        typer.Option(help="Restore even if the checkpoint has state of operators no longer here."),
+        typer.Option(
+            "--allow-non-restored-state",
+            help="Restore even if the checkpoint has state of operators no longer here.",
+        ),
     ] = False,
     allow_other_job: Annotated[
         bool,
-        typer.Option(help="Let --restore be a checkpoint or savepoint path of another job."),
+        typer.Option(
+            "--allow-other-job",
+            help="Let --restore be a checkpoint or savepoint path of another job.",
+        ),
     ] = False,
     result_json: Annotated[
         Path | None,
@@ -179,7 +193,7 @@ def _progress(spec: PipelineSpec) -> tuple[Progress, Any, dict[str, Any]]:
         TextColumn(
             "epochs  {task.fields[rate]}  last checkpoint {task.fields[checkpoint]}", markup=False
         ),
-        console=out,
+        console=real_console(out),
         disable=not interactive,
     )
     task = progress.add_task("epochs", total=None, rate="-", checkpoint="-")

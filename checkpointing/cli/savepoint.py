@@ -3,11 +3,16 @@ and optionally wait for it."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import time
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from checkpointing.cli.common import err, handles_errors, out, print_json, state
+from checkpointing.cli.common import err, handles_errors, out, print_json, state, waiting
+
+if TYPE_CHECKING:
+    from checkpointing.metastore import Metastore
+    from checkpointing.savepoints import RequestState
 
 
 @handles_errors
@@ -43,9 +48,7 @@ def savepoint(
                 f"{request_id} (see `ckpt requests {job}`)"
             )
         return
-    if not as_json:
-        err.print(f"request {request_id} queued; waiting for job {job}'s next epoch boundary…")
-    done = savepoints.wait_for_request(metastore, job, request_id, timeout=limit)
+    done = _wait(metastore, job, request_id, limit, quiet=as_json)
     if as_json:
         print_json(done.to_dict())
     else:
@@ -54,3 +57,24 @@ def savepoint(
             + (" (the job stops)" if stop else ""),
             soft_wrap=True,
         )
+
+
+def _wait(
+    metastore: Metastore, job: str, request_id: int, timeout: float, *, quiet: bool
+) -> RequestState:
+    """Until the request is done, saying where it stands (a spinner on a terminal); raise as
+    :func:`checkpointing.savepoints.wait_for_request` does if it failed or time ran out."""
+    from checkpointing import savepoints
+
+    deadline = time.monotonic() + timeout
+    with waiting(err, quiet=quiet) as say:
+        while not (current := savepoints.request_status(metastore, job, request_id)).done:
+            if time.monotonic() >= deadline:
+                raise savepoints.RequestTimeoutError(
+                    f"savepoint request {request_id} of job {job!r} is still {current.status} "
+                    f"after {timeout:g} s; the job takes it at its next epoch boundary "
+                    f"(see `ckpt requests {job}`)"
+                )
+            say(f"waiting for savepoint of job {job} (request {request_id}): {current.status}…")
+            time.sleep(0.5)
+    return savepoints.wait_for_request(metastore, job, request_id, timeout=0)  # done: its verdict

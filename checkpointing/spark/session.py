@@ -11,6 +11,8 @@ from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 
+from checkpointing.spark.executor_env import session_credentials_conf
+
 
 def spark_session(
     app_name: str = "ckpt", master: str | None = None, conf: dict[str, str] | None = None
@@ -21,6 +23,7 @@ def spark_session(
     Under ``spark-submit`` the master, driver address and app name are the submitter's (an
     Airflow Spark connection); otherwise ``master`` (default ``local[2]``) runs on loopback.
     ``conf`` adds or overrides settings, e.g. ``spark.executorEnv.*`` for a cluster's executors."""
+    check_pyspark_client()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.config("spark.sql.requireAllClusterKeysForCoPartition", "false")
     if not under_spark_submit():
@@ -39,7 +42,7 @@ def spark_session(
             )
     elif master:
         builder = builder.master(master)
-    for key, value in (conf or {}).items():
+    for key, value in {**session_credentials_conf(conf), **(conf or {})}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
@@ -64,3 +67,21 @@ def session_settings(spark: SparkSession, settings: dict[str, str]) -> Iterator[
 def under_spark_submit() -> bool:
     """True in a driver launched by ``spark-submit``, whose JVM is already up with its conf."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def check_pyspark_client() -> None:
+    """Refuse a pyspark-client (the Spark provider's dependency) whose version is not pyspark's:
+    both install files under ``pyspark/``, and a mix of two versions fails later, obscurely."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from checkpointing.errors import ConfigError
+
+    try:
+        client, full = version("pyspark-client"), version("pyspark")
+    except PackageNotFoundError:
+        return
+    if client != full:
+        raise ConfigError(
+            f"pyspark-client {client} does not match pyspark {full}: both ship pyspark/, install "
+            f"the same version of each (e.g. pip install 'pyspark=={client}')"
+        )

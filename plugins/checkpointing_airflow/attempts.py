@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import signal
 from typing import Any
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -34,3 +35,58 @@ def run_started(context: Any) -> Any:
     """When the try's DAG run started (restores pick checkpoints completed since), or None."""
     dag_run = context.get("dag_run")
     return getattr(dag_run, "start_date", None) if dag_run is not None else None
+
+
+#: the Spark provider's failure message carries spark-submit's exit code
+_EXIT_CODE = re.compile(r"Error code is: (-?\d+)")
+
+
+def driver_ending(returncode: int | None, exc: BaseException) -> str:
+    """How spark-submit (the driver, in client mode) ended, from its exit code (else the
+    provider's message): a signal by name, else the exit code, else the exception's type."""
+    if returncode is None and (found := _EXIT_CODE.search(str(exc))):
+        returncode = int(found[1])
+    if returncode is None:
+        return f"failed ({type(exc).__name__})"
+    signum = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
+    try:
+        name = signal.Signals(signum).name if signum > 0 else None
+    except ValueError:
+        name = None
+    if name is not None:
+        return f"died of {name} (spark-submit exit code {returncode})"
+    return f"failed (exit code {returncode})"
+
+
+def describe_failed_try(
+    job_id: str,
+    try_number: int,
+    returncode: int | None,
+    exc: BaseException,
+    latest: Any,
+    *,
+    retries_left: bool,
+    retry_parallelism: int,
+) -> str:
+    """The one line a failed try logs: how its driver ended, the job's last completed
+    checkpoint (a :class:`checkpointing.outcome.CheckpointPoint`, None, or why it is unknown),
+    and what the retry restores; epochs are counted as in the XCom (``epochs done``)."""
+    if isinstance(latest, str):  # the metastore could not say
+        last = latest
+    elif latest is None:
+        last = "no completed checkpoint"
+    else:
+        last = f"last completed {latest.describe()}"
+    if not retries_left:
+        then = "no retry left"
+    elif isinstance(latest, str):
+        then = f"the retry (try {try_number + 1}) restores the latest valid checkpoint"
+    elif latest is None:
+        then = f"the retry (try {try_number + 1}) starts empty with parallelism {retry_parallelism}"
+    else:
+        then = (
+            f"the retry (try {try_number + 1}) restores checkpoint {latest.checkpoint_id} (or the "
+            f"newest valid one before it), parallelism {retry_parallelism}"
+        )
+    ending = driver_ending(returncode, exc)
+    return f"job {job_id}: try {try_number}: the Spark driver {ending}; {last}; {then}"

@@ -1,8 +1,7 @@
-"""Connections, Airflow style: the checkpoint metastore and the S3 credentials for snapshots."""
+"""Connections, Airflow style: the checkpoint metastore (S3 credentials: aws_credentials)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from airflow.sdk import BaseHook
@@ -81,27 +80,3 @@ def connection_url(conn: Any) -> str:
         port=conn.port or None,
         database=conn.schema or None,
     ).render_as_string(hide_password=False)
-
-
-def aws_environment(aws_conn_id: str | None) -> dict[str, str]:
-    """S3 credentials for the Spark driver and executors from an Airflow AWS connection (login =
-    access key id, password = secret key, extra ``endpoint_url`` / ``region_name``); none when
-    the connection does not exist, so that boto3's standard chain (env, profile, instance role)
-    applies."""
-    if not aws_conn_id:
-        return {}
-    try:
-        conn = BaseHook.get_connection(aws_conn_id)
-    except AirflowNotFoundException:
-        return {}
-    env: dict[str, str] = {}
-    if conn.login and conn.password:
-        env["AWS_ACCESS_KEY_ID"] = conn.login
-        env["AWS_SECRET_ACCESS_KEY"] = conn.password
-    extra = conn.extra_dejson or {}
-    endpoint = extra.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        env["AWS_ENDPOINT_URL"] = str(endpoint)
-    if extra.get("region_name"):
-        env["AWS_DEFAULT_REGION"] = str(extra["region_name"])
-    return env

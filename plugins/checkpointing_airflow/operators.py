@@ -4,12 +4,10 @@ lifetime, its checkpoint coordinator (Flink's JobManager role)."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +17,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from checkpointing.jobs import job_status, storage_url_for_run
 from checkpointing_airflow.attempts import attempt_id, run_started
-from checkpointing_airflow.hooks import CheckpointMetastoreHook, aws_environment, open_metastore
+from checkpointing_airflow.aws_credentials import aws_environment
+from checkpointing_airflow.hooks import CheckpointMetastoreHook, open_metastore
 from checkpointing_airflow.links import CheckpointsLink
 
 if TYPE_CHECKING:
@@ -71,8 +70,12 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     plan itself. Each try restores the latest valid checkpoint of this DAG run (falling back past
     a corrupt one), with ``parallelism_on_retry`` subtasks when set.
 
-    A stop-with-savepoint ends the job after the savepoint completes; the task succeeds and its
-    return value (XCom) carries ``savepoint_path``.
+    The return value (XCom) is the try's outcome, read from the metastore (the driver records it
+    there, wherever it runs): ``checkpoints``, ``restored_from``, ``epochs_run`` and
+    ``epochs_done`` (counts, as in the logs), ``final_path``; a stop-with-savepoint ends the job
+    after the savepoint completes, the task succeeds and ``savepoint_path`` names it. A failed
+    try logs one line: how the driver ended (a signal by name), the last completed checkpoint
+    and what the retry restores.
 
     :param pipeline: path of the pipeline spec (YAML). (templated)
     :param restore: the first try's restore: ``latest``, ``none``, a checkpoint id, or a
@@ -82,8 +85,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         ``parallelism_on_retry``, else ``parallelism``. (templated)
     :param metastore_conn_id: the checkpoint metastore connection (else ``CKPT_METASTORE_URL``,
         else the embedded default).
-    :param aws_conn_id: AWS connection for S3 checkpoint storage; boto3's standard chain when it
-        does not exist.
+    :param aws_conn_id: AWS connection for S3 checkpoint storage, resolved by the Amazon provider
+        (keys, session token, role, profile) once per try and handed to the driver and its
+        executors; boto3's standard chain on each of them when it does not exist.
     :param storage_url: checkpoint storage (``file://`` or ``s3://``); default: the spec's, else
         ``CKPT_STORAGE_URL``, else the embedded default. (templated)
     :param fail_first_try_after_epochs: failure drill: the first try crashes after this many
@@ -239,7 +243,6 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             restore,
             parallelism,
         )
-        result_file = Path(tempfile.mkdtemp(prefix="ckpt-result-")) / "result.json"
         self.application_args = [
             "run",
             str(spec.spec_path),
@@ -251,8 +254,6 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             attempt,
             "--coordinator-id",
             attempt,
-            "--result-json",
-            str(result_file),
         ]
         if _truthy(self.allow_other_job):
             self.application_args.append("--allow-other-job")
@@ -270,12 +271,13 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         try:
             with _process_environment(secrets):  # spark-submit inherits them, nothing else
                 super().execute(context)
-        except BaseException:
+        except BaseException as exc:
             coordinator.failover(f"try {ti.try_number} ({attempt}) failed")
+            self.log.error("%s", self._failure_line(spec, metastore, ti.try_number, exc))
             raise
         finally:
             deactivator.stop()
-        return self._outcome(spec, result_file)
+        return self._outcome(spec, metastore, attempt)
 
     def prepare_submit(self, env: Mapping[str, str]) -> dict[str, str]:
         """Mask every credential of the driver's environment ``env`` (by variable name), keep
@@ -337,36 +339,62 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def _driver_env(self, metastore_url: str, storage_url: str) -> dict[str, str]:
         """The driver's configuration goes by environment, never on the command line (which
         spark-submit and Airflow log): the metastore URL may hold a password."""
+        from checkpointing.config import ckpt_home
+
         venv_bin = str(Path(sys.executable).parent)
         env = {
+            # the spec's ${CKPT_HOME} resolves on the driver as it did here
+            "CKPT_HOME": str(ckpt_home()),
             "CKPT_METASTORE_URL": metastore_url,
             "CKPT_STORAGE_URL": storage_url,
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
-            **aws_environment(self.aws_conn_id),
+            **aws_environment(self.aws_conn_id, storage_url),
         }
         return {**env, **{k: str(v) for k, v in (self.env_vars or {}).items()}}
 
-    def _outcome(self, spec: PipelineSpec, result_file: Path) -> dict[str, Any]:
-        try:
-            result = json.loads(result_file.read_text())
-        except FileNotFoundError:  # e.g. cluster deploy mode: the driver ran elsewhere
-            result = {"job_id": spec.job}
-        finally:
-            result_file.unlink(missing_ok=True)
-            result_file.parent.rmdir()
-        outcome = {
-            "job_id": spec.job,
-            "epochs_run": result.get("epochs_run"),
-            "restored_from": result.get("restored_from"),
-            "checkpoints": result.get("checkpoints"),
-            "final_path": result.get("final_path"),
-            "savepoint_path": result.get("stopped_with_savepoint"),
-        }
+    def _outcome(self, spec: PipelineSpec, metastore: Metastore, attempt: str) -> dict[str, Any]:
+        """The try's outcome (its XCom), from the metastore: the driver may have run elsewhere."""
+        from checkpointing.outcome import attempt_outcome
+
+        outcome = attempt_outcome(metastore, spec.job, attempt).to_dict()
+        finished = outcome["status"] == "FINISHED" and not outcome["savepoint_path"]
+        sink = Path(spec.resolve(spec.sink.path))
+        outcome["final_path"] = str(sink / "final") if finished else None  # the published link
         if outcome["savepoint_path"]:
             self.log.info("job %s stopped with savepoint %s", spec.job, outcome["savepoint_path"])
+        self.log.info(
+            "job %s: try ran %s epochs, %s epochs done, checkpoints %s",
+            spec.job,
+            outcome["epochs_run"],
+            outcome["epochs_done"],
+            outcome["checkpoints"],
+        )
         return outcome
+
+    def _failure_line(
+        self, spec: PipelineSpec, metastore: Metastore, try_number: int, exc: BaseException
+    ) -> str:
+        """One line for a failed try: how the driver ended, the last completed checkpoint, and
+        what the retry restores (the lines above it are Spark's)."""
+        from checkpointing.outcome import latest_completed
+        from checkpointing_airflow.attempts import describe_failed_try
+
+        try:
+            latest = latest_completed(metastore, spec.job)
+        except Exception as error:  # the metastore may be what failed: the line says so
+            latest = f"last completed checkpoint unknown ({type(error).__name__})"
+        sp = getattr(getattr(self, "_hook", None), "_submit_sp", None)
+        return describe_failed_try(
+            spec.job,
+            try_number,
+            getattr(sp, "returncode", None),
+            exc,
+            latest,
+            retries_left=(self.retries or 0) >= try_number,
+            retry_parallelism=self.parallelism_for(spec, try_number + 1),
+        )
 
 
 @contextmanager

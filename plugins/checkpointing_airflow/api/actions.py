@@ -12,6 +12,7 @@ from fastapi import APIRouter, HTTPException, Path, Request, Response, status
 from checkpointing import savepoints, views
 from checkpointing.errors import StorageError
 from checkpointing.status import CheckpointStatus
+from checkpointing_airflow.api import airflow_internals
 from checkpointing_airflow.api.auth import Caller, CallerDep, EditablePipeline, may_trigger
 from checkpointing_airflow.api.metastore import MetastoreDep, pipeline_job
 from checkpointing_airflow.api.schemas import (
@@ -146,42 +147,18 @@ def restore_from_checkpoint(
 def _trigger_deploy(conf: dict[str, Any], caller: Caller) -> tuple[str, str]:
     """A queued manual run of the deploy DAG, as Airflow's REST API creates one (its params
     validated against the conf), else 409 when the DAG is not in Airflow's database."""
-    from airflow.api.common.trigger_dag import trigger_dag
-    from airflow.exceptions import DagNotFound, ParamValidationError
-    from airflow.models.dag import DagModel
-    from airflow.utils.session import create_session
-    from airflow.utils.types import DagRunTriggeredByType
-    from sqlalchemy import select
-
-    unavailable = HTTPException(
-        status.HTTP_409_CONFLICT,
-        f"deploy DAG {DEPLOY_DAG_ID} is not available: deploy dags/{DEPLOY_DAG_ID}.py to "
-        "Airflow's DAGs folder and let the dag-processor parse it",
-    )
-    with create_session() as session:
-        deployed = session.scalar(
-            select(DagModel.dag_id).where(~DagModel.is_stale, DagModel.dag_id == DEPLOY_DAG_ID)
-        )
-        if deployed is None:
-            raise unavailable
-        try:
-            run = trigger_dag(
-                DEPLOY_DAG_ID,
-                triggered_by=DagRunTriggeredByType.REST_API,
-                triggering_user_name=caller.name,
-                conf=conf,
-                session=session,
-            )
-        except DagNotFound:
-            raise unavailable from None
-        except (ParamValidationError, ValueError) as exc:
-            raise HTTPException(
-                status.HTTP_409_CONFLICT, f"the deploy DAG refused the run: {exc}"
-            ) from None
-        if run is None:
-            raise unavailable
-        session.flush()
-        return str(run.run_id), str(getattr(run.state, "value", run.state))
+    try:
+        return airflow_internals.trigger_manual_run(DEPLOY_DAG_ID, conf, caller.name)
+    except airflow_internals.DagUnavailable:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"deploy DAG {DEPLOY_DAG_ID} is not available: deploy dags/{DEPLOY_DAG_ID}.py to "
+            "Airflow's DAGs folder and let the dag-processor parse it",
+        ) from None
+    except airflow_internals.RunRefused as exc:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"the deploy DAG refused the run: {exc}"
+        ) from None
 
 
 @router.post(

@@ -23,6 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from checkpointing.errors import InvalidIdError
 from checkpointing.ids import validate_id
+from checkpointing_airflow.api.airflow_internals import dag_team_name, request_user
 from checkpointing_airflow.dag_defaults import JOB_ID_PATTERN
 
 #: the header a cookie-authenticated action must carry (any non-empty value): a cross-site form
@@ -63,10 +64,8 @@ async def authenticated(
     """The caller, as Airflow's own API resolves it (bearer token first, else the UI's cookie,
     refreshed by Airflow's middleware), else 401. Airflow answers a token that does not verify
     with 403; here anything short of a valid login is 401, so that clients know to log in."""
-    from airflow.api_fastapi.core_api.security import get_user
-
     try:
-        user = await get_user(request, _oauth_token=None, bearer_credentials=credentials)
+        user = await request_user(request, credentials)
     except HTTPException as exc:
         if exc.status_code in (status.HTTP_401_UNAUTHORIZED, status.HTTP_403_FORBIDDEN):
             raise HTTPException(
@@ -89,12 +88,11 @@ def may_access(caller: Caller, pipeline_id: str, method: Method) -> bool:
     the DAG's team is asked for as Airflow's own DAG endpoints do (multi-team setups)."""
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
-    from airflow.models.dag import DagModel
 
     return bool(
         get_auth_manager().is_authorized_dag(
             method=method,
-            details=DagDetails(id=pipeline_id, team_name=DagModel.get_team_name(pipeline_id)),
+            details=DagDetails(id=pipeline_id, team_name=dag_team_name(pipeline_id)),
             user=caller.user,
         )
     )
@@ -192,13 +190,12 @@ def may_trigger(caller: Caller, dag_id: str) -> bool:
         DagAccessEntity,
         DagDetails,
     )
-    from airflow.models.dag import DagModel
 
     return bool(
         get_auth_manager().is_authorized_dag(
             method="POST",
             access_entity=DagAccessEntity.RUN,
-            details=DagDetails(id=dag_id, team_name=DagModel.get_team_name(dag_id)),
+            details=DagDetails(id=dag_id, team_name=dag_team_name(dag_id)),
             user=caller.user,
         )
     )

@@ -1,0 +1,54 @@
+"""S3 credentials for the Spark driver and its executors, resolved through the Amazon provider.
+
+The provider's :class:`~airflow.providers.amazon.aws.hooks.base_aws.AwsBaseHook` understands every
+kind of AWS connection (keys, a session token, an assumed role, a profile, web identity), so the
+operator asks it for the credentials instead of reading the connection's fields. They are
+resolved once per try, here, and handed on as boto3's standard variables: to spark-submit's
+process environment (the driver inherits it), and from the driver's environment to the executors
+through ``spark.executorEnv.*`` (:func:`checkpointing.spark.executor_env.executor_env_conf`).
+
+Temporary credentials (a role, a session token) are not refreshed: a try must finish before they
+expire (an assumed role's default session is one hour; raise the role's maximum session duration
+and the connection's ``assume_role_kwargs`` ``DurationSeconds`` for longer runs). A retry
+resolves fresh ones.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: what the driver and executors get; the secrets among them are masked and kept off command lines
+CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def aws_environment(aws_conn_id: str | None, storage_url: str) -> dict[str, str]:
+    """boto3's variables (keys, session token, endpoint, region) for a run whose checkpoints go to
+    ``storage_url``, from the Airflow AWS connection ``aws_conn_id``.
+
+    Nothing for non-S3 storage (no AWS call is made), and nothing when the connection does not
+    exist: the driver's and executors' own standard chain (environment, profile, instance role)
+    then applies, as it would without Airflow."""
+    if not aws_conn_id or not storage_url.startswith(("s3://", "s3a://")):
+        return {}
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        BaseHook.get_connection(aws_conn_id)
+    except AirflowNotFoundException:
+        return {}
+    hook = AwsBaseHook(aws_conn_id=aws_conn_id, client_type="s3")
+    credentials = hook.get_credentials()  # frozen: a role is assumed now, once for this try
+    env: dict[str, str] = {}
+    if credentials.access_key and credentials.secret_key:
+        env["AWS_ACCESS_KEY_ID"] = credentials.access_key
+        env["AWS_SECRET_ACCESS_KEY"] = credentials.secret_key
+        if credentials.token:
+            env["AWS_SESSION_TOKEN"] = credentials.token
+    endpoint = hook.conn_config.get_service_endpoint_url("s3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        env["AWS_ENDPOINT_URL"] = str(endpoint)
+    if hook.region_name:
+        env["AWS_DEFAULT_REGION"] = str(hook.region_name)
+    return env

@@ -1,0 +1,234 @@
+"""(e) The coordinator's worker killed mid-run, under the CeleryExecutor: the retry runs on the
+other worker and resumes coordination. (It replaced the same scenario under the LocalExecutor:
+the checkpointing behaviour it checks is the same, and this deployment is the one users grow into;
+``make airflow``'s launcher keeps its own test, ``test_local_airflow.py``.)
+
+Real parts on loopback, as in a distributed deployment (docs/cluster.md, "Under the
+CeleryExecutor"): Redis as the broker (a database number of its own), PostgreSQL as Airflow's
+database and as Celery's result backend, and the checkpoint metastore (fresh databases), and two
+Celery workers of one slot each, which Airflow knows by different hostnames. The pipeline task's
+Spark driver runs on the worker that took the task (client deploy mode).
+
+While a checkpoint of try 1 is pending, the worker running it is SIGKILLed with its whole process
+tree (the Celery worker, its pool child supervising the task, the task runner hosting the
+coordinator, ``spark-submit``, the driver). The scheduler notices the missing heartbeats and
+queues try 2, which only the other worker can take: it becomes the coordinator, restores the
+latest completed checkpoint from the metastore and the shared checkpoint storage, and the output
+is exactly-once. The compose file's healthchecks of the scheduler and the Celery worker are run
+against this Airflow too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+import pytest
+import yaml
+from sqlalchemy.engine import URL
+
+from checkpointing import datasets
+from checkpointing.config import Settings
+from checkpointing.metastore import Metastore
+from demo.airflow_env import airflow_command
+from demo.local_airflow import LocalAirflow, local_airflow
+from tests.airflow_harness import (
+    DEADLINE_S,
+    KILLED_TASK_DAG,
+    REPO,
+    Api,
+    assert_nothing_left,
+    assert_retry_resumed,
+    free_port,
+    fresh_pg_database,
+    heartbeat_env,
+    kill_while_pending,
+    tree_of,
+    wait_for,
+    write_events_spec,
+)
+
+redis = pytest.importorskip("redis")
+pytest.importorskip("airflow.providers.celery")
+
+JOB = "killed_celery_worker"
+TASK = "run"
+FILES = 8
+HEARTBEAT_TIMEOUT_S = 20
+WORKERS = ("worker-a", "worker-b")
+#: the broker: the local Redis, a database number no other test uses (flushed before and after)
+BROKER_URL = os.environ.get("CKPT_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+pytestmark = pytest.mark.postgres
+
+
+def _url(url: URL) -> str:
+    return url.render_as_string(hide_password=False)
+
+
+def start_worker(airflow: LocalAirflow, name: str) -> IO[bytes]:
+    """An ``airflow celery worker`` of one slot whose tasks record ``name`` as their hostname,
+    its Celery node ``celery@<name>``, in its own process group; stopped with the other
+    components. Returns its log file, for the caller to close."""
+    env = {
+        **airflow.env,
+        "CKPT_TEST_WORKER_HOSTNAME": name,
+        "AIRFLOW__CORE__HOSTNAME_CALLABLE": "tests.airflow_harness.worker_hostname",
+    }
+    log = (airflow.home / "logs" / f"{name}.log").open("ab")
+    airflow.processes[name] = subprocess.Popen(
+        [
+            *[airflow_command(), "celery", "worker", "--concurrency", "1"],
+            *["--celery-hostname", f"celery@{name}", "--skip-serve-logs"],
+            *["--without-mingle", "--without-gossip"],
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return log
+
+
+def compose_probe(service: str) -> list[str]:
+    """The compose service's healthcheck as an argv for this machine (``$$`` is compose's
+    escape of ``$``; a ``CMD-SHELL`` probe runs in ``sh -c``)."""
+    probe = [str(w) for w in COMPOSE["services"][service]["healthcheck"]["test"]]
+    if probe[0] == "CMD-SHELL":
+        return ["sh", "-c", " ".join(probe[1:]).replace("$$", "$")]
+    assert probe[0] == "CMD", probe
+    return probe[1:]
+
+
+@pytest.fixture
+def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
+    """The local Airflow's components on the CeleryExecutor and PostgreSQL, and two Celery
+    workers; stopped afterwards, and then no process of it may be left."""
+    try:  # say why here, not as a worker that exits at start-up
+        importlib.import_module("airflow.providers.celery.executors.celery_executor")
+    except ImportError as exc:
+        pytest.fail(f"the CeleryExecutor does not import with the installed Celery: {exc}")
+    broker = redis.Redis.from_url(BROKER_URL)
+    broker.flushdb()
+    with (
+        fresh_pg_database("celery_airflow") as airflow_db,
+        fresh_pg_database("celery_ckpt") as ckpt_db,
+    ):
+        home = tmp_path / "ckpt"
+        settings = Settings(
+            metastore_url=_url(ckpt_db),
+            storage_url=(home / "checkpoints").as_uri(),
+            home=home,
+        )
+        created = Metastore(settings.metastore_url, check_schema=False)
+        created.upgrade()
+        created.dispose()
+        events = tmp_path / "events"
+        datasets.generate_events(events, events=4_000, keys=100, files=FILES, seed=5)
+        spec = write_events_spec(
+            tmp_path / f"{JOB}.yaml",
+            JOB,
+            events,
+            tmp_path / "out",
+            checkpoint="{every_epochs: 1, retained: 2, tolerable_failures: 0}",
+        )
+        dags = tmp_path / "dags"
+        dags.mkdir()
+        (dags / f"{JOB}.py").write_text(KILLED_TASK_DAG.format(job=JOB, task=TASK, spec=str(spec)))
+        database = _url(airflow_db)
+        local = local_airflow(
+            settings,
+            port=free_port(),
+            home=tmp_path / "airflow",
+            dags=dags,
+            extra_env={
+                **heartbeat_env(HEARTBEAT_TIMEOUT_S),
+                "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database,
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": _url(
+                    airflow_db.set(drivername="postgresql+psycopg_async")
+                ),
+                "AIRFLOW__CELERY__BROKER_URL": BROKER_URL,
+                "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{database}",
+            },
+        )
+        local.start()
+        logs = [start_worker(local, name) for name in WORKERS]
+        try:
+            yield local
+        finally:
+            local.stop()
+            for log in logs:
+                log.close()
+            broker.flushdb()
+            broker.close()
+        assert_nothing_left(tmp_path)
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_celery_worker_is_retried_on_the_other_worker_which_resumes_coordination(
+    airflow: LocalAirflow, tmp_path: Path
+) -> None:
+    from checkpointing_airflow.operators import attempt_id
+
+    assert airflow.wait_until_serving(DEADLINE_S)
+    api = Api(airflow.url, airflow.user, airflow.password)
+    metastore = Metastore(airflow.env["CKPT_METASTORE_URL"])
+
+    wait_for(f"the DAG {JOB}", lambda: api.get(f"/api/v2/dags/{JOB}"))
+    assert api.call("/api/v2/importErrors")["total_entries"] == 0
+    run_id = api.call(f"/api/v2/dags/{JOB}/dagRuns", {"logical_date": None})["dag_run_id"]
+    ti_path = f"/api/v2/dags/{JOB}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances"
+
+    def running_ti() -> dict[str, Any] | None:
+        ti = api.get(f"{ti_path}/{TASK}")
+        assert ti is None or ti["state"] not in ("success", "failed"), ti
+        return ti if ti and ti["state"] == "running" and ti["try_number"] == 1 else None
+
+    worker = wait_for("try 1 to run", running_ti)["hostname"]
+    assert worker in WORKERS
+    (other,) = set(WORKERS) - {worker}
+    first, second = (attempt_id(JOB, run_id, n) for n in (1, 2))
+
+    # --- SIGKILL the worker running try 1, with its whole process tree, while a checkpoint is
+    # pending: the Celery worker, its pool child (the task's supervisor), the task runner (the
+    # coordinator), spark-submit and the driver
+    main = psutil.Process(airflow.processes[worker].pid)
+    killed = kill_while_pending(metastore, JOB, first, second, lambda: tree_of([main]))
+    assert main.pid in killed.processes
+    assert len(killed.processes) >= 4, killed.processes
+    assert airflow.processes[other].poll() is None  # the other worker is untouched
+
+    # the compose healthchecks, for real, while the scheduler waits for try 1's heartbeat: the
+    # scheduler's job is alive on this host, the surviving worker answers the ping, the killed
+    # one does not
+    probes = {
+        name: subprocess.Popen(
+            compose_probe("airflow-scheduler" if name == "scheduler" else "airflow-worker"),
+            env={**airflow.env, "HOSTNAME": name},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name in ("scheduler", other, worker)
+    }
+    output = {name: p.communicate(timeout=180)[0][-2000:] for name, p in probes.items()}
+    answered = {name: p.returncode for name, p in probes.items()}
+    assert answered["scheduler"] == 0 and answered[other] == 0, (answered, output)
+    assert answered[worker] != 0, (answered, output)
+
+    # --- the retry ran on the other worker and resumed from the latest completed checkpoint
+    tries = assert_retry_resumed(
+        api, metastore, job=JOB, task=TASK, run_id=run_id, killed=killed, files=FILES, root=tmp_path
+    )
+    assert tries[1]["hostname"] == worker and tries[2]["hostname"] == other, tries
+    assert airflow.processes[other].poll() is None
+    metastore.dispose()

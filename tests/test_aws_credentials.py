@@ -1,0 +1,188 @@
+"""AWS credentials through the Amazon provider: an Airflow connection with a session token is
+resolved by ``AwsBaseHook`` and reaches spark-submit's environment (never its command line or a
+log line); the driver hands it on to its executors as ``spark.executorEnv.*`` under a redaction
+regex that covers every name. That the executors then write the snapshots with the token is
+proven on the standalone cluster (``tests/test_spark_cluster.py``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from checkpointing.spark.executor_env import FORWARDED, executor_env_conf, redaction_regex
+from tests.test_pipeline_permissions import FAKE_SPARK_SUBMIT, airflow_home, needs_airflow
+
+__all__ = ["airflow_home"]  # the fixture, shared
+
+KEY_ID, SECRET = "ASIAEXAMPLE0TOKEN123", "s3cr3t-8d1f0b7e-secret"
+TOKEN = "FwoGZXIvYXdzEToken-7a9c2e"
+
+
+@pytest.fixture
+def token_connection(monkeypatch: pytest.MonkeyPatch, s3_endpoint: str) -> str:
+    """``aws_default`` as a deployment defines it: keys, a session token, moto's endpoint."""
+    extra = {"aws_session_token": TOKEN, "endpoint_url": s3_endpoint, "region_name": "eu-west-1"}
+    conn = {"conn_type": "aws", "login": KEY_ID, "password": SECRET, "extra": extra}
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(conn))
+    for name in FORWARDED:
+        monkeypatch.delenv(name, raising=False)
+    return s3_endpoint
+
+
+@needs_airflow
+def test_a_session_token_connection_reaches_spark_submit_by_environment_only(
+    airflow_home: Path,
+    token_connection: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from airflow.sdk._shared.secrets_masker import redact
+
+    from checkpointing_airflow import operators
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_LOCAL", json.dumps({"conn_type": "spark", "host": "local[1]"})
+    )
+    fake = tmp_path / "spark-submit"
+    fake.write_text(FAKE_SPARK_SUBMIT.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SPARK_SUBMIT_OUT", str(tmp_path / "submitted.json"))
+
+    op = CheckpointedSparkSubmitOperator(
+        task_id="run",
+        pipeline="spec.yaml",
+        conn_id="spark_local",
+        env_vars={"PATH": os.environ["PATH"]},  # the stand-in spark-submit first
+    )
+    with caplog.at_level(logging.DEBUG):
+        env = op._driver_env("sqlite:////tmp/m.db", "s3://bucket/checkpoints")
+        secrets = op.prepare_submit(env)
+        with operators._process_environment(secrets):
+            op._hook.submit(op.application)
+    assert env["AWS_ENDPOINT_URL"] == token_connection
+    assert env["AWS_DEFAULT_REGION"] == "eu-west-1"
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} <= set(secrets)
+    submitted = json.loads((tmp_path / "submitted.json").read_text())
+    assert submitted["env"]["AWS_SESSION_TOKEN"] == TOKEN
+    assert submitted["env"]["AWS_SECRET_ACCESS_KEY"] == SECRET
+    assert submitted["env"]["AWS_ACCESS_KEY_ID"] == KEY_ID
+    command_line = " ".join(submitted["argv"])
+    logged = caplog.text
+    for value in (SECRET, TOKEN):
+        assert value not in command_line
+        assert value not in logged
+        assert value not in str(redact(f"boto3 said {value}"))  # masked wherever it is logged
+    assert "AWS_SESSION_TOKEN" not in os.environ  # only spark-submit's start had it
+
+    # the driver, with spark-submit's environment, hands all of it to its executors
+    conf = executor_env_conf(submitted["env"], {})
+    assert conf["spark.executorEnv.AWS_SESSION_TOKEN"] == TOKEN
+    assert conf["spark.executorEnv.AWS_ENDPOINT_URL"] == token_connection
+    regex = re.compile(conf["spark.redaction.regex"])
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        assert regex.search(f"spark.executorEnv.{name}"), name
+    assert not regex.search("spark.executorEnv.AWS_ENDPOINT_URL")
+
+
+@needs_airflow
+def test_no_aws_call_for_local_storage_nor_a_missing_connection(
+    airflow_home: Path, token_connection: str
+) -> None:
+    from checkpointing_airflow.aws_credentials import aws_environment
+
+    assert aws_environment("aws_default", "file:///tmp/checkpoints") == {}
+    assert aws_environment("aws_missing", "s3://bucket/checkpoints") == {}  # boto3's own chain
+    assert aws_environment(None, "s3://bucket/checkpoints") == {}
+
+
+def test_the_redaction_regex_extends_the_submitters_and_keeps_conf_given() -> None:
+    """Spark's default misses ``AWS_ACCESS_KEY_ID``; a submitter's own regex is extended."""
+    default = re.compile("(?i)secret|password|token|access[.]?key")
+    assert not default.search("spark.executorEnv.AWS_ACCESS_KEY_ID")
+    theirs = redaction_regex("(?i)internal[.]host")
+    assert re.search(theirs, "spark.internal.host") and re.search(theirs, "AWS_ACCESS_KEY_ID")
+    assert redaction_regex(theirs) == theirs  # not extended twice
+    conf = executor_env_conf(
+        {"AWS_SESSION_TOKEN": TOKEN, "HOME": "/root"},
+        {"spark.executorEnv.AWS_SESSION_TOKEN": "given", "spark.redaction.regex": "x"},
+    )
+    assert conf == {}  # what the caller's conf sets wins; nothing but AWS_* is forwarded
+
+
+@needs_airflow
+@pytest.mark.timeout(900)
+def test_a_real_airflow_task_runs_with_session_token_credentials_and_logs_none(
+    tmp_path: Path,
+) -> None:
+    """``airflow dags test`` of the operator with a session-token ``aws_default`` and S3
+    checkpoint storage on a recording moto server: every request the run makes to S3 (the
+    snapshots' PUTs from Spark's Python workers among them) carries the token; the task log holds
+    neither the secret nor the token; the XCom is read from the metastore."""
+    import boto3
+
+    from checkpointing import datasets
+    from tests.airflow_harness import make_airflow_home, write_events_spec
+    from tests.spark_cluster import RecordingMotoServer
+
+    moto = RecordingMotoServer(tmp_path)
+    moto.start()
+    try:
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=moto.url,
+            aws_access_key_id=KEY_ID,
+            aws_secret_access_key=SECRET,
+            aws_session_token=TOKEN,
+            region_name="us-east-1",
+        )
+        s3.create_bucket(Bucket="ckpt")
+        airflow = make_airflow_home(tmp_path, f"sqlite:///{tmp_path / 'airflow.db'}", tmp_path)
+        airflow.env = {k: v for k, v in airflow.env.items() if not k.startswith("AWS_")}
+        extra = {"aws_session_token": TOKEN, "endpoint_url": moto.url, "region_name": "us-east-1"}
+        airflow.env["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps(
+            {"conn_type": "aws", "login": KEY_ID, "password": SECRET, "extra": extra}
+        )
+        events = tmp_path / "events"
+        datasets.generate_events(events, events=2_000, keys=50, files=3, seed=5)
+        spec = write_events_spec(
+            tmp_path / "s3job.yaml",
+            "s3job",
+            events,
+            tmp_path / "out",
+            checkpoint="{every_epochs: 1, retained: 1}",
+            storage="s3://ckpt/checkpoints",
+        )
+        airflow.write_dag("s3job", E2E_DAG.format(spec=str(spec)))
+        result = airflow.dags_test("s3job")
+        logs = result.stdout + result.stderr
+        assert result.returncode == 0, logs[-4000:]
+        for value in (SECRET, TOKEN):
+            assert value not in logs
+        assert "try ran 3 epochs, 3 epochs done" in logs  # the outcome, from the metastore
+
+        requests = moto.requests()
+        snapshots = [r for r in requests if r["method"] == "PUT" and "/aggregate-" in r["url"]]
+        assert len(snapshots) >= 2 * 3, [r["url"] for r in requests]  # 2 subtasks, 3 epochs
+        assert {r["headers"].get("X-Amz-Security-Token") for r in requests} == {TOKEN}
+    finally:
+        moto.stop()
+
+
+E2E_DAG = """
+import pendulum
+from airflow.sdk import DAG
+
+from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
+
+with DAG("s3job", schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False):
+    CheckpointedSparkSubmitOperator(task_id="run", pipeline={spec!r})
+"""
