@@ -231,7 +231,7 @@ def test_restore_none_is_refused_on_committed_output_and_an_older_checkpoint_id_
     sink = sink_of(spec)
     assert sink.committed_epochs() == [0, 1]
 
-    with pytest.raises(SpecError, match=r"sink\.path: .*choices-out holds committed output"):
+    with pytest.raises(SpecError, match=r"sink\.path: .*choices-out holds committed epochs 0 to 1"):
         run(spark, spec, metastore, storage, restore="none")
     assert sink.committed_epochs() == [0, 1]  # untouched
     assert completed_ids(metastore, "choices") == [older, newest]
@@ -242,6 +242,39 @@ def test_restore_none_is_refused_on_committed_output_and_an_older_checkpoint_id_
     assert_equals_reference(spark, spec, reference)
     event = views.list_restores(metastore, "choices")[0]
     assert event["checkpoint_id"] == older and event["fallbacks"] == []
+
+
+@sqlite_only
+def test_a_finished_job_rerun_from_latest_is_refused_over_its_committed_output(
+    spark: Any, events: Path, tmp_path: Path, metastore_url: str, reference: Any
+) -> None:
+    """A finished job's checkpoints are discarded, so ``--restore latest`` finds none: starting
+    empty would recompute every epoch over the committed changelog (the first run's epochs left
+    beside the new ones). Refused by the preflight (nothing written) and by the runtime."""
+    from checkpointing.spark.preflight import RunOptions, check_run
+
+    spec = events_spec(tmp_path, events, "rerun")
+    metastore = Metastore(metastore_url)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    run(spark, spec, metastore, storage)
+    sink = sink_of(spec)
+    committed = sink.committed_epochs()
+    assert committed and completed_ids(metastore, "rerun") == []  # discarded on FINISHED
+    restores = views.list_restores(metastore, "rerun")
+    changelog = sorted(p.name for p in sink.changelog_dir.rglob("*") if p.is_file())
+
+    refused = (
+        rf"sink\.path: .*rerun-out holds committed epochs 0 to {committed[-1]} .*"
+        "job rerun has no checkpoint to resume from"
+    )
+    with pytest.raises(SpecError, match=refused):
+        check_run(spec, RunOptions(restore="latest"), storage, metastore)
+    with pytest.raises(SpecError, match=refused):
+        run(spark, spec, metastore, storage)
+    assert sink.committed_epochs() == committed
+    assert sorted(p.name for p in sink.changelog_dir.rglob("*") if p.is_file()) == changelog
+    assert views.list_restores(metastore, "rerun") == restores  # no restore recorded
+    assert_equals_reference(spark, spec, reference)  # the first run's output, intact
 
 
 # ---------------------------------------------------------------- 4. savepoint from outside

@@ -8,7 +8,12 @@ import glob
 from dataclasses import dataclass
 
 from checkpointing import restore
-from checkpointing.errors import CheckpointingError, UnknownCheckpointError
+from checkpointing.errors import (
+    CheckpointingError,
+    NoCheckpointError,
+    UnknownCheckpointError,
+    UnknownJobError,
+)
 from checkpointing.metastore import Metastore
 from checkpointing.sink_guard import check_pipeline_sink
 from checkpointing.spark.sink import TwoPhaseCommitSink
@@ -71,13 +76,10 @@ def check_run(
     choice = options.restore
     try:
         if choice == "none":
-            if sink.committed_epochs():
-                raise SpecError(
-                    f"sink.path: {sink.path} holds committed output of an earlier run; "
-                    "use --restore latest to resume it, or a new sink path"
-                )
+            refuse_empty_start(sink, spec.job, choice)
         elif choice == "latest":
-            pass
+            if metastore is None or not _has_restorable_checkpoint(metastore, storage, spec.job):
+                refuse_empty_start(sink, spec.job, choice)
         elif choice.isdigit():
             if metastore is None:
                 raise UnknownCheckpointError(f"job {spec.job} has no checkpoint {choice}")
@@ -94,3 +96,33 @@ def check_run(
         if isinstance(exc, SpecError):
             raise
         raise RestoreSourceError(f"restore {choice!r}: {exc}") from None
+
+
+def refuse_empty_start(sink: TwoPhaseCommitSink, job: str, choice: str) -> None:
+    """A run that would start empty (``--restore none``, or ``latest`` finding no checkpoint)
+    must not write over committed output: it would recompute every epoch from the first, leaving
+    the earlier run's epochs in the changelog beside the new ones (data that no checkpoint
+    covers). :class:`SpecError` naming the sink and the ways out."""
+    committed = sink.committed_epochs()
+    if not committed:
+        return
+    held = f"committed epochs {committed[0]} to {committed[-1]} of an earlier run"
+    if choice == "none":
+        raise SpecError(
+            f"sink.path: {sink.path} holds {held}; use --restore latest to resume it, "
+            "or a new sink path"
+        )
+    raise SpecError(
+        f"sink.path: {sink.path} holds {held}, and job {job} has no checkpoint to resume from "
+        "(a finished job's checkpoints are discarded): restore a savepoint (--restore PATH) or "
+        "use a new sink path; starting empty would recompute the output over it"
+    )
+
+
+def _has_restorable_checkpoint(metastore: Metastore, storage: CheckpointStorage, job: str) -> bool:
+    """Whether ``--restore latest`` finds a checkpoint or savepoint (sizes checked, read only)."""
+    try:
+        restore.find_latest_valid(metastore, storage, job, deep=False, strict=True)
+    except (UnknownJobError, NoCheckpointError):
+        return False
+    return True

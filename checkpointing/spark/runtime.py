@@ -56,7 +56,13 @@ from checkpointing.spark.keys import (
     key_group_column,
     partition_keys,
 )
-from checkpointing.spark.preflight import RestoreSourceError, RunOptions, check_run, input_files
+from checkpointing.spark.preflight import (
+    RestoreSourceError,
+    RunOptions,
+    check_run,
+    input_files,
+    refuse_empty_start,
+)
 from checkpointing.spark.session import session_settings
 from checkpointing.spark.sink import TwoPhaseCommitSink
 from checkpointing.spark.stages import AggregationStage, Stage
@@ -437,13 +443,11 @@ class PipelineRun:
         choice = self.options.restore
         if choice == "none":
             decision = restore.RestoreDecision(self.spec.job, None, None, None, None)
-            if self.sink.committed_epochs():
-                raise SpecError(
-                    f"sink.path: {self.sink.path} holds committed output of an earlier run; "
-                    "use --restore latest to resume it, or a new sink path"
-                )
+            refuse_empty_start(self.sink, self.spec.job, choice)
         elif choice == "latest":
             decision = restore.find_latest_valid(self.metastore, self.storage, self.spec.job)
+            if decision.metadata is None:  # none, or none valid: never start over committed output
+                refuse_empty_start(self.sink, self.spec.job, choice)
         elif choice.isdigit():
             decision = restore.load_checkpoint(
                 self.metastore, self.storage, self.spec.job, int(choice)
