@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -35,6 +36,7 @@ from checkpointing.config import (
 from checkpointing.errors import ConfigError
 from checkpointing.ids import validate_id
 from checkpointing.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
+from checkpointing.object_store import ObjectStoreError, is_object_url, split_url
 from checkpointing.sink_guard import check_pipeline_sink
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -93,6 +95,22 @@ class SourceSpec(BaseModel):
     max_split_bytes: ByteSize | None = Field(default=None, gt=0)
     #: CSV only: does the first line hold column names
     header: bool = True
+
+    @field_validator("path")
+    @classmethod
+    def _object_store_path(cls, v: str, info: ValidationInfo) -> str:
+        """``s3://`` input is read by Arrow on the executors (no Hadoop S3 jars): Parquet only,
+        and a bucket and key glob are needed. Local paths are not checked here."""
+        if not is_object_url(v):
+            return v
+        try:
+            split_url(v)
+        except ObjectStoreError:
+            raise ValueError("expected s3://bucket/prefix/*.parquet") from None
+        fmt = info.data.get("format")
+        if fmt is not None and fmt != SourceFormat.PARQUET:
+            raise ValueError(f"s3:// input is read as Parquet only for now; source.format is {fmt}")
+        return v
 
 
 class SinkSpec(BaseModel):

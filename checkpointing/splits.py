@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from checkpointing.object_store import ObjectInfo, read_footer
 from checkpointing.spec import SpecError
 
 
@@ -28,24 +29,37 @@ class SplitError(SpecError):
 
 @dataclass(frozen=True)
 class InputSplit:
-    """``path`` (a local path), and for a part of a Parquet file its row groups ``[start, end)``
-    with their rows; ``row_groups is None`` is the whole file."""
+    """``path`` (a local path or an object's URL), and for a part of a Parquet file its row
+    groups ``[start, end)`` with their rows; ``row_groups is None`` is the whole file. An
+    object's split also carries the object's ``size`` and ``etag`` as listed: they are in the
+    source's state, so a restore over a replaced object no longer matches the checkpoint."""
 
     path: str
     row_groups: tuple[int, int] | None = None
     rows: int | None = None
+    size: int | None = None
+    etag: str | None = None
 
     def to_state(self, epoch: int) -> dict[str, Any]:
         """The list-state item of this split, read in ``epoch``."""
         item: dict[str, Any] = {"path": self.path, "epoch": epoch}
         if self.row_groups is not None:
             item["row_groups"] = list(self.row_groups)
+        if self.etag is not None:
+            item["size"] = self.size
+            item["etag"] = self.etag
         return item
 
     @classmethod
     def from_state(cls, item: dict[str, Any]) -> InputSplit:
         groups = item.get("row_groups")
-        return cls(str(item["path"]), None if groups is None else (int(groups[0]), int(groups[1])))
+        size, etag = item.get("size"), item.get("etag")
+        return cls(
+            str(item["path"]),
+            None if groups is None else (int(groups[0]), int(groups[1])),
+            size=None if size is None else int(size),
+            etag=None if etag is None else str(etag),
+        )
 
     def describe(self) -> str:
         name = os.path.basename(self.path)
@@ -56,26 +70,30 @@ class InputSplit:
 
 
 def plan_splits(
-    files: Sequence[str], source_format: str, max_split_bytes: int | None
+    files: Sequence[str | ObjectInfo], source_format: str, max_split_bytes: int | None
 ) -> list[InputSplit]:
-    """The splits of ``files`` in order: whole files, except Parquet files over
-    ``max_split_bytes``, which become runs of row groups of at most that many compressed bytes
-    (at least one row group each)."""
+    """The splits of ``files`` (local paths, or listed objects) in order: whole files, except
+    Parquet files over ``max_split_bytes``, which become runs of row groups of at most that many
+    compressed bytes (at least one row group each)."""
     if max_split_bytes is None:
-        return [InputSplit(f) for f in files]
+        return [InputSplit(_path(f), **_identity(f)) for f in files]
     if source_format != "parquet":
         raise SplitError(
             f"source.max_split_bytes: splitting files is supported for parquet only, "
             f"not {source_format} (leave it unset to read whole files)"
         )
     splits: list[InputSplit] = []
-    for path in files:
+    for file in files:
+        path = _path(file)
         try:
-            size = os.path.getsize(path)
+            size = file.size if isinstance(file, ObjectInfo) else os.path.getsize(path)
             if size <= max_split_bytes:
-                splits.append(InputSplit(path))
+                splits.append(InputSplit(path, **_identity(file)))
                 continue
-            metadata = pq.ParquetFile(path).metadata
+            if isinstance(file, ObjectInfo):
+                metadata = read_footer(path)
+            else:
+                metadata = pq.ParquetFile(path).metadata
         except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
             raise SplitError(f"{path}: cannot read its Parquet footer: {exc}") from exc
         groups = []
@@ -83,20 +101,32 @@ def plan_splits(
             group = metadata.row_group(i)
             columns = (group.column(c) for c in range(group.num_columns))
             groups.append((sum(c.total_compressed_size for c in columns), group.num_rows))
-        splits.extend(_runs(path, groups, max_split_bytes))
+        splits.extend(_runs(file, groups, max_split_bytes))
     return splits
 
 
-def _runs(path: str, groups: Sequence[tuple[int, int]], limit: int) -> Iterable[InputSplit]:
+def _path(file: str | ObjectInfo) -> str:
+    return file.url if isinstance(file, ObjectInfo) else file
+
+
+def _identity(file: str | ObjectInfo) -> dict[str, Any]:
+    """An object's size and ETag for its splits; nothing for a local file (as before)."""
+    return {"size": file.size, "etag": file.etag} if isinstance(file, ObjectInfo) else {}
+
+
+def _runs(
+    file: str | ObjectInfo, groups: Sequence[tuple[int, int]], limit: int
+) -> Iterable[InputSplit]:
+    path, identity = _path(file), _identity(file)
     start, size, rows = 0, 0, 0
     for i, (group_bytes, group_rows) in enumerate(groups):
         if i > start and size + group_bytes > limit:
-            yield InputSplit(path, (start, i), rows)
+            yield InputSplit(path, (start, i), rows, **identity)
             start, size, rows = i, 0, 0
         size += group_bytes
         rows += group_rows
     if start < len(groups):
-        yield InputSplit(path, (start, len(groups)), rows)
+        yield InputSplit(path, (start, len(groups)), rows, **identity)
 
 
 def epochs_of(splits: Sequence[InputSplit], per_epoch: int) -> list[list[InputSplit]]:

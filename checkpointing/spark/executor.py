@@ -107,16 +107,25 @@ def read_row_groups(
     schema: T.StructType, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """The rows of each ``(path, start, end)`` row-group range, as the input schema's Arrow
-    types (the same rows Spark's reader gives for the whole file)."""
+    types (the same rows Spark's reader gives for the whole file). ``path`` may be an object's
+    URL (read through :mod:`checkpointing.object_store`: no Hadoop filesystem needed), and a
+    null ``start`` is the whole file."""
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import to_arrow_schema
+
+    from checkpointing.object_store import is_object_url, open_object
 
     target = to_arrow_schema(schema)
     for batch in batches:
         for row in batch.to_pylist():
-            file = pq.ParquetFile(row["path"])
-            for part in file.iter_batches(
-                row_groups=range(row["start"], row["end"]), columns=target.names
-            ):
-                table = pa.Table.from_batches([part]).select(target.names)
-                yield from table.cast(target).to_batches()
+            path = row["path"]
+            source = open_object(path) if is_object_url(path) else path
+            groups = None if row["start"] is None else range(row["start"], row["end"])
+            try:
+                file = pq.ParquetFile(source)
+                for part in file.iter_batches(row_groups=groups, columns=target.names):
+                    table = pa.Table.from_batches([part]).select(target.names)
+                    yield from table.cast(target).to_batches()
+            finally:
+                if not isinstance(source, str):
+                    source.close()

@@ -15,6 +15,7 @@ from checkpointing.errors import (
     UnknownJobError,
 )
 from checkpointing.metastore import Metastore
+from checkpointing.object_store import ObjectInfo, ObjectStoreError, is_object_url, list_objects
 from checkpointing.sink_guard import check_pipeline_sink
 from checkpointing.spark.sink import TwoPhaseCommitSink
 from checkpointing.spec import PipelineSpec, SpecError
@@ -44,9 +45,19 @@ class RunOptions:
     coordinator_id: str | None = None
 
 
-def input_files(spec: PipelineSpec) -> list[str]:
-    """The files the spec's source glob matches, sorted; none is a :class:`SpecError`."""
+def input_files(spec: PipelineSpec) -> list[str] | list[ObjectInfo]:
+    """The files the spec's source glob matches, sorted (on an object store: the objects, with
+    their size and ETag, sorted by key); none, or an object store that cannot be listed, is a
+    :class:`SpecError`."""
     pattern = spec.resolve(spec.source.path)
+    if is_object_url(pattern):
+        try:
+            objects = list_objects(pattern)
+        except ObjectStoreError as exc:
+            raise SpecError(f"source.path: {exc}") from None
+        if not objects:
+            raise SpecError(f"source.path: {pattern!r} matches no objects")
+        return objects
     files = sorted(glob.glob(pattern.removeprefix("file://")))
     if not files:
         raise SpecError(f"source.path: {pattern!r} matches no files")

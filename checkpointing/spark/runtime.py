@@ -43,6 +43,7 @@ from checkpointing.failure import CheckpointException
 from checkpointing.metadata import CheckpointMetadata
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointTask
+from checkpointing.object_store import is_object_url
 from checkpointing.operator_ids import SINK, SOURCE
 from checkpointing.pending import TaskAck
 from checkpointing.recovery import pipeline_plan
@@ -56,6 +57,7 @@ from checkpointing.spark.keys import (
     key_group_column,
     partition_keys,
 )
+from checkpointing.spark.object_source import object_schema, read_object_splits
 from checkpointing.spark.preflight import (
     RestoreSourceError,
     RunOptions,
@@ -192,7 +194,11 @@ class PipelineRun:
 
     def _read(self, splits: Sequence[InputSplit]) -> DataFrame:
         """The rows of ``splits``: whole files through Spark's own reader, row-group ranges of
-        big Parquet files through Arrow on the executors (only those row groups are read)."""
+        big Parquet files through Arrow on the executors (only those row groups are read); on an
+        object store, every split through Arrow on the executors."""
+        if is_object_url(splits[0].path):
+            schema = self.input_schema or object_schema(splits[0])
+            return self._checked(read_object_splits(self.spark, splits, schema))
         whole = [s.path for s in splits if s.row_groups is None]
         ranged = [s for s in splits if s.row_groups is not None]
         reader = self.spark.read.format(self.spec.source.format.value)
@@ -524,9 +530,12 @@ def _spark_reason(exc: BaseException) -> str:
 
 
 def _parquet_rows(splits: Sequence[InputSplit]) -> int | None:
-    """Rows of an epoch from the Parquet footers (no data read), for the rows/s progress."""
+    """Rows of an epoch from the Parquet footers (no data read), for the rows/s progress; not
+    known for whole objects (their footers are read on the executors, not twice)."""
     import pyarrow.parquet as pq
 
+    if any(s.rows is None and is_object_url(s.path) for s in splits):
+        return None
     try:
         return sum(
             s.rows if s.rows is not None else pq.ParquetFile(s.path).metadata.num_rows

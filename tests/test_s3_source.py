@@ -1,0 +1,190 @@
+"""Parquet input on S3 (moto's server on loopback, a real HTTP endpoint), read by Arrow on the
+executors with no Hadoop S3 jars: a job over ``s3://bucket/in/*.parquet`` — whole objects and
+row-group runs of a big one — crashed and resumed at another parallelism equals a pandas
+computation; a restore over a replaced object (another ETag) is refused naming it; a bad bucket,
+an empty prefix, missing credentials or an unreachable endpoint are one-line errors naming
+``source.path`` and the URL before anything is written."""
+
+from __future__ import annotations
+
+import io
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from checkpointing import datasets
+from checkpointing.metastore import Metastore
+from checkpointing.object_store import list_objects
+from checkpointing.spark.executor_env import FORWARDED
+from checkpointing.spark.preflight import RunOptions, check_run, input_files
+from checkpointing.spec import SpecError
+from checkpointing.storage import FileSystemCheckpointStorage
+from tests.spark_pipeline import AGGS, assert_matches_pandas, make_spec, run, tables
+
+ROW_GROUP = 500
+
+
+def _frame(rows: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {
+            "user": [f"u{k:03d}" for k in rng.integers(0, 120, rows)],
+            "amount": np.where(rng.random(rows) < 0.05, np.nan, rng.normal(50, 20, rows)),
+            "quantity": rng.integers(1, 9, rows),
+        }
+    )
+
+
+def _parquet(frame: pd.DataFrame) -> bytes:
+    out = io.BytesIO()
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    pq.write_table(table, out, row_group_size=ROW_GROUP)
+    return out.getvalue()
+
+
+def _s3() -> Any:
+    import boto3
+
+    return boto3.client("s3")
+
+
+@pytest.fixture
+def executors_see_s3(spark: Any, s3_env: str) -> Iterator[None]:
+    """The session-wide Spark fixture started before this test pointed AWS_* at moto: hand
+    them to its Python workers as ``spark_session`` does when it builds a session with them
+    (``spark.executorEnv.*``, which becomes the context's worker environment)."""
+    import os
+
+    environment = spark.sparkContext.environment
+    saved = dict(environment)
+    environment.update({k: os.environ[k] for k in FORWARDED if os.environ.get(k)})
+    yield
+    environment.clear()
+    environment.update(saved)
+
+
+def test_s3_parquet_crash_rescaled_restore_and_replaced_object(
+    spark: Any, s3_bucket: str, executors_see_s3: None, tmp_path: Path
+) -> None:
+    from checkpointing.spark.runtime import SimulatedCrash
+
+    # a big object (4 row groups → 2 row-group splits) and two small ones, plus keys the glob
+    # must skip: another suffix, and a deeper "folder" (``*`` stays within a segment)
+    frames = {"in/a.parquet": _frame(2000, 1), "in/b.parquet": _frame(500, 2)}
+    frames["in/c.parquet"] = _frame(500, 3)
+    for key, frame in frames.items():
+        _s3().put_object(Bucket=s3_bucket, Key=key, Body=_parquet(frame))
+    _s3().put_object(Bucket=s3_bucket, Key="in/notes.txt", Body=b"not input")
+    _s3().put_object(Bucket=s3_bucket, Key="in/old/z.parquet", Body=_parquet(_frame(10, 9)))
+    big = len(_parquet(frames["in/a.parquet"]))
+    source = (
+        f'{{format: parquet, path: "s3://{s3_bucket}/in/*.parquet", splits_per_epoch: 1, '
+        f"max_split_bytes: {big // 2}}}"
+    )
+    spec = make_spec(tmp_path, "s3job", source)
+    objects = input_files(spec)
+    assert [o.url for o in objects] == [f"s3://{s3_bucket}/{k}" for k in sorted(frames)]
+
+    metastore_url = f"sqlite:///{tmp_path / 'metastore.db'}"
+    Metastore(metastore_url, check_schema=False).upgrade()
+    metastore = Metastore(metastore_url)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    with pytest.raises(SimulatedCrash):
+        run(spark, spec, metastore, storage, crash_after_epochs=2)
+
+    # c.parquet replaced by other content (another ETag, same key): refused, naming it
+    original = _parquet(frames["in/c.parquet"])
+    _s3().put_object(Bucket=s3_bucket, Key="in/c.parquet", Body=_parquet(_frame(500, 4)))
+    with pytest.raises(SpecError, match=r"source: the input does not match checkpoint") as err:
+        run(spark, spec, metastore, storage, parallelism=2)
+    assert f"s3://{s3_bucket}/in/c.parquet" in str(err.value)
+    _s3().put_object(Bucket=s3_bucket, Key="in/c.parquet", Body=original)  # same bytes, ETag
+
+    resumed = run(spark, spec, metastore, storage, parallelism=2)
+    assert resumed.epochs_total == 4  # a[0-1], a[2-3], b, c
+    assert resumed.epochs_run == [2, 3]
+    assert resumed.restored_from is not None
+    final, changelog = tables(spark, spec)
+    ordered = [frames[k] for k in sorted(frames)]
+    assert_matches_pandas(final, ordered)
+    # each epoch's changelog: the keys of its split, with their aggregates as of that epoch
+    epoch_rows = [frames["in/a.parquet"][:1000], frames["in/a.parquet"][1000:], *ordered[1:]]
+    for epoch, rows in enumerate(epoch_rows):
+        seen = pd.concat(epoch_rows[: epoch + 1])
+        expected = datasets.expected_aggregates(seen, ["user"], AGGS)
+        expected = expected[expected.user.isin(set(rows.user))].reset_index(drop=True)
+        got = changelog[changelog.epoch == epoch].reset_index(drop=True)
+        pd.testing.assert_frame_equal(
+            got[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
+        )
+
+
+def _spec(tmp_path: Path, path: str, name: str = "bad") -> Any:
+    return make_spec(tmp_path, name, f'{{format: parquet, path: "{path}"}}')
+
+
+def _refused(tmp_path: Path, path: str) -> str:
+    """The one-line refusal of a run over ``path``, before anything is written."""
+    spec = _spec(tmp_path, path)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    with pytest.raises(SpecError) as err:
+        check_run(spec, RunOptions(), storage, None)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("source.path: "), message
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "bad-out").exists()
+    return message
+
+
+def test_bad_bucket_and_empty_prefix_are_refused_in_one_line(
+    s3_bucket: str, tmp_path: Path
+) -> None:
+    message = _refused(tmp_path, "s3://no-such-bucket-ckpt/in/*.parquet")
+    assert "bucket 'no-such-bucket-ckpt' does not exist" in message
+    message = _refused(tmp_path, f"s3://{s3_bucket}/nothing/*.parquet")
+    assert message == f"source.path: 's3://{s3_bucket}/nothing/*.parquet' matches no objects"
+
+
+def test_missing_credentials_and_unreachable_endpoint_are_refused(
+    s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = f"s3://{s3_bucket}/in/*.parquet"
+    with monkeypatch.context() as env:
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            env.delenv(name, raising=False)
+        env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        env.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        assert "no AWS credentials found" in _refused(tmp_path, path)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    message = _refused(tmp_path, path)
+    assert f"cannot reach the S3 endpoint http://127.0.0.1:{port}" in message
+
+
+def test_spec_refuses_non_parquet_and_malformed_s3_paths(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"source.path: s3:// input is read as Parquet only"):
+        make_spec(tmp_path, "csv", '{format: csv, path: "s3://b/in/*.csv"}')
+    with pytest.raises(SpecError, match=r"source.path: expected s3://bucket/prefix"):
+        make_spec(tmp_path, "nokey", '{format: parquet, path: "s3://b"}')
+
+
+def test_listing_matches_segments_like_a_local_glob(s3_bucket: str) -> None:
+    for key in ("x/1.parquet", "x/2.parquet", "x/y/3.parquet", "x/10.parquet", "xz/4.parquet"):
+        _s3().put_object(Bucket=s3_bucket, Key=key, Body=b"data")
+    urls = [
+        o.url.removeprefix(f"s3://{s3_bucket}/")
+        for o in list_objects(f"s3://{s3_bucket}/x/?.parquet")
+    ]
+    assert urls == ["x/1.parquet", "x/2.parquet"]
+    objects = list_objects(f"s3://{s3_bucket}/x/*/*.parquet")
+    assert [o.url for o in objects] == [f"s3://{s3_bucket}/x/y/3.parquet"]
+    assert objects[0].size == 4 and objects[0].etag and '"' not in objects[0].etag
