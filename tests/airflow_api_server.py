@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -34,7 +33,7 @@ from checkpointing.restore import find_latest_valid, preview_restore, record_res
 from checkpointing.status import JobStatus
 from checkpointing.storage import FileSystemCheckpointStorage
 from demo.airflow_env import airflow_command, airflow_env, migrate
-from tests.helpers import ack_all, complete, new_coordinator
+from tests.helpers import ack_all, complete, free_port, new_coordinator
 
 SIMPLE_AUTH_MANAGER = (
     "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
@@ -110,13 +109,8 @@ def _json(raw: bytes) -> Any:
         return raw.decode(errors="replace")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _token(url: str, user: str, password: str) -> str:
+def api_token(url: str, user: str, password: str) -> str:
+    """A JWT for ``user`` from Airflow's SimpleAuthManager token endpoint."""
     request = urllib.request.Request(
         f"{url}/auth/token",
         json.dumps({"username": user, "password": password}).encode(),
@@ -192,7 +186,7 @@ def running_api_server(root: Path, *, prefix: str = "") -> Iterator[Server]:
     storage = FileSystemCheckpointStorage(f"file://{root / 'checkpoints'}")
     live = _seed(metastore, storage)
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}{prefix}"
     (root / "dags").mkdir()
     env = airflow_env(root / "airflow", root / "dags", ckpt_home=root / "ckpt")
@@ -253,7 +247,7 @@ def running_api_server(root: Path, *, prefix: str = "") -> Iterator[Server]:
             if time.monotonic() > deadline:
                 pytest.fail(f"the api-server did not come up:\n{log.read_text()[-3000:]}")
             time.sleep(1)
-        tokens = {user: _token(url, user, password) for user, password in passwords.items()}
+        tokens = {user: api_token(url, user, password) for user, password in passwords.items()}
         server = Server(url, tokens, metastore, storage, live, log, passwords)
         server.live_run = _trigger_run(url, tokens["admin"], LIVE)
         yield server

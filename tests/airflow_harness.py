@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -34,7 +33,7 @@ from checkpointing.failure import CheckpointFailureReason
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, Job
 from demo.airflow_env import REPO, airflow_command, airflow_env, migrate
-from tests.helpers import checkpoint_rows
+from tests.helpers import checkpoint_rows, free_port
 
 __all__ = [
     "AIRFLOW",
@@ -237,12 +236,6 @@ def worker_hostname() -> str:
     """``[core] hostname_callable`` of a test's Celery workers: each its own name, although
     they share this machine (Airflow records it as the task instance's hostname)."""
     return os.environ["CKPT_TEST_WORKER_HOSTNAME"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, found: Callable[[], Any], timeout: float = DEADLINE_S) -> Any:

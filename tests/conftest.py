@@ -20,6 +20,7 @@ from checkpointing.clock import ManualClock
 from checkpointing.metastore import Metastore
 from checkpointing.models import Base
 from checkpointing.storage import FileSystemCheckpointStorage
+from tests.helpers import free_port
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -95,16 +96,10 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server in its own process on loopback: a real HTTP endpoint, not a mock."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

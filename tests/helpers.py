@@ -4,6 +4,7 @@ and read back what the metastore and the storage hold."""
 from __future__ import annotations
 
 import random
+import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,10 @@ def path(storage: FileSystemCheckpointStorage, url: str) -> Path:
 
 def location_exists(storage: FileSystemCheckpointStorage, url: str) -> bool:
     return storage.path_of(url).is_dir()
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

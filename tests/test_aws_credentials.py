@@ -10,13 +10,16 @@ import json
 import logging
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 from checkpointing.spark.executor_env import FORWARDED, executor_env_conf, redaction_regex
-from tests.test_pipeline_permissions import FAKE_SPARK_SUBMIT, airflow_home, needs_airflow
+from tests.test_pipeline_permissions import (
+    airflow_home,
+    install_fake_spark_submit,
+    needs_airflow,
+)
 
 __all__ = ["airflow_home"]  # the fixture, shared
 
@@ -51,11 +54,7 @@ def test_a_session_token_connection_reaches_spark_submit_by_environment_only(
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_LOCAL", json.dumps({"conn_type": "spark", "host": "local[1]"})
     )
-    fake = tmp_path / "spark-submit"
-    fake.write_text(FAKE_SPARK_SUBMIT.format(python=sys.executable))
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SPARK_SUBMIT_OUT", str(tmp_path / "submitted.json"))
+    install_fake_spark_submit(tmp_path / "bin", monkeypatch)
 
     op = CheckpointedSparkSubmitOperator(
         task_id="run",

@@ -388,16 +388,7 @@ def test_airflow_accepts_the_commands_settings_and_connections(tmp_path: Path) -
         # the executor decides which commands exist (`airflow celery …`); Celery's settings
         **{k: v for k, v in env.items() if k.startswith(("AIRFLOW__CORE__EXEC", "AIRFLOW__CEL"))},
     }
-    proc = subprocess.run(
-        [sys.executable, "-c", _AIRFLOW_CHECK],
-        input=json.dumps(request),
-        env=isolated,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.split("@@RESULT@@", 1)[1].splitlines()[0])
+    result = _python_check(_AIRFLOW_CHECK, isolated, stdin=json.dumps(request), timeout=600)
     assert len(request["commands"]) >= 7 and result["bad_commands"] == []
     assert ["celery", "worker"] in request["commands"]
     assert ["jobs", "check", "--job-type", "SchedulerJob", "--local"] in request["commands"]
@@ -567,15 +558,7 @@ def test_airflow_migrates_and_runs_on_postgresql_with_the_compose_database_setti
                 [AIRFLOW, *argv], env=run_env, capture_output=True, text=True, timeout=600
             )
             assert done.returncode == 0, (argv, (done.stderr or done.stdout)[-4000:])
-        done = subprocess.run(
-            [sys.executable, "-c", _ENGINES_CHECK],
-            env=run_env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stderr[-4000:]
-        result = json.loads(done.stdout.split("@@RESULT@@", 1)[1].splitlines()[0])
+        result = _python_check(_ENGINES_CHECK, run_env, timeout=300)
     assert result == {
         "sync": [urls[keys[0]].drivername, db.database],
         "async": [urls[keys[1]].drivername, db.database],
@@ -583,3 +566,20 @@ def test_airflow_migrates_and_runs_on_postgresql_with_the_compose_database_setti
         "result_backend_database": db.database,
     }
     assert result["async"][0] == "postgresql+psycopg_async"  # a driver the lock installs
+
+
+def _python_check(
+    script: str, env: dict[str, str], *, stdin: str | None = None, timeout: float
+) -> Any:
+    """Run ``script`` in a fresh interpreter with ``env``; what it printed after ``@@RESULT@@``
+    (JSON), after asserting that it succeeded."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        input=stdin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.split("@@RESULT@@", 1)[1].splitlines()[0])

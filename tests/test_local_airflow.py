@@ -18,15 +18,11 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.helpers import free_port
+
 #: ``make airflow``'s command, run from the checkout
 AIRFLOW = (sys.executable, "-m", "demo", "airflow")
 CHECKOUT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for(what: str, check: Any, timeout: float) -> Any:
@@ -59,7 +55,7 @@ def _cmdline(proc: psutil.Process) -> str:
 def test_make_airflow_serves_the_dags_to_the_printed_login_and_stops_cleanly(
     tmp_path: Path,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CKPT_"))}
     env["CKPT_HOME"] = str(tmp_path / "home")
     # the user's own settings reach Airflow, except those the launcher owns

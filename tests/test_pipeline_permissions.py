@@ -315,6 +315,19 @@ with open(os.environ["FAKE_SPARK_SUBMIT_OUT"], "w") as f:
 """
 
 
+def install_fake_spark_submit(bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in ``spark-submit`` first on PATH, writing its argv and environment to the file
+    returned (nothing runs)."""
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "spark-submit"
+    fake.write_text(FAKE_SPARK_SUBMIT.format(python=sys.executable))
+    fake.chmod(0o755)
+    out = bin_dir.parent / "submitted.json"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SPARK_SUBMIT_OUT", str(out))
+    return out
+
+
 @needs_airflow
 def test_credentials_reach_the_driver_by_environment_never_on_the_command_line(
     airflow_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -338,12 +351,7 @@ def test_credentials_reach_the_driver_by_environment_never_on_the_command_line(
         json.dumps({"conn_type": "aws", "login": "AKIAEXAMPLE12345", "password": aws_secret}),
     )
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "spark-submit"
-    fake.write_text(FAKE_SPARK_SUBMIT.format(python=sys.executable))
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SPARK_SUBMIT_OUT", str(tmp_path / "submitted.json"))
+    install_fake_spark_submit(bin_dir, monkeypatch)
 
     op = CheckpointedSparkSubmitOperator(
         task_id="run",

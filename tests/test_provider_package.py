@@ -23,7 +23,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -37,6 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.airflow_api_server import api_token
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "airflow-spark-checkpointing"
@@ -354,7 +356,7 @@ def test_airflow_finds_the_provider_the_plugin_the_api_and_the_dag_factory(
         d.mkdir(parents=True)
     _write_pipeline(dags / "pipelines", tmp_path / "data")
     shutil.copy(ROOT / "dags" / "checkpoint_deploy.py", dags)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     passwords = tmp_path / "passwords.json"
     passwords.write_text(json.dumps({"admin": secrets.token_urlsafe(12)}))
@@ -399,7 +401,7 @@ def test_airflow_finds_the_provider_the_plugin_the_api_and_the_dag_factory(
             listed = pool.submit(airflow_json, "dags", "list")
             errors = pool.submit(airflow_json, "dags", "list-import-errors")
             password = json.loads(passwords.read_text())["admin"]
-            token = _token(url, "admin", password)
+            token = api_token(url, "admin", password)
             answers = {
                 path: _get(f"{url}/checkpoints{path}", token)
                 for path in ("/api/pipelines", "/api/pipelines/pkg_routes", "/ui/")
@@ -479,22 +481,6 @@ def _write_pipeline(directory: Path, data: Path) -> None:
     from checkpointing_airflow.dag_files import DAG_FILE
 
     (directory / "pkg_routes.py").write_text(DAG_FILE)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _token(url: str, user: str, password: str) -> str:
-    request = urllib.request.Request(
-        f"{url}/auth/token",
-        json.dumps({"username": user, "password": password}).encode(),
-        {"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as r:
-        return str(json.loads(r.read())["access_token"])
 
 
 def _get(url: str, token: str | None) -> int:
