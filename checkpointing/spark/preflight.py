@@ -17,7 +17,7 @@ from checkpointing.errors import (
 from checkpointing.metastore import Metastore
 from checkpointing.object_store import ObjectInfo, ObjectStoreError, is_object_url, list_objects
 from checkpointing.sink_guard import check_pipeline_sink
-from checkpointing.spark.sink import TwoPhaseCommitSink
+from checkpointing.spark.sinks import Sink, open_sink
 from checkpointing.spec import PipelineSpec, SpecError
 from checkpointing.storage import CheckpointStorage
 
@@ -83,7 +83,7 @@ def check_run(
         raise SpecError(f"parallelism {parallelism} exceeds max_parallelism {spec.max_parallelism}")
     input_files(spec)
     check_pipeline_sink(spec, storage.base_url)  # not the input, the storage, ~, / ...
-    sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path), job=spec.job)  # nor foreign files
+    sink = open_sink(spec, job=spec.job)  # nor foreign files
     choice = options.restore
     try:
         if choice == "none":
@@ -109,7 +109,7 @@ def check_run(
         raise RestoreSourceError(f"restore {choice!r}: {exc}") from None
 
 
-def refuse_empty_start(sink: TwoPhaseCommitSink, job: str, choice: str) -> None:
+def refuse_empty_start(sink: Sink, job: str, choice: str) -> None:
     """A run that would start empty (``--restore none``, or ``latest`` finding no checkpoint)
     must not write over committed output: it would recompute every epoch from the first, leaving
     the earlier run's epochs in the changelog beside the new ones (data that no checkpoint

@@ -66,7 +66,7 @@ from checkpointing.spark.preflight import (
     refuse_empty_start,
 )
 from checkpointing.spark.session import session_settings
-from checkpointing.spark.sink import TwoPhaseCommitSink
+from checkpointing.spark.sinks import open_sink
 from checkpointing.spark.stages import AggregationStage, Stage
 from checkpointing.spark.state import (
     StageRun,
@@ -74,6 +74,7 @@ from checkpointing.spark.state import (
     check_source,
     empty_state,
     list_acks,
+    list_items,
     restore_stage,
     snapshot_stage,
     through_epoch,
@@ -162,7 +163,7 @@ class PipelineRun:
             raise SpecError("aggregations: needs at least one aggregation (or a stage)")
         self.stages = chained_stages(chain, spec.key)
         check_pipeline_sink(spec, storage.base_url)
-        self.sink = TwoPhaseCommitSink(spec.resolve(spec.sink.path), job=spec.job)
+        self.sink = open_sink(spec, job=spec.job)
         self.operators = [SOURCE, *(s.operator_id for s in self.stages), SINK]
         self.plan = pipeline_plan(
             self.attempt, self.parallelism, self.max_parallelism, self.operators
@@ -384,7 +385,7 @@ class PipelineRun:
     def _snapshot(self, checkpoint_id: int, location_url: str, epoch: int) -> None:
         started = time.monotonic()
         remaining = self._remaining_splits(epoch + 1)
-        staged = [{"epoch": e} for e in self.sink.staged_epochs() if e <= epoch]
+        staged = self.sink.snapshot_state(epoch)
         acks_by_op = {
             SOURCE: list_acks(self.plan, SOURCE, remaining),
             SINK: list_acks(self.plan, SINK, staged),
@@ -423,7 +424,7 @@ class PipelineRun:
     def _commit_sink(self, completed: CompletedCheckpoint) -> None:
         """The completion notification: commit the epochs the checkpoint covers."""
         covered = through_epoch(completed.metadata, len(self.epochs))
-        self.sink.commit(covered)
+        self.sink.commit(covered, completed.checkpoint_id)
         self.covered_epoch = max(self.covered_epoch, covered)
 
     def _finish(self) -> None:
@@ -472,10 +473,16 @@ class PipelineRun:
             assignment = self._load_state(decision.metadata)
             self.result.restored_from = decision.checkpoint_id
         committed, discarded = self.sink.recover(
-            None if decision.metadata is None else self.next_epoch - 1
+            None if decision.metadata is None else self.next_epoch - 1,
+            checkpoint_id=decision.checkpoint_id,
+            state=[] if decision.metadata is None else list_items(decision.metadata, SINK),
         )
         if committed or discarded:
             log.info("sink: committed %s, discarded %s on restore", committed, discarded)
+        detail = self.sink.recovery_detail()
+        if detail is not None:  # e.g. the table brought back to what the checkpoint committed
+            log.info("sink: %s", detail)
+            assignment = {**(assignment or {}), "sink": detail}
         restore.record_restore(
             self.metastore,
             decision,

@@ -55,7 +55,9 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -127,6 +129,14 @@ class TwoPhaseCommitSink:
         """Epochs in the changelog, ascending."""
         return _epochs_in(self.changelog_dir, _COMMITTED)
 
+    def snapshot_state(self, up_to_epoch: int) -> list[dict[str, Any]]:
+        """The sink's list state: the staged epochs ``<= up_to_epoch`` (their data is in
+        ``_staging/``, found again by epoch on restore)."""
+        return [{"epoch": e} for e in self.staged_epochs() if e <= up_to_epoch]
+
+    def recovery_detail(self) -> dict[str, Any] | None:
+        return None
+
     # ------------------------------------------------------------------ phase one
 
     def stage(self, epoch: int, df: DataFrame) -> None:
@@ -159,7 +169,7 @@ class TwoPhaseCommitSink:
 
     # ------------------------------------------------------------------ phase two
 
-    def commit(self, up_to_epoch: int) -> list[int]:
+    def commit(self, up_to_epoch: int, checkpoint_id: int | None = None) -> list[int]:
         """Commit every staged epoch <= ``up_to_epoch`` (rename into ``changelog/``), ascending.
 
         Idempotent: an epoch already committed is skipped and its staged copy removed, so a commit
@@ -186,13 +196,20 @@ class TwoPhaseCommitSink:
             committed.append(epoch)
         return committed
 
-    def recover(self, checkpoint_epoch: int | None) -> tuple[list[int], list[int]]:
+    def recover(
+        self,
+        checkpoint_epoch: int | None,
+        *,
+        checkpoint_id: int | None = None,
+        state: Sequence[dict[str, Any]] = (),
+    ) -> tuple[list[int], list[int]]:
         """Bring the sink in line with a restore from a checkpoint covering epochs <= E.
 
         Commits staged epochs <= E (their checkpoint completed but the commit never ran), discards
         staged epochs > E (they will be recomputed) and removes temp leftovers of interrupted
         writes and publishes. ``None`` (no checkpoint) discards every staged epoch. Committed
-        epochs are never touched. Returns ``(committed now, discarded)``.
+        epochs are never touched. Returns ``(committed now, discarded)``. The staged data is
+        found by epoch, so ``checkpoint_id`` and the list ``state`` are not needed here.
         """
         limit = None if checkpoint_epoch is None else validate_epoch(checkpoint_epoch)
         self._claim()

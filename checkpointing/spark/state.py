@@ -144,6 +144,17 @@ def list_acks(
 # ---------------------------------------------------------------------- restore
 
 
+def list_items(metadata: CheckpointMetadata, operator_id: str) -> list[dict[str, Any]]:
+    """Every list-state item of ``operator_id`` in ``metadata``, over all its subtasks."""
+    return [
+        dict(item)
+        for op in metadata.operators
+        if op.operator_id == operator_id
+        for s in op.subtasks
+        for item in (s.list_state or [])
+    ]
+
+
 def through_epoch(metadata: CheckpointMetadata, num_epochs: int) -> int:
     """The last epoch a checkpoint covers: one before the first split still to read."""
     for op in metadata.operators:
