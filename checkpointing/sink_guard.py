@@ -57,8 +57,8 @@ def local_sink_path(path: str | Path) -> Path:
                 raise ConfigError(f"sink path {path!r}: a file:// URL needs an absolute path")
         elif "://" in text:
             raise ConfigError(
-                f"sink path {path!r}: only a local directory (path or file:/// URL) is "
-                "supported; S3 and other object stores are out of scope"
+                f"sink path {path!r}: the parquet sink writes a local directory (path or "
+                "file:/// URL) only; for S3 use format: delta"
             )
     else:
         raise ConfigError(f"sink path must be a str or Path, got {type(path).__name__}")
@@ -120,22 +120,70 @@ def check_sink_location(
     return path
 
 
-def check_pipeline_sink(spec: Any, storage: str | None = None) -> Path:
+def check_pipeline_sink(spec: Any, storage: str | None = None) -> Path | str:
     """:func:`check_sink_location` for a :class:`~checkpointing.spec.PipelineSpec` (its source
     glob, its ``storage`` or the given storage URL, the folder of its file, else the working
-    directory for a Python API job)."""
+    directory for a Python API job); for a Delta table on an object store,
+    :func:`check_object_sink` (its URL is returned)."""
     storage_url = storage or (spec.storage and spec.resolve(spec.storage))
+    sink = spec.resolve(spec.sink.path)
+    if "://" in sink and not sink.startswith("file://"):
+        if spec.sink.format != "delta":
+            raise ConfigError(
+                f"{FIELD}: {sink} is not a local directory: the parquet sink writes local "
+                "files only; to write to an object store use format: delta"
+            )
+        return check_object_sink(sink, inputs=[spec.resolve(spec.source.path)], storage=storage_url)
     if spec.spec_path is not None:
         spec_dir, name = Path(spec.spec_path).parent, "the spec's own folder"
     else:
         spec_dir, name = Path.cwd(), "the working directory"
     return check_sink_location(
-        spec.resolve(spec.sink.path),
+        sink,
         inputs=[spec.resolve(spec.source.path)],
         storage=storage_url,
         spec_dir=spec_dir,
         spec_dir_name=name,
     )
+
+
+def check_object_sink(sink: str, *, inputs: Iterable[str] = (), storage: str | None = None) -> str:
+    """:func:`check_sink_location` for a table on an object store (``s3://bucket/prefix``):
+    refused when it is, contains or lies inside the checkpoint storage or an input prefix (the
+    part of a source glob before its first wildcard), or is a whole bucket. Returns the URL
+    without a trailing ``/``."""
+    from checkpointing.object_store import ObjectStoreError, split_url
+
+    url = sink.rstrip("/")
+    try:
+        split_url(url)
+    except ObjectStoreError:
+        raise ConfigError(f"{FIELD}: {sink!r}: expected s3://bucket/prefix/table") from None
+
+    def refuse(conflict: str) -> ConfigError:
+        return ConfigError(f"{FIELD}: {url} {conflict}; use a dedicated table prefix")
+
+    folders = [(storage.rstrip("/"), "the checkpoint storage")] if storage else []
+    folders += [(_object_prefix(p), "the input prefix of source.path") for p in inputs]
+    for folder, what in folders:
+        if "://" not in folder or folder.split("://")[0] != url.split("://")[0]:
+            continue
+        if url == folder:
+            raise refuse(f"is {what}")
+        if url.startswith(folder + "/"):
+            raise refuse(f"lies inside {what} ({folder})")
+        if folder.startswith(url + "/"):
+            raise refuse(f"contains {what} ({folder})")
+    return url
+
+
+def _object_prefix(pattern: str) -> str:
+    """The folder-like prefix an object glob reads from (before its first wildcard segment)."""
+    parts = pattern.rstrip("/").split("/")
+    fixed = list(_until_magic(tuple(parts)))
+    if len(fixed) == len(parts):  # a single object: its "folder"
+        fixed = fixed[:-1]
+    return "/".join(fixed)
 
 
 def input_folder(pattern: str) -> Path | None:

@@ -114,10 +114,41 @@ class SourceSpec(BaseModel):
 
 
 class SinkSpec(BaseModel):
+    """``format: parquet`` (default): a local directory of staged/committed epochs and a final
+    table; ``format: delta``: a Delta Lake table, local or ``s3://``, written ``mode: upsert``
+    (one row per key, the default) or ``mode: changelog`` (each epoch's rows, with ``epoch``)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str
-    format: Literal["parquet"] = "parquet"
+    format: Literal["parquet", "delta"] = "parquet"
+    #: delta only; None: ``upsert``
+    mode: Literal["upsert", "changelog"] | None = None
+
+    @field_validator("mode")
+    @classmethod
+    def _mode_for_delta(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and info.data.get("format") == "parquet":
+            raise ValueError(
+                "only a format: delta sink has a mode (the parquet sink writes a changelog "
+                "and a final table)"
+            )
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _object_store_path(cls, v: str) -> str:
+        if is_object_url(v):
+            try:
+                split_url(v)
+            except ObjectStoreError:
+                raise ValueError("expected s3://bucket/prefix/table") from None
+        return v
+
+    @property
+    def table_mode(self) -> str:
+        """The Delta table's mode (``upsert`` unless ``changelog`` was asked for)."""
+        return self.mode or "upsert"
 
 
 class CheckpointSpec(BaseModel):

@@ -150,11 +150,19 @@ def subsume(session: Session, job_id: str, retained: int, now: datetime) -> list
 
 def shutdown(session: Session, job_id: str, job_status: JobStatus, now: datetime) -> list[Disposal]:
     """On a globally terminal job status, discard the checkpoints whose properties say so (the
-    retention policy); a suspended job keeps everything, as Flink's store does."""
+    retention policy); a suspended job keeps everything, as Flink's store does.
+
+    A FINISHED job keeps its newest checkpoint whatever the policy: it is the job's live state,
+    recording the input consumed, from which its next run (new input) resumes; the next run's
+    checkpoints subsume it as usual."""
     if not job_status.is_globally_terminal:
         return []
     disposals = []
-    for c in completed(session, job_id, savepoints=False):
+    checkpoints = completed(session, job_id, savepoints=False)
+    if job_status is JobStatus.FINISHED and checkpoints:
+        live = max(checkpoints, key=lambda c: c.checkpoint_id)
+        checkpoints = [c for c in checkpoints if c is not live]
+    for c in checkpoints:
         discard = {
             JobStatus.FINISHED: c.discard_on_finished,
             JobStatus.CANCELED: c.discard_on_cancelled,

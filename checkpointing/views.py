@@ -13,6 +13,7 @@ from sqlalchemy import ColumnElement, func, select
 from checkpointing import jobs
 from checkpointing.errors import UnknownCheckpointError
 from checkpointing.ids import validate_checkpoint_id, validate_id
+from checkpointing.input_views import FILE_LIMIT, input_section
 from checkpointing.metastore import Metastore
 from checkpointing.models import (
     Checkpoint,
@@ -133,7 +134,8 @@ def count_checkpoints(
 
 
 def checkpoint_detail(metastore: Metastore, job_id: str, checkpoint_id: int) -> dict[str, Any]:
-    """One checkpoint with its properties and, per operator subtask, its ack."""
+    """One checkpoint with its properties, per operator subtask its ack, and the ``input`` its
+    runs consumed (:func:`consumed_input`; None when the source did not acknowledge it)."""
     checkpoint_id = validate_checkpoint_id(checkpoint_id)
     with metastore.transaction() as s:
         _require_job(s, job_id)
@@ -187,8 +189,23 @@ def checkpoint_detail(metastore: Metastore, job_id: str, checkpoint_id: int) -> 
             if request is None
             else {"request_id": request.request_id, "requested_by": request.requested_by},
             tasks=tasks,
+            input=input_section(s, job_id, checkpoint_id),
         )
         return detail
+
+
+def consumed_input(
+    metastore: Metastore, job_id: str, checkpoint_id: int, *, file_limit: int = FILE_LIMIT
+) -> dict[str, Any] | None:
+    """The input a checkpoint's runs consumed, from its source's acknowledgements (see
+    :mod:`checkpointing.input_views`): per run (attempt) the epochs, files and bytes it read, the
+    totals, and the files (at most ``file_limit``). None when the source did not acknowledge it."""
+    checkpoint_id = validate_checkpoint_id(checkpoint_id)
+    with metastore.transaction() as s:
+        _require_job(s, job_id)
+        if s.get(Checkpoint, (job_id, checkpoint_id)) is None:
+            raise UnknownCheckpointError(f"job {job_id} has no checkpoint {checkpoint_id}")
+        return input_section(s, job_id, checkpoint_id, file_limit)
 
 
 def list_restores(metastore: Metastore, job_id: str) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from checkpointing.restore import find_latest_valid, preview_restore, record_res
 from checkpointing.status import JobStatus
 from checkpointing.storage import FileSystemCheckpointStorage
 from demo.airflow_env import airflow_command, airflow_env, migrate
-from tests.helpers import ack_all, complete, free_port, new_coordinator
+from tests.helpers import ack_all, complete, free_port, new_coordinator, snapshot
 
 SIMPLE_AUTH_MANAGER = (
     "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
@@ -52,6 +52,23 @@ from airflow.sdk import DAG
 with DAG({LIVE!r}, schedule=None):
     EmptyOperator(task_id="run")
 """
+
+
+#: the source's list state in the FINISHED job's savepoint 7, per subtask: two runs read three
+#: files (one of them in two row-group splits), a fourth is still to read
+SOURCE_STATE = (
+    [
+        {"path": "/data/in/a.csv", "epoch": 0, "size": 100, "mtime": 1_700_000_000_000_000_000,
+         "processed": True, "attempt": "try-1"},
+        {"path": "s3://in/big.parquet", "epoch": 1, "row_groups": [0, 2], "size": 5000,
+         "etag": "e-big", "processed": True, "attempt": "try-1"},
+    ],
+    [
+        {"path": "s3://in/big.parquet", "epoch": 2, "row_groups": [2, 4], "size": 5000,
+         "etag": "e-big", "processed": True, "attempt": "try-2"},
+        {"path": "s3://in/new.parquet", "epoch": 3, "size": 70, "etag": "e-new"},
+    ],
+)  # fmt: skip
 
 
 @dataclass
@@ -146,9 +163,15 @@ def _seed(metastore: Metastore, storage: FileSystemCheckpointStorage) -> Checkpo
         clock.advance(took)
         assert ack_all(done, pending).completed is not None
     clock.advance(60)
-    pending = done.trigger_savepoint()  # checkpoint 7
+    pending = done.trigger_savepoint()  # checkpoint 7, with the input its two runs read
     clock.advance(35)
-    assert ack_all(done, pending).completed is not None
+    acks = [snapshot(storage, pending, t) for t in pending.tasks]
+    lists = iter(SOURCE_STATE)
+    acks = [
+        replace(a, state_meta={"list_state": next(lists)}) if t.operator_id == "source" else a
+        for t, a in zip(pending.tasks, acks, strict=True)
+    ]
+    assert done.receive_acknowledge(pending.checkpoint_id, acks).completed is not None
     clock.advance(60)
     done.trigger_checkpoint()  # 8: still pending when the job ends, so aborted
     decision = find_latest_valid(metastore, storage, FINISHED)

@@ -28,11 +28,16 @@ def make_spec(
     name: str,
     source: str,
     *,
-    sink: Path | None = None,
+    sink: Path | str | None = None,
     **overrides: Any,
 ) -> PipelineSpec:
-    """A spec for job ``name`` over ``source`` (the YAML of the source mapping)."""
+    """A spec for job ``name`` over ``source`` (the YAML of the source mapping); ``sink``: its
+    path, or the YAML of the sink mapping when a str starting with ``{``."""
     spec = tmp_path / f"{name}.yaml"
+    if isinstance(sink, str) and sink.startswith("{"):
+        sink_yaml = sink
+    else:
+        sink_yaml = f"{{path: {sink or tmp_path / (name + '-out')}}}"
     aggs = "\n".join(f"  {k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
     spec.write_text(
         f"""
@@ -41,7 +46,7 @@ source: {source}
 key: user
 aggregations:
 {aggs}
-sink: {{path: {sink or tmp_path / (name + "-out")}}}
+sink: {sink_yaml}
 parallelism: 3
 max_parallelism: 16
 checkpoint: {{every_epochs: 1, retained: 2}}

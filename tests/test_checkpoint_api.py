@@ -263,8 +263,23 @@ def test_a_checkpoint_in_detail_per_operator_and_subtask(server: Server) -> None
         assert task["state_size"] > 0 and task["acked_at"] is not None
         assert "sync_ms" in task and "async_ms" in task
     assert sum(t["state_size"] for t in detail["tasks"]) == detail["state_size"]
+    # the input its runs consumed, from the source's acks (the seed's SOURCE_STATE)
+    consumed = detail["input"]
+    assert [
+        (r["attempt"], r["first_epoch"], r["last_epoch"], r["files"], r["bytes"])
+        for r in consumed["runs"]
+    ] == [("try-1", 0, 1, 2, 5100), ("try-2", 2, 2, 1, 5000)]
+    assert (consumed["files_processed"], consumed["splits_remaining"]) == (2, 1)
+    assert consumed["next_epoch"] == 3 and consumed["files_omitted"] == 0
+    local, big, new = consumed["files"]
+    assert local["mtime"] == "2023-11-14T22:13:20Z" and local["etag"] is None
+    assert (big["epochs"], big["attempts"], big["etag"]) == ([1, 2], ["try-1", "try-2"], "e-big")
+    assert (new["path"], new["remaining_splits"]) == ("s3://in/new.parquet", 1)
     aborted = server.call("GET", f"/api/pipelines/{FINISHED}/checkpoints/8", user="viewer").body
     assert aborted["status"] == "ABORTED" and not any(t["acked"] for t in aborted["tasks"])
+    assert aborted["input"] is None  # its source never acknowledged it
+    previous = server.call("GET", f"/api/pipelines/{FINISHED}/checkpoints/6", user="viewer").body
+    assert previous["input"]["runs"] == [] and previous["input"]["files"] == []  # no list state
 
 
 def test_unknown_ids_are_404_and_malformed_ones_422(server: Server) -> None:

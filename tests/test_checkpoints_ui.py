@@ -186,6 +186,17 @@ def test_a_finished_pipelines_history_summary_details_and_restores(
     expect(tasks.nth(0)).to_contain_text("sink")
     expect(tasks.nth(2)).to_contain_text("source")
     expect(tasks.nth(2)).to_contain_text("1/2")
+    # the input its two runs consumed: one row per run, the files collapsed
+    expect(page.locator("#detail-input-runs tbody tr")).to_have_text(
+        [
+            re.compile(r"try-1\s*0\u20131\s*2\s*2\s*5\.0 KiB"),  # epochs 0 to 1 (an en dash)
+            re.compile(r"try-2\s*2\s*1\s*1\s*4\.9 KiB"),
+        ]
+    )
+    expect(page.locator("#detail-input-totals")).to_contain_text(
+        "2 files read (5.0 KiB), 1 split still to read; the next run starts at epoch 3."
+    )
+    expect(page.locator("#detail-input-files")).not_to_be_visible()
     # what can be done is the primary action: restore (the pipeline is not running)
     expect(page.locator("#restore-from-here")).to_have_class(re.compile(r"\bprimary\b"))
     handle = tasks.nth(0).locator("td.path")

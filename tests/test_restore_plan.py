@@ -116,6 +116,13 @@ def remaining_splits(c: Crashed, after_epoch: int) -> list[tuple[str, int]]:
     return [(str(files[e]), e) for e in range(after_epoch + 1, EPOCHS)]
 
 
+def source_splits(subtasks: list[dict[str, Any]], *, processed: bool) -> list[tuple[str, int]]:
+    """The source's list state over the subtasks: the splits processed, or those still to read."""
+    items = [i for s in subtasks for i in s["list_state"]["source"]]
+    chosen = [(i["path"], i["epoch"]) for i in items if bool(i.get("processed")) == processed]
+    return sorted(chosen, key=lambda x: x[1])
+
+
 @pytest.mark.parametrize("parallelism", [2, 5])
 def test_plan_covers_every_key_group_once_with_the_snapshot_bytes_and_remaining_splits(
     crashed: Crashed, parallelism: int
@@ -151,9 +158,11 @@ def test_plan_covers_every_key_group_once_with_the_snapshot_bytes_and_remaining_
     assert sorted(read) == list(range(MAX_P))
     assert data["bytes"] == sum(b for _, b in on_disk.values())
 
-    # the source's remaining splits, each exactly once, dealt round-robin
-    splits = [(i["path"], i["epoch"]) for s in subtasks for i in s["list_state"]["source"]]
-    assert sorted(splits, key=lambda x: x[1]) == remaining_splits(crashed, CRASH_AFTER - 1)
+    # the source's splits, each exactly once, dealt round-robin: those still to read, and those
+    # processed (the input consumed: the epochs before)
+    assert source_splits(subtasks, processed=False) == remaining_splits(crashed, CRASH_AFTER - 1)
+    files = sorted(str(f) for f in crashed.events.glob("*.parquet"))
+    assert source_splits(subtasks, processed=True) == [(files[e], e) for e in range(CRASH_AFTER)]
     counts = [len(s["list_state"]["source"]) for s in subtasks]
     assert max(counts) - min(counts) <= 1
     staged = [i["epoch"] for s in subtasks for i in s["list_state"]["sink"]]
@@ -174,8 +183,8 @@ def test_core_preview_matches_the_cli(crashed: Crashed) -> None:
 def test_plan_from_an_older_checkpoint(crashed: Crashed) -> None:
     data = plan(crashed, "--parallelism", "2", "--from", str(crashed.previous))
     assert data["checkpoint_id"] == crashed.previous
-    splits = [(i["path"], i["epoch"]) for s in data["subtasks"] for i in s["list_state"]["source"]]
-    assert sorted(splits, key=lambda x: x[1]) == remaining_splits(crashed, CRASH_AFTER - 2)
+    splits = source_splits(data["subtasks"], processed=False)
+    assert splits == remaining_splits(crashed, CRASH_AFTER - 2)
     on_disk = group_bytes_on_disk(crashed, crashed.previous)
     assert data["bytes"] == sum(b for _, b in on_disk.values())
 

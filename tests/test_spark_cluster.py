@@ -1,8 +1,9 @@
 """The Spark runtime on a real standalone cluster: a master and two 1-core workers started from
-the installed pyspark on loopback, checkpoints in S3 (moto's server), the sink on the local
-filesystem every process shares. Executors, not the driver, must write the snapshots (and read
-them on restore); the output of a crash-free run, and of a crash plus a rescaled restore, must
-equal that of a crash-free local run.
+the installed pyspark on loopback, checkpoints in S3 (moto's server). Executors, not the driver,
+must write the snapshots (and read them on restore); the output of a crash-free run (a Parquet
+sink on the local filesystem every process shares), and of a crash plus a rescaled restore with
+everything on S3 — input, checkpoints and a Delta table, no path shared by the driver and the
+executors — must equal that of a crash-free local run.
 
 Each attempt is a driver process of its own (:func:`tests.spark_cluster.run_driver`), as an
 Airflow retry would be; the test process only compares results (with the local ``spark``).
@@ -24,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import pandas as pd
 import pytest
 
 from checkpointing import views
 from checkpointing.metadata import CheckpointMetadata
 from checkpointing.metastore import Metastore
+from tests.delta_helpers import read_table, txn_counts
 from tests.spark_cluster import (
     CRASH_EXIT,
     DriverRun,
@@ -43,6 +46,7 @@ from tests.spark_pipeline import (
     assert_equals_reference,
     completed_ids,
     events_spec,
+    make_spec,
     reference_run,
     write_events,
 )
@@ -219,16 +223,18 @@ def test_cluster_run_snapshots_from_executors_to_s3_equals_reference(
         n["pid"] == run.report["pid"] and n["task"] is None for n in metadata_writes
     ), "the coordinator (driver) writes _metadata"
 
-    # the metastore saw them complete; the finished job discarded them (retention), on S3 too
+    # the metastore saw them complete; the finished job kept its newest (the live state its next
+    # run resumes from) and discarded the others (retention), on S3 too
     rows = views.list_checkpoints(Metastore(metastore_url), "cluster")
     assert {r["checkpoint_id"] for r in rows if r["completed_at"]} == set(checkpoints)
     left = boto3.client("s3").list_objects_v2(Bucket=s3_bucket, Prefix="checkpoints/cluster/")
-    assert left.get("KeyCount") == 0, left.get("Contents")
+    kept = {o["Key"].split("/")[2] for o in left.get("Contents", [])}
+    assert kept == {f"chk-{checkpoints[-1]}"}, left.get("Contents")
 
     assert_equals_reference(spark, spec, reference)
 
 
-def test_crash_and_rescaled_restore_on_the_cluster_equals_reference(
+def test_crash_and_rescaled_restore_on_the_cluster_all_on_s3_equals_reference(
     spark: Any,
     spark_cluster: StandaloneCluster,
     events: Path,
@@ -237,7 +243,15 @@ def test_crash_and_rescaled_restore_on_the_cluster_equals_reference(
     metastore_url: str,
     tmp_path: Path,
 ) -> None:
-    spec = events_spec(tmp_path, events, "cluster-crash")
+    """Input, checkpoints and a Delta table on S3: no path is shared by the driver and the
+    executors (they share only the endpoint). A crash, then a restore at another parallelism:
+    the table equals the reference's final table, each checkpoint committed to it once."""
+    s3 = boto3.client("s3")
+    for f in sorted(events.glob("*.parquet")):
+        s3.put_object(Bucket=s3_bucket, Key=f"in/{f.name}", Body=f.read_bytes())
+    table = f"s3://{s3_bucket}/tables/cluster-crash"
+    source = f'{{format: parquet, path: "s3://{s3_bucket}/in/*.parquet", splits_per_epoch: 1}}'
+    spec = make_spec(tmp_path, "cluster-crash", source, sink=f"{{format: delta, path: {table}}}")
     (tmp_path / "records").mkdir()
     kw = {"metastore_url": metastore_url, "storage_url": f"s3://{s3_bucket}/checkpoints"}
     crashed = _attempt(spark_cluster, tmp_path, "crash", spec, crash_after_epochs=2, **kw)
@@ -249,7 +263,6 @@ def test_crash_and_rescaled_restore_on_the_cluster_equals_reference(
     metastore = Metastore(metastore_url)
     completed = completed_ids(metastore, "cluster-crash")
     assert completed == crashed.report["result"]["checkpoints"] and len(completed) == 2
-    s3 = boto3.client("s3")
     listed = s3.list_objects_v2(Bucket=s3_bucket, Prefix="checkpoints/cluster-crash/")
     sizes = {f"s3://{s3_bucket}/{o['Key']}": o["Size"] for o in listed.get("Contents", [])}
     base = f"s3://{s3_bucket}/checkpoints/cluster-crash"
@@ -264,6 +277,7 @@ def test_crash_and_rescaled_restore_on_the_cluster_equals_reference(
         f"{base}/chk-{latest}/aggregate-{i}.arrow" for i in range(3)
     }
     assert all(sizes[h.handle] == h.size for h in handles if h.handle)
+    assert set(txn_counts(table, "cluster-crash")) == set(completed)  # committed, once each
 
     # restore on the cluster with parallelism 3 -> 2: executors read the old snapshots
     restored = _attempt(spark_cluster, tmp_path, "restore", spec, parallelism=2, **kw)
@@ -284,4 +298,12 @@ def test_crash_and_rescaled_restore_on_the_cluster_equals_reference(
     assert {n["url"] for n in loads} == {h.handle for h in handles}
     _assert_from_executors(loads, spark_cluster, driver)
 
-    assert_equals_reference(spark, spec, reference)
+    # the Delta table (read with deltalake, not Spark) is the reference's final table, and the
+    # log has every checkpoint of both attempts committed exactly once
+    final = read_table(table, ["user"])
+    pd.testing.assert_frame_equal(
+        final[reference[0].columns.tolist()], reference[0], check_dtype=False
+    )
+    counts = txn_counts(table, "cluster-crash")
+    assert set(counts.values()) == {1}
+    assert set(result["checkpoints"]) <= set(counts) and set(completed) <= set(counts)

@@ -245,36 +245,71 @@ def test_restore_none_is_refused_on_committed_output_and_an_older_checkpoint_id_
 
 
 @sqlite_only
-def test_a_finished_job_rerun_from_latest_is_refused_over_its_committed_output(
+def test_incremental_runs_process_only_new_files_and_equal_one_run(
     spark: Any, events: Path, tmp_path: Path, metastore_url: str, reference: Any
 ) -> None:
-    """A finished job's checkpoints are discarded, so ``--restore latest`` finds none: starting
-    empty would recompute every epoch over the committed changelog (the first run's epochs left
-    beside the new ones). Refused by the preflight (nothing written) and by the runtime."""
+    """A finished job keeps its final checkpoint (the input it consumed): a rerun with
+    ``--restore latest`` restores it and processes only the files that landed since, so runs
+    over growing input equal one run over all of it (final table and changelog); a rerun with
+    nothing new does nothing; a consumed file that changed is refused by name before anything is
+    written; with the checkpoint gone, starting empty over the committed output is refused."""
+    import shutil
+
     from checkpointing.spark.preflight import RunOptions, check_run
 
-    spec = events_spec(tmp_path, events, "rerun")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    files = sorted(events.glob("*.parquet"))
+    for f in files[:2]:
+        shutil.copy(f, inbox / f.name)
+    spec = events_spec(tmp_path, inbox, "daily")
     metastore = Metastore(metastore_url)
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
-    run(spark, spec, metastore, storage)
+    first = run(spark, spec, metastore, storage)
+    assert first.epochs_run == [0, 1]
+    live = completed_ids(metastore, "daily")
+    assert live == [first.checkpoints[-1]]  # kept on FINISHED: the job's live state
+
+    idle = run(spark, spec, metastore, storage)  # nothing new: restores, runs nothing
+    assert (idle.restored_from, idle.epochs_run) == (live[0], [])
+    assert completed_ids(metastore, "daily") == live
+
+    for f in files[2:4]:
+        shutil.copy(f, inbox / f.name)
+    second = run(spark, spec, metastore, storage)
+    assert (second.restored_from, second.epochs_run) == (live[0], [2, 3])
+    for f in files[4:]:
+        shutil.copy(f, inbox / f.name)
+    third = run(spark, spec, metastore, storage, parallelism=3)  # rescaled, too
+    assert third.epochs_run == list(range(4, EPOCHS))
+    assert_equals_reference(spark, spec, reference)  # = one run over every file
+
+    # a consumed file replaced: refused by name, before anything is written
     sink = sink_of(spec)
     committed = sink.committed_epochs()
-    assert committed and completed_ids(metastore, "rerun") == []  # discarded on FINISHED
-    restores = views.list_restores(metastore, "rerun")
-    changelog = sorted(p.name for p in sink.changelog_dir.rglob("*") if p.is_file())
+    restores = views.list_restores(metastore, "daily")
+    victim = inbox / files[1].name
+    victim.write_bytes(victim.read_bytes())  # same bytes, a new mtime: another version
+    refused = rf"source: {victim} was read by checkpoint \d+ and has changed since"
+    with pytest.raises(SpecError, match=refused):
+        check_run(spec, RunOptions(restore="latest"), storage, metastore)
+    with pytest.raises(SpecError, match=refused):
+        run(spark, spec, metastore, storage)
+    assert views.list_restores(metastore, "daily") == restores
+    shutil.copy(files[1], victim)
 
+    # the checkpoint gone: starting empty over the committed changelog is refused
+    shutil.rmtree(tmp_path / "ckpt")
     refused = (
-        rf"sink\.path: .*rerun-out holds committed epochs 0 to {committed[-1]} .*"
-        "job rerun has no checkpoint to resume from"
+        rf"sink\.path: .*daily-out holds committed epochs 0 to {committed[-1]} .*"
+        "job daily has no checkpoint to resume from"
     )
     with pytest.raises(SpecError, match=refused):
         check_run(spec, RunOptions(restore="latest"), storage, metastore)
     with pytest.raises(SpecError, match=refused):
         run(spark, spec, metastore, storage)
     assert sink.committed_epochs() == committed
-    assert sorted(p.name for p in sink.changelog_dir.rglob("*") if p.is_file()) == changelog
-    assert views.list_restores(metastore, "rerun") == restores  # no restore recorded
-    assert_equals_reference(spark, spec, reference)  # the first run's output, intact
+    assert_equals_reference(spark, spec, reference)  # the output, intact
 
 
 # ---------------------------------------------------------------- 4. savepoint from outside

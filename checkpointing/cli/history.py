@@ -69,9 +69,13 @@ def list_checkpoints(
 def show(
     job: JobArg,
     checkpoint_id: Annotated[str, typer.Argument(help="Checkpoint id.")],
+    files: Annotated[
+        bool, typer.Option("--files", help="Also list the input files its runs read.")
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
-    """Show one checkpoint: properties, location and every task's ack."""
+    """Show one checkpoint: properties, location, every task's ack and the input its runs
+    consumed (per run: epochs, files, bytes; the splits still to read)."""
     from rich.text import Text
 
     from checkpointing.ids import validate_checkpoint_id
@@ -81,7 +85,13 @@ def show(
     if as_json:
         print_json(detail)
         return
-    from checkpointing.cli.render import checkpoints_table, tasks_table
+    from checkpointing.cli.render import (
+        checkpoints_table,
+        input_files_table,
+        input_table,
+        input_totals,
+        tasks_table,
+    )
 
     out.print(checkpoints_table([detail], f"{job} checkpoint {detail['checkpoint_id']}"))
     out.print(f"location: {detail['storage_location']}")
@@ -89,6 +99,14 @@ def show(
     if detail["notify_error"]:
         out.print(Text("notification error:", style="red"), detail["notify_error"])
     out.print(tasks_table(detail["tasks"]))
+    section = detail["input"]
+    if section is None:
+        out.print("input: not recorded (no acknowledgement of a source)")
+        return
+    out.print(input_table(section))
+    out.print(input_totals(section))
+    if files:
+        out.print(input_files_table(section))
 
 
 @handles_errors

@@ -208,3 +208,71 @@ def requests_table(rows: list[Row], title: str) -> Table:
             short(r["message"] or ""),
         )
     return table
+
+
+def _epochs(first: int | None, last: int | None) -> str:
+    if first is None:
+        return "-"
+    return str(first) if first == last else f"{first}-{last}"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def input_table(section: Row) -> Table:
+    """The runs that read a checkpoint's input (:func:`checkpointing.views.consumed_input`), in
+    epoch order."""
+    table = Table(title="Input", title_justify="left")
+    for col, kw in (
+        ("Run (attempt)", {"overflow": "fold"}),
+        ("Epochs", {"justify": "right"}),
+        ("Files", {"justify": "right"}),
+        ("Splits", {"justify": "right"}),
+        ("Bytes", {"justify": "right"}),
+    ):
+        table.add_column(col, **kw)  # type: ignore[arg-type]
+    for r in section["runs"]:
+        table.add_row(
+            r["attempt"] or Text("unknown", style="dim"),
+            _epochs(r["first_epoch"], r["last_epoch"]),
+            str(r["files"]),
+            str(r["splits"]),
+            human_bytes(r["bytes"]),
+        )
+    if not section["runs"]:
+        table.add_row(Text("nothing read yet", style="dim"), "-", "0", "0", "-")
+    return table
+
+
+def input_totals(section: Row) -> str:
+    """One line: the files read, the splits still to read and where the next run starts."""
+    line = (
+        f"input: {_count(section['files_processed'], 'file')} read "
+        f"({human_bytes(section['bytes_processed'])}), "
+        f"{_count(section['splits_remaining'], 'split')} still to read"
+    )
+    if section["next_epoch"] is not None:
+        line += f"; the next run starts at epoch {section['next_epoch']}"
+    return line
+
+
+def input_files_table(section: Row) -> Table:
+    """The files of a checkpoint's input, by first epoch (``ckpt show --files``)."""
+    table = Table(title="Input files", title_justify="left", caption_justify="left")
+    for col in ("Path", "Epochs", "Size", "ETag / modified (UTC)", "Read by", "To read"):
+        table.add_column(col, overflow="fold")
+    for f in section["files"]:
+        epochs = f["epochs"]
+        contiguous = epochs and epochs[-1] - epochs[0] == len(epochs) - 1
+        table.add_row(
+            f["path"],
+            _epochs(epochs[0], epochs[-1]) if contiguous else ", ".join(map(str, epochs)) or "-",
+            human_bytes(f["size"]),
+            f["etag"] or when(f["mtime"], 19) or "-",
+            ", ".join(f["attempts"]) or "-",
+            f"{f['remaining_splits']}/{f['splits']}" if f["remaining_splits"] else "",
+        )
+    if section["files_omitted"]:
+        table.caption = f"and {section['files_omitted']} more files, not listed"
+    return table

@@ -14,11 +14,14 @@ from checkpointing.errors import (
     UnknownCheckpointError,
     UnknownJobError,
 )
+from checkpointing.metadata import CheckpointMetadata
 from checkpointing.metastore import Metastore
 from checkpointing.object_store import ObjectInfo, ObjectStoreError, is_object_url, list_objects
+from checkpointing.operator_ids import SOURCE
 from checkpointing.sink_guard import check_pipeline_sink
 from checkpointing.spark.sinks import Sink, open_sink
 from checkpointing.spec import PipelineSpec, SpecError
+from checkpointing.splits import is_processed, resume_epochs
 from checkpointing.storage import CheckpointStorage
 
 
@@ -81,22 +84,26 @@ def check_run(
     parallelism = options.parallelism or spec.parallelism
     if parallelism > spec.max_parallelism:
         raise SpecError(f"parallelism {parallelism} exceeds max_parallelism {spec.max_parallelism}")
-    input_files(spec)
+    files = input_files(spec)
     check_pipeline_sink(spec, storage.base_url)  # not the input, the storage, ~, / ...
     sink = open_sink(spec, job=spec.job)  # nor foreign files
     choice = options.restore
+    decision: restore.RestoreDecision | None = None
     try:
         if choice == "none":
             refuse_empty_start(sink, spec.job, choice)
         elif choice == "latest":
-            if metastore is None or not _has_restorable_checkpoint(metastore, storage, spec.job):
+            decision = None if metastore is None else _latest(metastore, storage, spec.job)
+            if decision is None:
                 refuse_empty_start(sink, spec.job, choice)
         elif choice.isdigit():
             if metastore is None:
                 raise UnknownCheckpointError(f"job {spec.job} has no checkpoint {choice}")
-            restore.load_checkpoint(metastore, storage, spec.job, int(choice), deep=False)
+            decision = restore.load_checkpoint(
+                metastore, storage, spec.job, int(choice), deep=False
+            )
         else:
-            restore.load_external(
+            decision = restore.load_external(
                 storage,
                 choice,
                 deep=False,
@@ -107,6 +114,27 @@ def check_run(
         if isinstance(exc, SpecError):
             raise
         raise RestoreSourceError(f"restore {choice!r}: {exc}") from None
+    if decision is not None and decision.metadata is not None:
+        check_input(spec, files, decision.metadata)
+
+
+def check_input(
+    spec: PipelineSpec, files: list[str] | list[ObjectInfo], metadata: CheckpointMetadata
+) -> None:
+    """The input the checkpoint read or still has to read is unchanged (a gone or replaced file
+    is a :class:`~checkpointing.splits.SplitError` naming it); new files are fine: they are the
+    next epochs. A checkpoint without processed splits is checked by the runtime, as before."""
+    items = metadata.list_items(SOURCE)
+    if any(is_processed(i) for i in items):
+        source = spec.source
+        resume_epochs(
+            items,
+            files,
+            source.format.value,
+            source.max_split_bytes,
+            source.splits_per_epoch,
+            metadata.checkpoint_id,
+        )
 
 
 def refuse_empty_start(sink: Sink, job: str, choice: str) -> None:
@@ -125,15 +153,17 @@ def refuse_empty_start(sink: Sink, job: str, choice: str) -> None:
         )
     raise SpecError(
         f"sink.path: {sink.path} holds {held}, and job {job} has no checkpoint to resume from "
-        "(a finished job's checkpoints are discarded): restore a savepoint (--restore PATH) or "
-        "use a new sink path; starting empty would recompute the output over it"
+        "(none completed, or its checkpoints were discarded): restore a savepoint "
+        "(--restore PATH) or use a new sink path; starting empty would recompute the output "
+        "over it"
     )
 
 
-def _has_restorable_checkpoint(metastore: Metastore, storage: CheckpointStorage, job: str) -> bool:
-    """Whether ``--restore latest`` finds a checkpoint or savepoint (sizes checked, read only)."""
+def _latest(
+    metastore: Metastore, storage: CheckpointStorage, job: str
+) -> restore.RestoreDecision | None:
+    """What ``--restore latest`` finds (sizes checked, read only); None: nothing to restore."""
     try:
-        restore.find_latest_valid(metastore, storage, job, deep=False, strict=True)
+        return restore.find_latest_valid(metastore, storage, job, deep=False, strict=True)
     except (UnknownJobError, NoCheckpointError):
-        return False
-    return True
+        return None

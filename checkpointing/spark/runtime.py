@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import pyarrow as pa
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -74,13 +73,20 @@ from checkpointing.spark.state import (
     check_source,
     empty_state,
     list_acks,
-    list_items,
     restore_stage,
     snapshot_stage,
     through_epoch,
 )
 from checkpointing.spec import PipelineSpec, SpecError
-from checkpointing.splits import InputSplit, epochs_of, plan_splits
+from checkpointing.splits import (
+    InputSplit,
+    epochs_of,
+    is_processed,
+    parquet_rows,
+    plan_splits,
+    processed_item,
+    resume_epochs,
+)
 from checkpointing.status import CheckpointStatus, JobStatus, RestoreStatus
 from checkpointing.storage import CheckpointStorage
 from checkpointing.store import CompletedCheckpoint
@@ -150,7 +156,12 @@ class PipelineRun:
         #: subtask i's value of the state's subtask column: Spark puts it in partition i
         self.partition_keys = partition_keys(self.parallelism)
         self.attempt = self.options.attempt or f"a{uuid.uuid4().hex[:10]}"
-        self.epochs = self._epochs()
+        #: the input listed now; the epochs to run, planned by the restore: a checkpoint's own
+        #: epochs and the files new since, or every file for an empty start
+        self.files = input_files(spec)
+        self.epochs: list[list[InputSplit]] = []
+        #: the run that read each epoch (list state of processed splits), restored or this one
+        self.read_by: dict[int, str] = {}
         if stage is not None and stages:
             raise ValueError("give either stage or stages, not both")
         if stages:
@@ -163,7 +174,7 @@ class PipelineRun:
             raise SpecError("aggregations: needs at least one aggregation (or a stage)")
         self.stages = chained_stages(chain, spec.key)
         check_pipeline_sink(spec, storage.base_url)
-        self.sink = open_sink(spec, job=spec.job)
+        self.sink = open_sink(spec, job=spec.job, key=self.stages[-1].key)
         self.operators = [SOURCE, *(s.operator_id for s in self.stages), SINK]
         self.plan = pipeline_plan(
             self.attempt, self.parallelism, self.max_parallelism, self.operators
@@ -184,13 +195,13 @@ class PipelineRun:
         self.last_epoch_rows: int | None = None
         #: the last epoch covered by a completed checkpoint (its sink epochs are committed)
         self.covered_epoch = -1
-        self.result = RunResult(spec.job, len(self.epochs))
+        self.result = RunResult(spec.job, 0)
 
     # ------------------------------------------------------------------ input
 
     def _epochs(self) -> list[list[InputSplit]]:
         source = self.spec.source
-        splits = plan_splits(input_files(self.spec), source.format.value, source.max_split_bytes)
+        splits = plan_splits(self.files, source.format.value, source.max_split_bytes)
         return epochs_of(splits, source.splits_per_epoch)
 
     def _read(self, splits: Sequence[InputSplit]) -> DataFrame:
@@ -317,7 +328,7 @@ class PipelineRun:
                 f"job {self.spec.job}: epoch {epoch} failed reading "
                 f"{', '.join(s.describe() for s in splits)}: {_spark_reason(exc)}"
             ) from exc
-        rows = _parquet_rows(splits) if self.spec.source.format.value == "parquet" else None
+        rows = parquet_rows(splits) if self.spec.source.format.value == "parquet" else None
         self.last_epoch_rows = rows
         self.result.rows_read += rows or 0
 
@@ -384,10 +395,9 @@ class PipelineRun:
 
     def _snapshot(self, checkpoint_id: int, location_url: str, epoch: int) -> None:
         started = time.monotonic()
-        remaining = self._remaining_splits(epoch + 1)
         staged = self.sink.snapshot_state(epoch)
         acks_by_op = {
-            SOURCE: list_acks(self.plan, SOURCE, remaining),
+            SOURCE: list_acks(self.plan, SOURCE, self._source_state(epoch + 1)),
             SINK: list_acks(self.plan, SINK, staged),
         }
         for s in self.stages:
@@ -418,8 +428,18 @@ class PipelineRun:
         )
 
     def _remaining_splits(self, first_epoch: int) -> list[dict[str, Any]]:
-        """The source's list state: every split of the epochs from ``first_epoch`` on."""
+        """Every split of the epochs from ``first_epoch`` on."""
         return [s.to_state(e) for e in range(first_epoch, len(self.epochs)) for s in self.epochs[e]]
+
+    def _source_state(self, first_epoch: int) -> list[dict[str, Any]]:
+        """The source's list state (Flink's ``PendingSplitsCheckpoint``): the splits processed
+        before ``first_epoch`` (each with the run that read it) and those still to read."""
+        processed = [
+            processed_item(s, e, self.read_by.get(e, self.attempt))
+            for e in range(min(first_epoch, len(self.epochs)))
+            for s in self.epochs[e]
+        ]
+        return processed + self._remaining_splits(first_epoch)
 
     def _commit_sink(self, completed: CompletedCheckpoint) -> None:
         """The completion notification: commit the epochs the checkpoint covers."""
@@ -469,13 +489,17 @@ class PipelineRun:
             )
         log.info("%s", decision.describe())
         assignment = None
+        source = [] if decision.metadata is None else decision.metadata.list_items(SOURCE)
+        if not any(is_processed(i) for i in source):  # empty start, or an older checkpoint
+            self.epochs = self._epochs()
         if decision.metadata is not None:
             assignment = self._load_state(decision.metadata)
             self.result.restored_from = decision.checkpoint_id
+        self.result.epochs_total = len(self.epochs)
         committed, discarded = self.sink.recover(
             None if decision.metadata is None else self.next_epoch - 1,
             checkpoint_id=decision.checkpoint_id,
-            state=[] if decision.metadata is None else list_items(decision.metadata, SINK),
+            state=[] if decision.metadata is None else decision.metadata.list_items(SINK),
         )
         if committed or discarded:
             log.info("sink: committed %s, discarded %s on restore", committed, discarded)
@@ -500,10 +524,34 @@ class PipelineRun:
             max_parallelism=self.max_parallelism,
             allow_non_restored_state=self.options.allow_non_restored_state,
         )
+        source = metadata.list_items(SOURCE)
+        if any(is_processed(i) for i in source):  # the epochs it read, its remaining, new files
+            self.epochs = resume_epochs(
+                source,
+                self.files,
+                self.spec.source.format.value,
+                self.spec.source.max_split_bytes,
+                self.spec.source.splits_per_epoch,
+                metadata.checkpoint_id,
+            )
+            self.read_by = {
+                int(i["epoch"]): str(i["attempt"])
+                for i in source
+                if is_processed(i) and isinstance(i.get("attempt"), str)
+            }
         self.covered_epoch = through_epoch(metadata, len(self.epochs))
         self.next_epoch = self.covered_epoch + 1
-        planned = self._remaining_splits(self.next_epoch)
-        check_source(plan.operator(SOURCE), planned, metadata.checkpoint_id)
+        if not any(is_processed(i) for i in source):  # an older checkpoint: the same input only
+            planned = self._remaining_splits(self.next_epoch)
+            check_source(plan.operator(SOURCE), planned, metadata.checkpoint_id)
+        if self.next_epoch >= len(self.epochs):
+            log.info(
+                "job %s: no new input since checkpoint %d (%d epochs, %d files read)",
+                self.spec.job,
+                metadata.checkpoint_id,
+                len(self.epochs),
+                len({s.path for e in self.epochs for s in e}),
+            )
         # sets the input schema, which defines the state schema (the next epoch's files: their
         # listing is then warm for the first epoch after the restore)
         self._read(self.epochs[min(self.next_epoch, len(self.epochs) - 1)])
@@ -534,19 +582,3 @@ def _spark_reason(exc: BaseException) -> str:
     )
     causes = [ln.removeprefix("Caused by: ") for ln in lines if ln.startswith("Caused by: ")]
     return "; caused by: ".join(part[:1000] for part in dict.fromkeys([main, *causes]))
-
-
-def _parquet_rows(splits: Sequence[InputSplit]) -> int | None:
-    """Rows of an epoch from the Parquet footers (no data read), for the rows/s progress; not
-    known for whole objects (their footers are read on the executors, not twice)."""
-    import pyarrow.parquet as pq
-
-    if any(s.rows is None and is_object_url(s.path) for s in splits):
-        return None
-    try:
-        return sum(
-            s.rows if s.rows is not None else pq.ParquetFile(s.path).metadata.num_rows
-            for s in splits
-        )
-    except (OSError, pa.ArrowException):
-        return None

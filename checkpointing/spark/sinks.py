@@ -69,9 +69,33 @@ class Sink(Protocol):
         ...
 
 
-def open_sink(spec: PipelineSpec, *, job: str | None = None) -> Sink:
-    """The sink ``spec.sink`` describes, for ``job`` (None: read only, or as no job). Refuses a
-    location it may not write to (another job's, foreign content) before anything is written."""
+def open_sink(
+    spec: PipelineSpec, *, job: str | None = None, key: Sequence[str] | None = None
+) -> Sink:
+    """The sink ``spec.sink`` describes, for ``job`` (None: read only, or as no job); ``key``:
+    the key of the rows it gets (the last keyed stage's; default ``spec.key``), which an upsert
+    table keeps one row per. Refuses a location it may not write to (another job's, foreign
+    content, an unreachable bucket) before anything is written."""
+    path = spec.resolve(spec.sink.path)
+    if spec.sink.format == "delta":
+        from checkpointing.spark.delta_sink import DeltaSink
+
+        return DeltaSink(
+            path,
+            job=job,
+            key=list(key or spec.key),
+            mode=spec.sink.table_mode,
+            max_parallelism=spec.max_parallelism,
+        )
     from checkpointing.spark.sink import TwoPhaseCommitSink
 
-    return TwoPhaseCommitSink(spec.resolve(spec.sink.path), job=job)
+    return TwoPhaseCommitSink(path, job=job)
+
+
+def final_location(spec: PipelineSpec) -> str:
+    """Where readers find a finished job's final table: the Parquet sink's ``<path>/final``
+    link, or the Delta table itself (which holds it, in upsert mode, or the changelog)."""
+    path = spec.resolve(spec.sink.path)
+    if spec.sink.format == "delta":
+        return path
+    return str(Path(path.removeprefix("file://")) / "final")

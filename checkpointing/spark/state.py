@@ -29,7 +29,7 @@ from checkpointing.spark.executor import WRITTEN, read_subtask_snapshots, write_
 from checkpointing.spark.keys import KEY_GROUP, SUBTASK
 from checkpointing.spark.stages import Stage
 from checkpointing.spec import SpecError
-from checkpointing.splits import InputSplit
+from checkpointing.splits import InputSplit, is_processed
 from checkpointing.storage import CheckpointStorage
 
 
@@ -144,37 +144,37 @@ def list_acks(
 # ---------------------------------------------------------------------- restore
 
 
-def list_items(metadata: CheckpointMetadata, operator_id: str) -> list[dict[str, Any]]:
-    """Every list-state item of ``operator_id`` in ``metadata``, over all its subtasks."""
-    return [
-        dict(item)
-        for op in metadata.operators
-        if op.operator_id == operator_id
-        for s in op.subtasks
-        for item in (s.list_state or [])
-    ]
-
-
 def through_epoch(metadata: CheckpointMetadata, num_epochs: int) -> int:
-    """The last epoch a checkpoint covers: one before the first split still to read."""
-    for op in metadata.operators:
-        if op.operator_id == SOURCE:
-            remaining = [int(item["epoch"]) for s in op.subtasks for item in (s.list_state or [])]
-            return (min(remaining) if remaining else num_epochs) - 1
-    raise ValueError("checkpoint has no source state")
+    """The last epoch a checkpoint covers: one before the first split still to read; with none
+    left, the last epoch it processed (``num_epochs - 1`` for a source state without them)."""
+    if not any(op.operator_id == SOURCE for op in metadata.operators):
+        raise ValueError("checkpoint has no source state")
+    items = metadata.list_items(SOURCE)
+    remaining = [int(i["epoch"]) for i in items if not is_processed(i)]
+    if remaining:
+        return min(remaining) - 1
+    processed = [int(i["epoch"]) for i in items if is_processed(i)]
+    return max(processed) if processed else num_epochs - 1
 
 
 def check_source(
     restored: OperatorRestore, planned: Sequence[dict[str, Any]], checkpoint_id: int
 ) -> None:
-    """The splits the checkpoint says remain must be the ones this run would read next
-    (``planned``): otherwise the input (or ``splits_per_epoch``, ``max_split_bytes``) changed
-    since, and resuming would skip or repeat input."""
+    """For a checkpoint whose source state has no processed splits (taken before they were
+    recorded): the splits it says remain must be the ones this run would read next
+    (``planned``), otherwise the input (or ``splits_per_epoch``, ``max_split_bytes``) changed
+    since, and resuming would skip or repeat input. Newer checkpoints are resumed by
+    :func:`checkpointing.splits.resume_epochs`."""
 
     def key(item: dict[str, Any]) -> str:
         return json.dumps(InputSplit.from_state(item).to_state(int(item["epoch"])))
 
-    old = sorted(key(dict(item)) for s in restored.subtasks for item in s.list_state)
+    old = sorted(
+        key(dict(item))
+        for s in restored.subtasks
+        for item in s.list_state
+        if not is_processed(dict(item))
+    )
     new = sorted(key(item) for item in planned)
     if old != new:
         missing = sorted(set(old) - set(new))

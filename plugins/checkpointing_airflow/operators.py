@@ -359,9 +359,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         from checkpointing.outcome import attempt_outcome
 
         outcome = attempt_outcome(metastore, spec.job, attempt).to_dict()
+        from checkpointing.spark.sinks import final_location
+
         finished = outcome["status"] == "FINISHED" and not outcome["savepoint_path"]
-        sink = Path(spec.resolve(spec.sink.path))
-        outcome["final_path"] = str(sink / "final") if finished else None  # the published link
+        outcome["final_path"] = final_location(spec) if finished else None
         if outcome["savepoint_path"]:
             self.log.info("job %s stopped with savepoint %s", spec.job, outcome["savepoint_path"])
         self.log.info(

@@ -178,7 +178,7 @@ def describe(spec: PipelineSpec) -> str:
         ),
         ("key", ", ".join(f"`{k}`" for k in spec.key)),
         ("aggregations", aggregations),
-        ("sink", f"`{spec.sink.path}` (final table in `final/`, epochs in `changelog/`)"),
+        ("sink", _sink_doc(spec)),
         ("parallelism", f"{spec.parallelism} (max parallelism {spec.max_parallelism})"),
         (
             "retries",
@@ -201,3 +201,11 @@ def describe(spec: PipelineSpec) -> str:
         "path) and **Parallelism** (rescales the state). Take a savepoint with the "
         f"`{SAVEPOINT_DAG_ID}` DAG; start a new version from one with `{DEPLOY_DAG_ID}`.\n"
     )
+
+
+def _sink_doc(spec: PipelineSpec) -> str:
+    """The sink, as the DAG's documentation describes it."""
+    if spec.sink.format == "delta":
+        mode = spec.sink.table_mode
+        return f"`{spec.sink.path}` (a Delta Lake table, {mode} mode; one commit per checkpoint)"
+    return f"`{spec.sink.path}` (final table in `final/`, epochs in `changelog/`)"

@@ -149,8 +149,48 @@ class RequestRef(BaseModel):
     requested_by: str
 
 
+class InputRun(BaseModel):
+    """One run (attempt) that read part of the input, from the source's list state."""
+
+    attempt: str | None = Field(description="the run that read it (None: not recorded)")
+    first_epoch: int | None
+    last_epoch: int | None
+    files: int = Field(description="distinct files it read (wholly or some row groups)")
+    splits: int = Field(description="splits it read (a large Parquet file is several)")
+    bytes: int | None = Field(description="sum of those files' sizes, when known")
+
+
+class InputFile(BaseModel):
+    """One input file of the checkpoint's source state."""
+
+    path: str = Field(description="a local path or an object's URL (s3://bucket/key)")
+    epochs: list[int] = Field(description="the epochs its splits were (or are to be) read in")
+    size: int | None
+    etag: str | None = Field(description="an object's ETag")
+    mtime: datetime | None = Field(description="a local file's modification time")
+    attempts: list[str] = Field(description="the runs that read its splits")
+    splits: int
+    remaining_splits: int = Field(description="its splits still to read (0: read)")
+
+
+class ConsumedInput(BaseModel):
+    """Which input the checkpoint's runs consumed, from the source's acknowledgements."""
+
+    runs: list[InputRun] = Field(description="in epoch order")
+    files_processed: int = Field(description="files read (wholly or partly)")
+    bytes_processed: int | None
+    splits_processed: int
+    splits_remaining: int = Field(description="splits still to read")
+    files_remaining: int
+    next_epoch: int | None = Field(description="the first epoch the next run reads")
+    files_total: int
+    files: list[InputFile] = Field(description="by first epoch, at most 1000")
+    files_omitted: int = Field(description="files not listed (beyond the limit)")
+
+
 class CheckpointDetail(CheckpointSummary):
-    """A checkpoint with its properties and every subtask's ack (``ckpt show --json``)."""
+    """A checkpoint with its properties, every subtask's ack and the input its runs consumed
+    (``ckpt show --json``)."""
 
     job_id: str
     properties: dict[str, bool]
@@ -159,6 +199,9 @@ class CheckpointDetail(CheckpointSummary):
     notify_error: str | None
     request: RequestRef | None
     tasks: list[TaskAck]
+    input: ConsumedInput | None = Field(
+        description="the input consumed: None when the source did not acknowledge it"
+    )
 
 
 class Restore(BaseModel):
