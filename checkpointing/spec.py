@@ -13,7 +13,7 @@ import re
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -44,7 +44,26 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")
 #: the fields where ``${CKPT_HOME}`` may be used: the paths
 PATH_FIELDS = (("source", "path"), ("sink", "path"), ("storage",))
-_AGG = re.compile(r"^\s*(count|sum|min|max|avg)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)?\s*\)\s*$")
+_AGG = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)\s*$", re.DOTALL)
+#: the aggregation functions by the number of columns they take (``count`` takes 0 or 1)
+AGGREGATE_FUNCTIONS: dict[str, tuple[int, ...]] = {
+    "count": (0, 1),
+    "sum": (1,),
+    "min": (1,),
+    "max": (1,),
+    "avg": (1,),
+    "count_distinct": (1,),
+    "approx_count_distinct": (1,),
+    "max_by": (2,),
+    "min_by": (2,),
+    "stddev": (1,),
+    "variance": (1,),
+}
+_AGG_USAGE = (
+    "use count(), count(col), sum(col), min(col), max(col), avg(col), count_distinct(col), "
+    "approx_count_distinct(col), max_by(value, order), min_by(value, order), stddev(col) or "
+    "variance(col)"
+)
 
 
 class SpecError(ConfigError):
@@ -58,29 +77,66 @@ class SourceFormat(StrEnum):
 
 
 class Aggregation(BaseModel):
-    """``count()``, ``count(col)``, ``sum(col)``, ``min(col)``, ``max(col)``, ``avg(col)`` —
-    SQL semantics: nulls are ignored, and an aggregate over only nulls is null (count: 0)."""
+    """``count()``, ``count(col)``, ``sum(col)``, ``min(col)``, ``max(col)``, ``avg(col)``,
+    ``count_distinct(col)``, ``approx_count_distinct(col)``, ``max_by(value, order)``,
+    ``min_by(value, order)``, ``stddev(col)``, ``variance(col)`` — SQL semantics: nulls are
+    ignored, and an aggregate over only nulls is null (counts: 0). ``order`` is the second column
+    of ``max_by``/``min_by`` (the one compared); ``column`` is the first (the one returned)."""
 
     model_config = ConfigDict(frozen=True)
 
-    function: Literal["count", "sum", "min", "max", "avg"]
+    function: Literal[
+        "count",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "count_distinct",
+        "approx_count_distinct",
+        "max_by",
+        "min_by",
+        "stddev",
+        "variance",
+    ]
     column: str | None
+    order: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Aggregation:
+        """``fn(a)`` or ``fn(a, b)``; an unknown function or a wrong number of columns is a
+        :class:`ValueError` saying what the function takes."""
         match = _AGG.match(text) if isinstance(text, str) else None
-        if not match:
-            raise ValueError(
-                f"{text!r} is not an aggregation: use count(), count(col), sum(col), min(col), "
-                "max(col) or avg(col)"
-            )
-        function, column = match.group(1), match.group(2)
-        if function != "count" and column is None:
-            raise ValueError(f"{function}() needs a column, e.g. {function}(amount)")
-        return cls(function=function, column=column)  # type: ignore[arg-type]
+        function = match.group(1) if match else None
+        if match is None or function not in AGGREGATE_FUNCTIONS:
+            raise ValueError(f"{text!r} is not an aggregation: {_AGG_USAGE}")
+        inner = match.group(2).strip()
+        columns = [c.strip() for c in inner.split(",")] if inner else []
+        for column in columns:
+            if not _IDENT.match(column):
+                raise ValueError(f"{text.strip()}: {column!r} is not a column name")
+        arity = AGGREGATE_FUNCTIONS[function]
+        if len(columns) not in arity:
+            if arity == (2,):
+                raise ValueError(
+                    f"{text.strip()}: {function} needs two columns, {function}(value, order) "
+                    f"(the value of the row with the {function[:3]}imum order), e.g. "
+                    f"{function}(carrier, dep_delay)"
+                )
+            if not columns:
+                raise ValueError(f"{function}() needs a column, e.g. {function}(amount)")
+            raise ValueError(f"{text.strip()}: {function} takes one column, not {len(columns)}")
+        column = columns[0] if columns else None
+        order = columns[1] if len(columns) > 1 else None
+        return cls(function=function, column=column, order=order)  # type: ignore[arg-type]
 
     def __str__(self) -> str:
-        return f"{self.function}({self.column or ''})"
+        columns = [c for c in (self.column, self.order) if c is not None]
+        return f"{self.function}({', '.join(columns)})"
+
+    @property
+    def columns(self) -> list[str]:
+        """The input columns it reads (none for ``count()``)."""
+        return [c for c in (self.column, self.order) if c is not None]
 
 
 class SourceSpec(BaseModel):
@@ -110,6 +166,35 @@ class SourceSpec(BaseModel):
         fmt = info.data.get("format")
         if fmt is not None and fmt != SourceFormat.PARQUET:
             raise ValueError(f"s3:// input is read as Parquet only for now; source.format is {fmt}")
+        return v
+
+
+class TableSpec(BaseModel):
+    """A static table (``tables.<name>``): read once per attempt, joinable in ``transform``
+    under its name. Its files' identity is recorded in every checkpoint, so a restore over a
+    changed table is refused (its rows would differ from the epochs already processed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: SourceFormat
+    #: a file, a glob, or ``s3://bucket/prefix/*.parquet``; relative to the spec file
+    path: str
+    #: CSV only: does the first line hold column names
+    header: bool = True
+
+    @field_validator("path")
+    @classmethod
+    def _object_store_path(cls, v: str, info: ValidationInfo) -> str:
+        """On ``s3://``: Parquet objects read as the source's are (Arrow, no Hadoop jars)."""
+        if not is_object_url(v):
+            return v
+        try:
+            split_url(v)
+        except ObjectStoreError:
+            raise ValueError("expected s3://bucket/prefix/*.parquet") from None
+        fmt = info.data.get("format")
+        if fmt is not None and fmt != SourceFormat.PARQUET:
+            raise ValueError(f"s3:// tables are read as Parquet only for now; format is {fmt}")
         return v
 
 
@@ -172,6 +257,11 @@ class PipelineSpec(BaseModel):
     #: required in a spec file; empty for a Python API job, whose stage is code (see
     #: :class:`checkpointing.spark.pipeline.Pipeline`)
     aggregations: dict[str, Aggregation] = {}
+    #: a Spark SQL ``SELECT`` over the view ``input`` (the epoch's rows) and the ``tables``,
+    #: run on every epoch (and again on a replayed one): it must be deterministic
+    transform: str | None = None
+    #: static inputs by name, each a view the transform may join
+    tables: dict[str, TableSpec] = {}
     sink: SinkSpec
     # strict: a YAML ``true`` is not the integer 1
     parallelism: int = Field(default=2, ge=1, strict=True)
@@ -223,6 +313,21 @@ class PipelineSpec(BaseModel):
             raise ValueError("key columns repeat")
         return v
 
+    @field_validator("transform")
+    @classmethod
+    def _transform_text(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("is empty: give a SELECT over input, or leave it out")
+        return v
+
+    @field_validator("tables")
+    @classmethod
+    def _table_names(cls, v: dict[str, TableSpec]) -> dict[str, TableSpec]:
+        for name in v:
+            if not _IDENT.match(name) or name.lower() == "input":
+                raise ValueError(f"{name!r} is not a table name (an identifier other than input)")
+        return v
+
     @field_validator("aggregations", mode="before")
     @classmethod
     def _parse_aggregations(cls, v: Any) -> Any:
@@ -232,7 +337,10 @@ class PipelineSpec(BaseModel):
         for name, text in v.items():
             if not isinstance(name, str) or not _IDENT.match(name):
                 raise ValueError(f"{name!r} is not a valid output column name")
-            out[name] = text if isinstance(text, Aggregation) else Aggregation.parse(text)
+            try:
+                out[name] = text if isinstance(text, Aggregation) else Aggregation.parse(text)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
         return out
 
     @model_validator(mode="after")
@@ -286,6 +394,8 @@ def load_spec(
         raise SpecError(_with_suggestions(describe_validation_error(exc, str(path)))) from None
     if "aggregations" not in raw:  # a file has no other way to say what the stage does
         raise SpecError(f"{path}: aggregations: Field required")
+    if spec.tables and spec.transform is None:  # only a transform reads them
+        raise SpecError(f"{path}: tables: nothing joins them: add a transform: over them")
     try:
         _check_checkpoint_fields(raw.get("checkpoint"))
         spec.checkpoint.config()
@@ -306,6 +416,16 @@ def expand_path_variables(raw: dict[str, Any], variables: dict[str, str]) -> dic
     ``variables`` only: never from the whole environment, whose secrets would end up in paths
     and logs. An unknown name is a :class:`ValueError` naming the field."""
     raw = dict(raw)
+    tables = raw.get("tables")
+    if isinstance(tables, dict):  # tables.<name>.path, like the source's
+        raw["tables"] = {
+            name: (
+                {**t, "path": _expand(t["path"], variables, f"tables.{name}.path")}
+                if isinstance(t, dict) and isinstance(t.get("path"), str) and "${" in t["path"]
+                else t
+            )
+            for name, t in tables.items()
+        }
     for where in PATH_FIELDS:
         parent: Any = raw
         for name in where[:-1]:
@@ -383,7 +503,10 @@ def _with_suggestions(message: str) -> str:
             parts = loc.split(".")
             model: Any = PipelineSpec
             for p in parts[:-1]:
-                field = model.model_fields.get(p)
+                if get_origin(model) is dict:  # tables.<name>: the mapping's values
+                    model = get_args(model)[1]
+                    continue
+                field = model.model_fields.get(p) if hasattr(model, "model_fields") else None
                 model = getattr(field, "annotation", None) if field else None
             if model is not None and hasattr(model, "model_fields"):
                 hint = difflib.get_close_matches(parts[-1], list(model.model_fields), n=1)

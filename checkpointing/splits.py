@@ -30,6 +30,8 @@ from checkpointing.spec import SpecError
 
 #: the list-state flag of a split already processed (the rest are still to read)
 PROCESSED = "processed"
+#: the list-state key of a static table's file (:mod:`checkpointing.tables`): not a split
+TABLE = "table"
 
 
 class SplitError(SpecError):
@@ -197,6 +199,16 @@ def is_processed(item: dict[str, Any]) -> bool:
     return item.get(PROCESSED) is True
 
 
+def is_table_item(item: dict[str, Any]) -> bool:
+    """A static table's file recorded in the source's state (no epoch): never a split."""
+    return isinstance(item.get(TABLE), str)
+
+
+def split_items(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The items of the source's state that are splits (read or to read), not table files."""
+    return [dict(i) for i in items if not is_table_item(dict(i))]
+
+
 def resume_epochs(
     items: Sequence[dict[str, Any]],
     files: Sequence[str | ObjectInfo],
@@ -218,6 +230,7 @@ def resume_epochs(
     for them on restore."""
     done: dict[int, list[InputSplit]] = {}
     pinned: dict[str, InputSplit] = {}
+    items = split_items(items)
     for item in items:
         if is_processed(item):
             split = InputSplit.from_state(item)

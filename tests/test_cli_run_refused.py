@@ -177,3 +177,32 @@ def test_another_jobs_savepoint_is_refused_unless_allowed(
 
     allowed = CliRunner().invoke(app, [*base, "--allow-other-job"])
     assert "spark would start here" in allowed.output, allowed.output
+
+
+def test_a_static_table_matching_no_files_is_refused_and_the_flag_is_accepted(
+    finished_job: Metastore, tmp_path: Path
+) -> None:
+    """``tables:`` are listed before Spark starts (a glob matching nothing is refused naming
+    the field); ``--allow-changed-tables`` is an option of ``ckpt run``."""
+    spec = write_spec(tmp_path)
+    text = spec.read_text().replace(
+        "key: user",
+        "tables: {planes: {format: parquet, path: nothing/*.parquet}}\n"
+        "transform: SELECT * FROM input\nkey: user",
+    )
+    spec.write_text(text)
+    before = snapshot(finished_job)
+    url = finished_job.url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(app, ["--metastore-url", url, "run", str(spec)])
+    assert result.exit_code == 1, result.output
+    assert "error: tables.planes.path: " in result.stderr
+    assert "nothing/*.parquet' matches no files" in " ".join(result.stderr.split())
+    assert snapshot(finished_job) == before
+    assert not (tmp_path / "out").exists()
+
+    (tmp_path / "nothing").mkdir()
+    (tmp_path / "nothing" / "planes.parquet").write_bytes(b"")
+    result = CliRunner().invoke(
+        app, ["--metastore-url", url, "run", str(spec), "--allow-changed-tables"]
+    )
+    assert result.exit_code == 1 and "spark would start here" in result.stderr, result.output

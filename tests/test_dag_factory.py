@@ -225,6 +225,7 @@ def test_g_a_broken_pipeline_yaml_does_not_break_the_other_dags(
         "good_a": f"{folder}/pipelines/good_a.py",
         "good_b": f"{folder}/pipelines/good_b.py",
         "nycflights13_routes": f"{folder}/pipelines/nycflights13.py",
+        "nycflights13_seat_miles": f"{folder}/pipelines/nycflights13_seat_miles.py",
         "checkpoint_savepoint": f"{folder}/checkpoint_savepoint.py",
         "checkpoint_deploy": f"{folder}/checkpoint_deploy.py",
     }

@@ -37,14 +37,20 @@ def source_state() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return first, second
 
 
-def checkpoint_with_source_state(metastore: Metastore, storage: FileSystemCheckpointStorage) -> int:
+def checkpoint_with_source_state(
+    metastore: Metastore,
+    storage: FileSystemCheckpointStorage,
+    extra: list[dict[str, Any]] | None = None,
+) -> int:
     """A completed checkpoint of job ``JOB`` (two source subtasks, one sink) whose source
-    acks carry :func:`source_state`, through the coordinator's real ack path."""
+    acks carry :func:`source_state` (and ``extra`` items in the second subtask's), through the
+    coordinator's real ack path."""
     coordinator = new_coordinator(metastore, storage, ManualClock())
     coordinator.activate()
     complete(coordinator)  # checkpoint 1: no list state
     pending = coordinator.trigger_checkpoint()
-    lists = iter(source_state())
+    first, second = source_state()
+    lists = iter([first, second + (extra or [])])
     acks = []
     for task in pending.tasks:
         ack = snapshot(storage, pending, task)
@@ -112,6 +118,30 @@ def test_runs_totals_and_files_of_a_checkpoint(
     empty = checkpoint_detail(metastore, JOB, 1)["input"]
     assert empty is not None and empty["runs"] == [] and empty["files_total"] == 0
     assert empty["next_epoch"] is None
+
+
+def test_static_tables_files_are_listed_apart_and_never_counted_as_input(
+    metastore: Metastore, storage: FileSystemCheckpointStorage
+) -> None:
+    """The files of the static tables the runs joined are items of the source's state without
+    an epoch: the section lists them as ``tables``; the files, runs and epochs are as without
+    them, and so is the outcome's count of epochs done."""
+    plain = consumed_input(metastore, JOB, checkpoint_with_source_state(metastore, storage))
+    planes = {"table": "planes", "path": "s3://bucket/planes.parquet", "size": 9, "etag": "p1"}
+    codes = {"table": "codes", "path": "/data/codes.csv", "size": 4, "mtime": LOCAL["mtime"]}
+    cid = checkpoint_with_source_state(metastore, storage, [planes, codes])
+    section = consumed_input(metastore, JOB, cid)
+    assert plain is not None and section is not None
+    assert section["tables"] == [
+        {**codes, "etag": None, "mtime": "2023-11-14T22:13:20.123456+00:00"},
+        {**planes, "mtime": None},
+    ]
+    assert plain["tables"] == []
+    assert {k: v for k, v in section.items() if k != "tables"} == {
+        k: v for k, v in plain.items() if k != "tables"
+    }
+    with metastore.transaction() as s:
+        assert epochs_done(s, JOB, cid) == 3
 
 
 def test_the_file_list_is_capped_and_the_rest_counted(

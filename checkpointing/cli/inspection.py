@@ -233,11 +233,13 @@ def _state_table(view: StateView, data: dict[str, Any], title: str) -> Table:
     where = (
         f", key {tuple(data['key'])} (key group {view.key_group})" if view.key is not None else ""
     )
+    from checkpointing.state_reader import describe_value
+
     table = Table(title=f"{view.operator_id} keyed state of {title}{where}", title_justify="left")
     for col in data["columns"]:
         table.add_column(col, overflow="fold")
-    for r in data["rows"]:
-        table.add_row(*(_cell(r[c]) for c in data["columns"]))
+    for r in view.rows:  # the values as read: sets, sketches, pairs and moments described
+        table.add_row(*(describe_value(c, r[c]) for c in data["columns"]))
     return table
 
 

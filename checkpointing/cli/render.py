@@ -254,6 +254,11 @@ def input_totals(section: Row) -> str:
     )
     if section["next_epoch"] is not None:
         line += f"; the next run starts at epoch {section['next_epoch']}"
+    tables: dict[str, int] = {}
+    for t in section.get("tables") or []:  # the static tables the transform joined
+        tables[t["table"]] = tables.get(t["table"], 0) + 1
+    if tables:
+        line += "; tables: " + ", ".join(f"{n} ({_count(k, 'file')})" for n, k in tables.items())
     return line
 
 

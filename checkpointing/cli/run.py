@@ -61,6 +61,14 @@ def run(
             help="Let --restore be a checkpoint or savepoint path of another job.",
         ),
     ] = False,
+    allow_changed_tables: Annotated[
+        bool,
+        typer.Option(
+            "--allow-changed-tables",
+            help="Restore even if a static table (tables:) changed since the checkpoint; the "
+            "change is recorded in the restore.",
+        ),
+    ] = False,
     result_json: Annotated[
         Path | None,
         typer.Option(help="Write the run's outcome here as JSON (for the Airflow operator)."),
@@ -99,6 +107,7 @@ def run(
         coordinator_id=coordinator_id,
         allow_non_restored_state=allow_non_restored_state,
         allow_other_job=allow_other_job,
+        allow_changed_tables=allow_changed_tables,
         crash_after_epochs=fail_after_epochs,
     )
     metastore = _checked_metastore(spec, options, storage)

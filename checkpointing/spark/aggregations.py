@@ -19,9 +19,13 @@ min(c)/max(c)  ``__min_<name>``/``__max_<name>``       least/greatest, ignoring 
 avg(c)         ``__sum_<name>``, ``__cnt_<name>``      as sum and count
 =============  ======================================  ========================================
 
+count_distinct, approx_count_distinct, max_by, min_by, stddev and variance keep one partial
+column each, described in :mod:`checkpointing.spark.partials`.
+
 :meth:`AggregationPlan.final` turns them into SQL results: counts are longs (0, never null),
 sum/min/max are null when a key has no non-null value, avg is ``sum / count`` as a double (null
-when the count is 0). Everything runs in the JVM: no Python UDFs, nothing per record in Python.
+when the count is 0; over decimals too, where Spark's avg gives a decimal — the sum stays an exact
+decimal). Everything runs in the JVM: no Python UDFs, nothing per record in Python.
 
 Null key values are one key, as in ``groupBy`` (the merge is a ``groupBy`` too). With
 Spark's default ANSI mode an overflowing integer sum fails the query, in the epoch's aggregate and
@@ -38,6 +42,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from checkpointing.spark import partials as states
 from checkpointing.spec import Aggregation
 
 _MAX_DECIMAL_PRECISION = 38
@@ -65,13 +70,14 @@ def sum_type(input_type: T.DataType) -> T.DataType:
 class _Partial:
     """One partial column: its name, the aggregation it belongs to, and its kind."""
 
-    __slots__ = ("aggregation", "column", "kind", "name", "output")
+    __slots__ = ("aggregation", "column", "kind", "name", "order", "output")
 
     def __init__(self, kind: str, output: str, aggregation: Aggregation) -> None:
-        self.kind = kind  # "cnt", "sum", "min" or "max"
+        self.kind = kind  # "cnt", "sum", "min", "max", or a kind of :data:`partials.KINDS`
         self.output = output
         self.aggregation = aggregation
         self.column = aggregation.column
+        self.order = aggregation.order
         self.name = f"__{kind}_{output}"
 
 
@@ -109,6 +115,7 @@ class AggregationPlan:
         self._partials: list[_Partial] = []
         for name, agg in self.aggregations.items():
             kinds = {"count": ["cnt"], "sum": ["sum"], "min": ["min"], "max": ["max"]}
+            kinds.update({f: [kind] for f, kind in states.KINDS.items()})
             for kind in kinds.get(agg.function, ["sum", "cnt"]):  # avg: sum and count
                 self._partials.append(_Partial(kind, name, agg))
         self.partial_columns: list[str] = [p.name for p in self._partials]
@@ -126,8 +133,9 @@ class AggregationPlan:
     # -- validation and types --------------------------------------------------------------------
 
     def check(self, input_schema: T.StructType) -> None:
-        """Refuse a plan the input cannot feed: a missing key or aggregated column, or sum/avg
-        of a non-numeric column. Messages name the aggregation and the column."""
+        """Refuse a plan the input cannot feed: a missing key or aggregated column, sum/avg
+        of a non-numeric column, or a type the aggregation cannot hold or order (see
+        :func:`partials.check`). Messages name the aggregation and the column."""
         fields = {f.name: f.dataType for f in input_schema.fields}
         for name in self.key:
             if name not in fields:
@@ -135,11 +143,15 @@ class AggregationPlan:
         for name, agg in self.aggregations.items():
             if agg.column is None:
                 continue
-            if agg.column not in fields:
-                raise ValueError(
-                    f"aggregation {name} = {agg}: column {agg.column!r} is not in the input "
-                    f"({sorted(fields)})"
-                )
+            for column in agg.columns:
+                if column not in fields:
+                    raise ValueError(
+                        f"aggregation {name} = {agg}: column {column!r} is not in the input "
+                        f"({sorted(fields)})"
+                    )
+            if agg.function in states.KINDS:
+                states.check(name, agg, fields)
+                continue
             data_type = fields[agg.column]
             if agg.function in ("sum", "avg") and not isinstance(data_type, T.NumericType):
                 raise ValueError(
@@ -161,6 +173,9 @@ class AggregationPlan:
     def _partial_type(self, partial: _Partial, input_schema: T.StructType) -> T.DataType:
         if partial.kind == "cnt":
             return T.LongType()
+        if partial.kind not in ("sum", "min", "max"):
+            fields = {f.name: f.dataType for f in input_schema.fields}
+            return states.partial_type(partial.kind, partial.aggregation, fields)
         assert partial.column is not None
         input_type = input_schema[partial.column].dataType
         return sum_type(input_type) if partial.kind == "sum" else input_type
@@ -206,10 +221,15 @@ class AggregationPlan:
         ``df.groupBy(*key).agg(*plan.partials())``. With an input schema (here or given to the
         plan) they are checked against it and cast to exactly the :meth:`partial_fields` types."""
         schema = self._schema(input_schema)
+        fields = None if schema is None else {f.name: f.dataType for f in schema.fields}
         out = []
         for p in self._partials:
             if p.kind == "cnt":
                 expr = F.count(F.lit(1)) if p.column is None else F.count(_col(p.column))
+            elif p.kind not in ("sum", "min", "max"):
+                assert p.column is not None
+                order = None if p.order is None else _col(p.order)
+                expr = states.partial(p.kind, p.aggregation, _col(p.column), fields, order)
             else:
                 assert p.column is not None
                 fn = {"sum": F.sum, "min": F.min, "max": F.max}[p.kind]
@@ -258,7 +278,14 @@ class AggregationPlan:
         ]
         combine = {"cnt": F.sum, "sum": F.sum, "min": F.min, "max": F.max}
         aggs = [
-            combine[p.kind](_col(p.name)).cast(types[p.name]).alias(p.name) for p in self._partials
+            (
+                combine[p.kind](_col(p.name))
+                if p.kind in combine
+                else states.merge(p.kind, _col(p.name), _value_type(types[p.name]))
+            )
+            .cast(types[p.name])
+            .alias(p.name)
+            for p in self._partials
         ]
         if changed_flag is not None:
             aggs.append(F.max(flag).alias(changed_flag))
@@ -275,7 +302,16 @@ class AggregationPlan:
             elif agg.function == "avg":
                 count = partial[name, "cnt"]
                 expr = F.when(count > 0, partial[name, "sum"].cast("double") / count.cast("double"))
+            elif agg.function in states.KINDS:
+                expr = states.final(agg, partial[name, states.KINDS[agg.function]])
             else:
                 expr = partial[name, agg.function]
             out.append(expr.alias(name))
         return state.select(out)
+
+
+def _value_type(state_type: T.DataType) -> T.DataType | None:
+    """The value's type in a max_by/min_by pair (what its tie rule orders by)."""
+    if isinstance(state_type, T.StructType) and "value" in state_type.names:
+        return state_type["value"].dataType
+    return None

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from checkpointing.metastore import Metastore
     from checkpointing.spark.preflight import RunOptions
     from checkpointing.spark.runtime import RunResult
+    from checkpointing.spark.transform import TransformFn
     from checkpointing.storage import CheckpointStorage
 
 
@@ -33,6 +34,12 @@ class Pipeline:
     In a chain, each stage's input in an epoch is the rows the stage before it emitted (its
     ``changed`` rows) in that epoch — an append stream; the sink gets the last stage's. ``key``
     keys the first stage; later ones need their own ``key=`` (state is repartitioned by it).
+
+    ``transform(input, tables) -> DataFrame`` turns each epoch's rows into the first stage's
+    input, with ``tables`` (name → spec of a static table, as the spec's ``tables:``) as
+    DataFrames read once per attempt; a SQL string works as the spec's ``transform:``. It runs
+    on every epoch and again on a replayed one, so it must be deterministic (its plan is
+    checked: no ``rand()``, ``uuid()``, ``current_timestamp()``…).
 
     ``source``, ``sink`` and ``checkpoint`` take what the spec's sections take (``sink`` may be
     just its path); ``fields`` any other spec field (``max_parallelism``, ``storage``, …)."""
@@ -48,8 +55,15 @@ class Pipeline:
         stages: Sequence[Stage] = (),
         parallelism: int = 2,
         checkpoint: Mapping[str, Any] | CheckpointSpec | None = None,
+        transform: TransformFn | str | None = None,
+        tables: Mapping[str, Any] | None = None,
         **fields: Any,
     ) -> None:
+        if transform is not None and not isinstance(transform, str) and not callable(transform):
+            raise TypeError(f"transform: a function or a SQL string, not {transform!r}")
+        self.transform = None if isinstance(transform, str) else transform
+        if isinstance(transform, str):
+            fields["transform"] = transform
         if (stage is None) == (not stages):
             raise ValueError("give a stage, or a chain of stages (stages=[...]), not both")
         try:
@@ -61,6 +75,7 @@ class Pipeline:
                     "sink": {"path": sink} if isinstance(sink, str) else sink,
                     "parallelism": parallelism,
                     "checkpoint": checkpoint if checkpoint is not None else {},
+                    "tables": dict(tables or {}),
                     **fields,
                 }
             )
@@ -87,5 +102,12 @@ class Pipeline:
         from checkpointing.spark.runtime import PipelineRun
 
         return PipelineRun(
-            self.spec, spark, metastore, storage, options, on_epoch=on_epoch, stages=self.stages
+            self.spec,
+            spark,
+            metastore,
+            storage,
+            options,
+            on_epoch=on_epoch,
+            stages=self.stages,
+            transform=self.transform,
         ).run()

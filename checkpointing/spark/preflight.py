@@ -23,6 +23,7 @@ from checkpointing.spark.sinks import Sink, open_sink
 from checkpointing.spec import PipelineSpec, SpecError
 from checkpointing.splits import is_processed, resume_epochs
 from checkpointing.storage import CheckpointStorage
+from checkpointing.tables import check_tables, table_files, table_items
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class RunOptions:
     #: the coordinator identity to act under: an Airflow operator passes its own, so the
     #: operator (Flink's JobManager) and this driver are one coordinator of the job
     coordinator_id: str | None = None
+    #: restore even if a static table changed since the checkpoint (recorded in the restore)
+    allow_changed_tables: bool = False
 
 
 def input_files(spec: PipelineSpec) -> list[str] | list[ObjectInfo]:
@@ -85,6 +88,7 @@ def check_run(
     if parallelism > spec.max_parallelism:
         raise SpecError(f"parallelism {parallelism} exceeds max_parallelism {spec.max_parallelism}")
     files = input_files(spec)
+    tables = table_items(table_files(spec))  # every table's glob matches files
     check_pipeline_sink(spec, storage.base_url)  # not the input, the storage, ~, / ...
     sink = open_sink(spec, job=spec.job)  # nor foreign files
     choice = options.restore
@@ -116,6 +120,13 @@ def check_run(
         raise RestoreSourceError(f"restore {choice!r}: {exc}") from None
     if decision is not None and decision.metadata is not None:
         check_input(spec, files, decision.metadata)
+        recorded = decision.metadata.list_items(SOURCE)
+        check_tables(
+            recorded,
+            tables,
+            decision.metadata.checkpoint_id,
+            allow_changed=options.allow_changed_tables,
+        )
 
 
 def check_input(

@@ -77,6 +77,7 @@ from checkpointing.spark.state import (
     snapshot_stage,
     through_epoch,
 )
+from checkpointing.spark.transform import InputTransform, TransformFn
 from checkpointing.spec import PipelineSpec, SpecError
 from checkpointing.splits import (
     InputSplit,
@@ -91,9 +92,8 @@ from checkpointing.status import CheckpointStatus, JobStatus, RestoreStatus
 from checkpointing.storage import CheckpointStorage
 from checkpointing.store import CompletedCheckpoint
 
-#: RestoreSourceError, RunOptions and check_run live in preflight: re-exported for callers that
-#: import them from here (not spark_session: a test patching it in session must not leave a stale
-#: copy here)
+#: re-exported from preflight (not spark_session: a test patching it in session must not leave a
+#: stale copy here)
 __all__ = [
     "InputError",
     "PipelineRun",
@@ -136,11 +136,13 @@ class PipelineRun:
         on_epoch: Callable[[int, int], None] | None = None,
         stage: Stage | None = None,
         stages: Sequence[Stage] = (),
+        transform: TransformFn | None = None,
     ) -> None:
         """``stage``: the keyed stateful stage (e.g. a Python API
         :class:`~checkpointing.spark.stages.ArrowStage`); default the spec's aggregations.
         ``stages``: a chain of them instead, each fed the rows the one before emits in the same
-        epoch; the first is keyed by the spec's key, the others by their own."""
+        epoch; the first is keyed by the spec's key, the others by their own. ``transform``:
+        the Python API's per-epoch transform (else the spec's SQL one, if any)."""
         self.spec = spec
         self.spark = spark
         self.metastore = metastore
@@ -159,6 +161,7 @@ class PipelineRun:
         #: the input listed now; the epochs to run, planned by the restore: a checkpoint's own
         #: epochs and the files new since, or every file for an empty start
         self.files = input_files(spec)
+        self.inputs = InputTransform(spark, spec, transform)  # and the static tables
         self.epochs: list[list[InputSplit]] = []
         #: the run that read each epoch (list state of processed splits), restored or this one
         self.read_by: dict[int, str] = {}
@@ -205,6 +208,13 @@ class PipelineRun:
         return epochs_of(splits, source.splits_per_epoch)
 
     def _read(self, splits: Sequence[InputSplit]) -> DataFrame:
+        """The transform's output over the rows of ``splits``; the first checks the stages."""
+        rows = self.inputs.apply(self._read_splits(splits))
+        if self.stages[0].input_schema is None:
+            self._check_stages(rows.schema)
+        return rows
+
+    def _read_splits(self, splits: Sequence[InputSplit]) -> DataFrame:
         """The rows of ``splits``: whole files through Spark's own reader, row-group ranges of
         big Parquet files through Arrow on the executors (only those row groups are read); on an
         object store, every split through Arrow on the executors."""
@@ -237,22 +247,25 @@ class PipelineRun:
         return df
 
     def _checked(self, df: DataFrame) -> DataFrame:
-        """The first input read: check it fits the key and the stage, and fix its schema for
-        every later read (and the state)."""
+        """The first input read fixes its schema for every later read."""
         if self.input_schema is None:
-            schema = df.schema
-            for s in self.stages:  # e.g. key columns exist, aggregated columns are numeric
+            self.input_schema = df.schema
+        return df
+
+    def _check_stages(self, schema: T.StructType) -> None:
+        """The first rows (the transform's output) fit the key and the stages, whose state
+        schemas they fix: e.g. key columns exist, aggregated columns are numeric."""
+        with self.inputs.naming_output():
+            for s in self.stages:
                 s.input_schema = schema
                 check_key_columns(schema, s.key)
                 s.stage.check(schema)
                 schema = s.stage.output_schema(schema)  # what it emits: the next one's input
-            self.input_schema = df.schema
-        return df
 
     # ------------------------------------------------------------------ run
 
     def run(self) -> RunResult:
-        with session_settings(self.spark, self._sql_settings()):
+        with session_settings(self.spark, self._sql_settings()), self.inputs:
             return self._run()
 
     def _sql_settings(self) -> dict[str, str]:
@@ -439,7 +452,7 @@ class PipelineRun:
             for e in range(min(first_epoch, len(self.epochs)))
             for s in self.epochs[e]
         ]
-        return processed + self._remaining_splits(first_epoch)
+        return processed + self._remaining_splits(first_epoch) + self.inputs.items
 
     def _commit_sink(self, completed: CompletedCheckpoint) -> None:
         """The completion notification: commit the epochs the checkpoint covers."""
@@ -541,6 +554,7 @@ class PipelineRun:
             }
         self.covered_epoch = through_epoch(metadata, len(self.epochs))
         self.next_epoch = self.covered_epoch + 1
+        changed = self.inputs.check_restore(source, metadata.checkpoint_id, self.options)
         if not any(is_processed(i) for i in source):  # an older checkpoint: the same input only
             planned = self._remaining_splits(self.next_epoch)
             check_source(plan.operator(SOURCE), planned, metadata.checkpoint_id)
@@ -564,7 +578,7 @@ class PipelineRun:
                 metadata,
                 self.partition_keys,
             )
-        return plan.to_dict()
+        return {**plan.to_dict(), **({"tables": changed} if changed else {})}
 
 
 class InputError(CheckpointingError):

@@ -29,7 +29,7 @@ from checkpointing.spark.executor import WRITTEN, read_subtask_snapshots, write_
 from checkpointing.spark.keys import KEY_GROUP, SUBTASK
 from checkpointing.spark.stages import Stage
 from checkpointing.spec import SpecError
-from checkpointing.splits import InputSplit, is_processed
+from checkpointing.splits import InputSplit, is_processed, split_items
 from checkpointing.storage import CheckpointStorage
 
 
@@ -149,7 +149,7 @@ def through_epoch(metadata: CheckpointMetadata, num_epochs: int) -> int:
     left, the last epoch it processed (``num_epochs - 1`` for a source state without them)."""
     if not any(op.operator_id == SOURCE for op in metadata.operators):
         raise ValueError("checkpoint has no source state")
-    items = metadata.list_items(SOURCE)
+    items = split_items(metadata.list_items(SOURCE))  # not the static tables' files
     remaining = [int(i["epoch"]) for i in items if not is_processed(i)]
     if remaining:
         return min(remaining) - 1
@@ -170,10 +170,10 @@ def check_source(
         return json.dumps(InputSplit.from_state(item).to_state(int(item["epoch"])))
 
     old = sorted(
-        key(dict(item))
+        key(item)
         for s in restored.subtasks
-        for item in s.list_state
-        if not is_processed(dict(item))
+        for item in split_items(s.list_state)
+        if not is_processed(item)
     )
     new = sorted(key(item) for item in planned)
     if old != new:

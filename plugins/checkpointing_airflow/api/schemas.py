@@ -173,6 +173,17 @@ class InputFile(BaseModel):
     remaining_splits: int = Field(description="its splits still to read (0: read)")
 
 
+class InputTable(BaseModel):
+    """One file of a static table the transform joined (``tables:``), as the checkpoint
+    recorded it: a restore over another version is refused unless allowed."""
+
+    table: str
+    path: str = Field(description="a local path or an object's URL (s3://bucket/key)")
+    size: int | None
+    etag: str | None = Field(description="an object's ETag")
+    mtime: datetime | None = Field(description="a local file's modification time")
+
+
 class ConsumedInput(BaseModel):
     """Which input the checkpoint's runs consumed, from the source's acknowledgements."""
 
@@ -186,6 +197,9 @@ class ConsumedInput(BaseModel):
     files_total: int
     files: list[InputFile] = Field(description="by first epoch, at most 1000")
     files_omitted: int = Field(description="files not listed (beyond the limit)")
+    tables: list[InputTable] = Field(
+        default_factory=list, description="the static tables' files, by table and path"
+    )
 
 
 class CheckpointDetail(CheckpointSummary):
