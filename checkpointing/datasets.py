@@ -12,7 +12,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import uuid
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -221,6 +223,10 @@ def check_object_prefix(dest: str) -> tuple[str, str]:
     return bucket, prefix
 
 
+#: concurrent uploads of ``write_objects``
+_UPLOADS = 8
+
+
 def write_objects(dest: str, tables: Iterable[tuple[str, pa.Table]]) -> list[tuple[str, int]]:
     """Each (file name, table) as a Parquet object under ``dest`` (``s3://bucket/prefix``),
     through Arrow's S3 filesystem with boto3's environment (:mod:`checkpointing.object_store`);
@@ -233,19 +239,35 @@ def write_objects(dest: str, tables: Iterable[tuple[str, pa.Table]]) -> list[tup
     bucket, prefix = check_object_prefix(dest)
     filesystem, _ = filesystem_for(f"s3://{bucket}/{prefix}")
     written: list[tuple[str, int]] = []
-    for name, table in tables:
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
-        data = sink.getvalue()
-        url = f"s3://{bucket}/{prefix}/{name}"
+
+    def upload(key: str, data: pa.Buffer) -> None:
+        with filesystem.open_output_stream(key) as out:
+            out.write(data)
+
+    def confirm(url: str, size: int, upload_done: Future[None]) -> None:
         try:
-            with filesystem.open_output_stream(f"{bucket}/{prefix}/{name}") as out:
-                out.write(data)
+            upload_done.result()
         except OSError as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             before = f" ({len(written)} files written before it)" if written else ""
             raise ObjectStoreError(f"{url}: cannot write: {first[:300]}{before}") from None
-        written.append((url, data.size))
+        written.append((url, size))
+
+    # uploads overlap (one object per request, a round trip each): a few at a time, in order
+    in_flight: deque[tuple[str, int, Future[None]]] = deque()
+    with ThreadPoolExecutor(max_workers=_UPLOADS) as pool:
+        for name, table in tables:
+            sink = pa.BufferOutputStream()
+            pq.write_table(table, sink)
+            data = sink.getvalue()
+            url = f"s3://{bucket}/{prefix}/{name}"
+            in_flight.append(
+                (url, data.size, pool.submit(upload, f"{bucket}/{prefix}/{name}", data))
+            )
+            if len(in_flight) >= 2 * _UPLOADS:
+                confirm(*in_flight.popleft())
+        while in_flight:
+            confirm(*in_flight.popleft())
     return written
 
 
