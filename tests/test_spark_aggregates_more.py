@@ -14,6 +14,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from tests.aggregate_expectations import best, plain
+
 KEY = ["k"]
 SCHEMA_DDL = "k string, o int, v double, s string, epoch int"
 AGGREGATIONS = {
@@ -54,16 +56,6 @@ def _rows(seed: int = 15, n: int = 1500) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _best(frame: pd.DataFrame, value: str, order: str, largest: bool) -> Any:
-    """max_by/min_by with the documented rules, in plain pandas."""
-    rows = frame[frame[order].notna()]
-    if rows.empty:
-        return None
-    best = rows[order].max() if largest else rows[order].min()
-    values = rows.loc[rows[order] == best, value].dropna()
-    return None if values.empty else values.min()
-
-
 def expected(rows: list[tuple[Any, ...]]) -> dict[Any, dict[str, Any]]:
     """Per key, the SQL result over all rows, independently of Spark."""
     frame = pd.DataFrame(
@@ -82,26 +74,22 @@ def expected(rows: list[tuple[Any, ...]]) -> dict[Any, dict[str, Any]]:
             "n": len(g),
             "distinct_o": g["o"].nunique(),
             "distinct_s": g["s"].nunique(),
-            "top_s": _best(g, "s", "o", True),
-            "low_s": _best(g, "s", "o", False),
-            "top_v": _best(g, "v", "o", True),
-            "low_v": _best(g, "v", "o", False),
+            "top_s": best(g, "s", "o", True),
+            "low_s": best(g, "s", "o", False),
+            "top_v": best(g, "v", "o", True),
+            "low_v": best(g, "v", "o", False),
             "sd_v": v.std(ddof=1) if len(v) >= 2 else None,
             "var_o": o.var(ddof=1) if len(o) >= 2 else None,
         }
     return out
 
 
-def _plain(value: Any) -> Any:
-    return value.item() if hasattr(value, "item") else value
-
-
 def assert_matches(got: dict[Any, dict[str, Any]], want: dict[Any, dict[str, Any]]) -> None:
     assert set(got) == set(want)
     for key, row in want.items():
         for name, value in row.items():
-            actual = _plain(got[key][name])
-            value = _plain(value)
+            actual = plain(got[key][name])
+            value = plain(value)
             if name in ("sd_v", "var_o") and value is not None:
                 assert actual is not None and math.isclose(actual, value, rel_tol=1e-9), (
                     key,
@@ -368,8 +356,8 @@ def _expected_events(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
             "n": len(g),
             "distinct_q": g["quantity"].nunique(),
             "distinct_amount": amount.nunique(),
-            "top_amount": _best(g, "amount", "quantity", True),
-            "low_amount": _best(g, "amount", "quantity", False),
+            "top_amount": best(g, "amount", "quantity", True),
+            "low_amount": best(g, "amount", "quantity", False),
             "sd_amount": amount.std(ddof=1) if len(amount) >= 2 else None,
             "var_q": g["quantity"].astype(float).var(ddof=1) if len(g) >= 2 else None,
         }
@@ -426,11 +414,11 @@ checkpoint: {{every_epochs: 1, retained: 2}}
     assert set(got) == set(want)
     for user, row in want.items():
         for name, value in row.items():
-            actual = _plain(got[user][name])
+            actual = plain(got[user][name])
             if isinstance(value, float) and name.startswith(("sd_", "var_")):
                 assert math.isclose(actual, value, rel_tol=1e-9), (user, name, actual, value)
             else:
-                assert actual == _plain(value), (user, name, actual, value)
+                assert actual == plain(value), (user, name, actual, value)
     # the HLL estimate: that of the input files' sketches merged in one go, in another order
     # than the run's (any order gives the same estimate), within the bound of the exact count
     plan = AggregationPlan(["user"], {"a": SPEC_AGGS["approx_amount"]})

