@@ -259,7 +259,8 @@ def test_update_results_must_keep_the_key_columns() -> None:
 # ------------------------------------------------------------------------ a chain of stages
 # Stage 1 (keyed by user): each user's first purchase of each item, emitted once (dedup state:
 # the items the user has bought). Stage 2 (keyed by item, declarative): per item, how many users
-# bought it and the sum of those first purchases. Two keyed states, re-keyed between them.
+# bought it and the sum of those first purchases. Two keyed states, re-keyed between them; the
+# transform before them makes the item (stage 2's key).
 
 FIRST = pa.schema([("item", pa.string()), ("amount", pa.float64())])
 
@@ -305,10 +306,6 @@ def expected_items(events: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
 
 
-def chain(workdir: Path, events: Path, name: str) -> Pipeline:
-    return api_pipeline(workdir, events, name, stages=[first_purchases(), per_item()])
-
-
 def item_tables(spark: Any, p: Pipeline) -> tuple[pd.DataFrame, pd.DataFrame]:
     from checkpointing.spark.sink import TwoPhaseCommitSink
 
@@ -322,12 +319,19 @@ def item_tables(spark: Any, p: Pipeline) -> tuple[pd.DataFrame, pd.DataFrame]:
 def test_a_chain_of_two_keyed_stages_crashes_and_resumes_rescaled(
     spark: Any, data: Any, tmp_path: Path, metastore: Metastore
 ) -> None:
+    from pyspark.sql import functions as F
+
     from checkpointing.spark.preflight import RunOptions
     from checkpointing.spark.runtime import SimulatedCrash
 
+    def labelled(rows: Any, _tables: Any) -> Any:  # the transform makes stage 2's key
+        return rows.withColumn("item", F.concat(F.lit("item-"), F.col("item")))
+
     _register_by_value()
-    frames = data[1]
-    p = chain(tmp_path, data[0], "api-chain")
+    frames = [f.assign(item="item-" + f.item) for f in data[1]]
+    p = api_pipeline(
+        tmp_path, data[0], "api-chain", stages=[first_purchases(), per_item()], transform=labelled
+    )
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
     with pytest.raises(SimulatedCrash):
         p.run(spark, metastore, storage, RunOptions(parallelism=4, crash_after_epochs=2))

@@ -147,7 +147,8 @@ def test_three_incremental_runs_over_landing_objects_equal_one_run(
     """A daily job over ``s3://bucket/landing/*.parquet``: each run restores the last one's
     final checkpoint (the objects it consumed: key, size, ETag) and reads only the objects that
     landed since, so three runs with new objects between them equal one run over all of them;
-    the restored checkpoint's consumed objects are the earlier runs' ones."""
+    the restored checkpoint's consumed objects are the earlier runs' ones. A static table on
+    S3, joined in the transform, is recorded (its ETag) and unchanged across the runs."""
     from checkpointing import restore
 
     days = [
@@ -155,8 +156,17 @@ def test_three_incremental_runs_over_landing_objects_equal_one_run(
         {"landing/d2-a.parquet": _frame(900, 13)},
         {"landing/d3-a.parquet": _frame(400, 14), "landing/d3-b.parquet": _frame(600, 15)},
     ]
+    # a static table on S3 too: the transform drops the blocked users' rows
+    blocked = pd.DataFrame({"user": [f"u{k:03d}" for k in range(0, 120, 7)]})
+    _s3().put_object(Bucket=s3_bucket, Key="dims/blocked.parquet", Body=_parquet(blocked))
     source = f'{{format: parquet, path: "s3://{s3_bucket}/landing/*.parquet"}}'
-    spec = make_spec(tmp_path, "daily", source)
+    spec = make_spec(
+        tmp_path,
+        "daily",
+        source,
+        tables={"blocked": {"format": "parquet", "path": f"s3://{s3_bucket}/dims/blocked.parquet"}},
+        transform="SELECT i.* FROM input i LEFT ANTI JOIN blocked b ON i.user = b.user",
+    )
     metastore_url = f"sqlite:///{tmp_path / 'metastore.db'}"
     Metastore(metastore_url, check_schema=False).upgrade()
     metastore = Metastore(metastore_url)
@@ -177,10 +187,16 @@ def test_three_incremental_runs_over_landing_objects_equal_one_run(
         f"s3://{s3_bucket}/{k}" for d in days for k in sorted(d)
     ]
     assert all(i["size"] > 0 and len(i["etag"]) == 32 for i in items)
+    recorded = [i for i in consumed.list_items("source") if "table" in i]  # the table's object
+    assert [(i["table"], i["path"]) for i in recorded] == [
+        ("blocked", f"s3://{s3_bucket}/dims/blocked.parquet")
+    ]
+    assert len(recorded[0]["etag"]) == 32
 
     final, changelog = tables(spark, spec)
     everything = [frame for day in days for _, frame in sorted(day.items())]
-    assert_matches_pandas(final, everything)  # = one run over every object
+    kept = [f[~f.user.isin(set(blocked.user))] for f in everything]
+    assert_matches_pandas(final, kept)  # = one run over every object
     assert sorted(changelog.epoch.unique()) == [0, 1, 2, 3, 4]
 
 
