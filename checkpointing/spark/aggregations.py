@@ -23,9 +23,10 @@ count_distinct, approx_count_distinct, max_by, min_by, stddev and variance keep 
 column each, described in :mod:`checkpointing.spark.partials`.
 
 :meth:`AggregationPlan.final` turns them into SQL results: counts are longs (0, never null),
-sum/min/max are null when a key has no non-null value, avg is ``sum / count`` as a double (null
-when the count is 0; over decimals too, where Spark's avg gives a decimal — the sum stays an exact
-decimal). Everything runs in the JVM: no Python UDFs, nothing per record in Python.
+sum/min/max are null when a key has no non-null value, avg is ``sum / count`` (null when the
+count is 0) as a double, or over decimals as Spark's ``avg`` gives it: ``decimal(p + 4, s + 4)``
+from the exact decimal sum, never through a double. Everything runs in the JVM: no Python UDFs,
+nothing per record in Python.
 
 Null key values are one key, as in ``groupBy`` (the merge is a ``groupBy`` too). With
 Spark's default ANSI mode an overflowing integer sum fails the query, in the epoch's aggregate and
@@ -300,14 +301,32 @@ class AggregationPlan:
             if agg.function == "count":
                 expr = F.coalesce(partial[name, "cnt"], F.lit(0)).cast("long")
             elif agg.function == "avg":
-                count = partial[name, "cnt"]
-                expr = F.when(count > 0, partial[name, "sum"].cast("double") / count.cast("double"))
+                expr = _average(
+                    partial[name, "sum"], partial[name, "cnt"], state.schema[f"__sum_{name}"]
+                )
             elif agg.function in states.KINDS:
                 expr = states.final(agg, partial[name, states.KINDS[agg.function]])
             else:
                 expr = partial[name, agg.function]
             out.append(expr.alias(name))
         return state.select(out)
+
+
+def _average(total: Column, count: Column, total_field: T.StructField) -> Column:
+    """``sum / count``, null for no values: a double, or over decimals what Spark's ``avg``
+    gives — ``decimal(p + 4, s + 4)`` from the exact decimal sum (``decimal(p + 10, s)``), the
+    division and its rounding as Spark's own (a sum of precision 38 leaves ``p`` unknown: the
+    result is then ``decimal(38, s + 4)``, the same values)."""
+    total_type = total_field.dataType
+    if not isinstance(total_type, T.DecimalType):
+        return F.when(count > 0, total.cast("double") / count.cast("double"))
+    precision = _MAX_DECIMAL_PRECISION
+    if total_type.precision < _MAX_DECIMAL_PRECISION:
+        precision = total_type.precision - 10 + 4
+    result = T.DecimalType(
+        min(_MAX_DECIMAL_PRECISION, precision), min(_MAX_DECIMAL_PRECISION, total_type.scale + 4)
+    )
+    return F.when(count > 0, (total / count.cast(T.DecimalType(20, 0))).cast(result))
 
 
 def _value_type(state_type: T.DataType) -> T.DataType | None:
