@@ -318,6 +318,16 @@ def test_a_spec_becomes_a_dag_named_after_its_job_with_its_deployment_fields(
     assert run.fail_first_try_after_epochs == 3 and run.retries == 4
     assert run.conf == {"spark.ui.enabled": "false"}
 
+    # a pipeline with static tables: the trigger form can accept a restore over changed ones
+    assert "allow_changed_tables" not in dag.params
+    seat_miles = dag_factory.pipeline_dag(
+        ROOT / "dags" / "pipelines" / "nycflights13_seat_miles.py"
+    )
+    assert seat_miles.params["allow_changed_tables"] is False
+    (run,) = seat_miles.tasks
+    rendered = env.from_string(run.allow_changed_tables)
+    assert rendered.render(params={"allow_changed_tables": True}) == "True"
+
 
 @needs_airflow
 @pytest.mark.parametrize(

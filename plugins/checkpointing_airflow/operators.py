@@ -95,6 +95,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     :param coordinator_poll: seconds between coordinator passes while the application runs.
     :param allow_other_job: let ``restore`` be a checkpoint or savepoint path of another job;
         without it such a path fails the task before anything is submitted. (templated)
+    :param allow_changed_tables: restore even though a static table (``tables:``) changed
+        since the checkpoint; the change is recorded with the restore. (templated)
 
     Credentials (the metastore URL, AWS keys, any ``env_vars`` whose name says secret, password,
     token or key) reach the driver through spark-submit's process environment only, never as
@@ -111,6 +113,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         "parallelism_on_retry",
         "storage_url",
         "allow_other_job",
+        "allow_changed_tables",
     )
     ui_color = "#e8f4ea"
     #: "Checkpoints" on its task instances: the pipeline's page in the Checkpoints UI
@@ -129,6 +132,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         fail_first_try_after_epochs: int | None = None,
         coordinator_poll: float = 1.0,
         allow_other_job: bool | str = False,
+        allow_changed_tables: bool | str = False,
         **kwargs: Any,
     ) -> None:
         from checkpointing_airflow.callbacks import job_failed, restore_from_latest
@@ -149,6 +153,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.fail_first_try_after_epochs = fail_first_try_after_epochs
         self.coordinator_poll = coordinator_poll
         self.allow_other_job = allow_other_job
+        self.allow_changed_tables = allow_changed_tables
 
     # ------------------------------------------------------------------ what this try runs
 
@@ -257,6 +262,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         ]
         if _truthy(self.allow_other_job):
             self.application_args.append("--allow-other-job")
+        if _truthy(self.allow_changed_tables):
+            self.application_args.append("--allow-changed-tables")
         if self.fail_first_try_after_epochs and ti.try_number == 1:
             self.application_args += ["--fail-after-epochs", str(self.fail_first_try_after_epochs)]
         self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}

@@ -90,7 +90,8 @@ def build_pipeline_dag(
                 minLength=1,
                 title="Restore from",
                 description=(
-                    "latest: resume from the newest valid checkpoint (start empty if there is "
+                    "latest: resume from the newest valid checkpoint (for a finished job, its "
+                    "last run's final one: only new input is read; start empty if there is "
                     "none); none: start empty; a checkpoint id; or a savepoint or checkpoint "
                     "path. Retries always resume from this run's latest checkpoint."
                 ),
@@ -106,6 +107,7 @@ def build_pipeline_dag(
                     "value rescales the restored state (key groups are reassigned)."
                 ),
             ),
+            **_table_params(spec),
         },
     ) as dag:
         CheckpointedSparkSubmitOperator(
@@ -113,6 +115,7 @@ def build_pipeline_dag(
             pipeline=str(spec.spec_path),
             restore="{{ params.restore }}",
             parallelism="{{ params.parallelism }}",
+            allow_changed_tables="{{ params.allow_changed_tables }}" if spec.tables else False,
             parallelism_on_retry=spec.parallelism_on_retry,
             metastore_conn_id=metastore_conn_id,
             conn_id=spark_conn_id,
@@ -209,3 +212,23 @@ def _sink_doc(spec: PipelineSpec) -> str:
         mode = spec.sink.table_mode
         return f"`{spec.sink.path}` (a Delta Lake table, {mode} mode; one commit per checkpoint)"
     return f"`{spec.sink.path}` (final table in `final/`, epochs in `changelog/`)"
+
+
+def _table_params(spec: PipelineSpec) -> dict[str, Any]:
+    """A pipeline with static tables: the switch that accepts a restore over changed tables."""
+    from airflow.sdk import Param
+
+    if not spec.tables:
+        return {}
+    return {
+        "allow_changed_tables": Param(
+            False,
+            type="boolean",
+            title="Allow changed tables",
+            description=(
+                f"restore even though a static table ({', '.join(sorted(spec.tables))}) "
+                "changed since the checkpoint (the change is recorded with the restore); "
+                "otherwise such a restore fails before anything is written."
+            ),
+        )
+    }
