@@ -196,10 +196,12 @@ class _Job:
         self.reader.join(timeout=10)
 
 
-# the plans: [snapshot 2]; [epoch 3 + 0.54, restore 1]; [epoch 1 + 0.08]. About 2 min on an
-# idle 2-core machine (8 JVM starts), much more when other Spark jobs share it.
+# the plans: [snapshot 2]; [epoch 3 + 0.54, restore 1]. A kill inside an epoch is also what the
+# Delta sink's and the transform's kill tests do (tests/test_delta_sink.py,
+# tests/test_spark_transform.py), so seed 2's [epoch 1 + 0.08] is left out for the suite's time.
+# About 1.5 min on an idle 2-core machine (5 JVM starts), much more when other Spark jobs share it.
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("seed", [0, 3, 2])
+@pytest.mark.parametrize("seed", [0, 3])
 def test_kill_9_at_random_points_and_rerun_until_done(
     tmp_path: Path,
     seed: int,
