@@ -157,16 +157,22 @@ class SourceSpec(BaseModel):
     def _object_store_path(cls, v: str, info: ValidationInfo) -> str:
         """``s3://`` input is read by Arrow on the executors (no Hadoop S3 jars): Parquet only,
         and a bucket and key glob are needed. Local paths are not checked here."""
-        if not is_object_url(v):
-            return v
-        try:
-            split_url(v)
-        except ObjectStoreError:
-            raise ValueError("expected s3://bucket/prefix/*.parquet") from None
-        fmt = info.data.get("format")
-        if fmt is not None and fmt != SourceFormat.PARQUET:
-            raise ValueError(f"s3:// input is read as Parquet only for now; source.format is {fmt}")
+        return _object_input_path(v, info, "s3:// input is", "source.format")
+
+
+def _object_input_path(v: str, info: ValidationInfo, what: str, field: str) -> str:
+    """An input path on ``s3://`` needs a bucket and a key glob, and Parquet (read by Arrow on
+    the executors); ``what`` and ``field`` name them in the refusal of another format."""
+    if not is_object_url(v):
         return v
+    try:
+        split_url(v)
+    except ObjectStoreError:
+        raise ValueError("expected s3://bucket/prefix/*.parquet") from None
+    fmt = info.data.get("format")
+    if fmt is not None and fmt != SourceFormat.PARQUET:
+        raise ValueError(f"{what} read as Parquet only for now; {field} is {fmt}")
+    return v
 
 
 class TableSpec(BaseModel):
@@ -186,16 +192,7 @@ class TableSpec(BaseModel):
     @classmethod
     def _object_store_path(cls, v: str, info: ValidationInfo) -> str:
         """On ``s3://``: Parquet objects read as the source's are (Arrow, no Hadoop jars)."""
-        if not is_object_url(v):
-            return v
-        try:
-            split_url(v)
-        except ObjectStoreError:
-            raise ValueError("expected s3://bucket/prefix/*.parquet") from None
-        fmt = info.data.get("format")
-        if fmt is not None and fmt != SourceFormat.PARQUET:
-            raise ValueError(f"s3:// tables are read as Parquet only for now; format is {fmt}")
-        return v
+        return _object_input_path(v, info, "s3:// tables are", "format")
 
 
 class SinkSpec(BaseModel):

@@ -131,6 +131,21 @@ def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture
+def executors_see_s3(spark: object, s3_env: str) -> Iterator[None]:
+    """The session-wide Spark fixture started before this test pointed AWS_* at moto: hand
+    them to its Python workers as ``spark_session`` does when it builds a session with them
+    (``spark.executorEnv.*``, which becomes the context's worker environment)."""
+    from checkpointing.spark.executor_env import FORWARDED
+
+    environment = spark.sparkContext.environment  # type: ignore[attr-defined]
+    saved = dict(environment)
+    environment.update({k: os.environ[k] for k in FORWARDED if os.environ.get(k)})
+    yield
+    environment.clear()
+    environment.update(saved)
+
+
+@pytest.fixture
 def s3_bucket(s3_env: str) -> str:
     import boto3
 

@@ -14,13 +14,8 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
-import sys
-import threading
-import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,26 +27,14 @@ from checkpointing import datasets, views
 from checkpointing.delta_files import list_own_files
 from checkpointing.errors import ConfigError, StorageError
 from checkpointing.metastore import Metastore
-from checkpointing.spark.executor_env import FORWARDED
 from checkpointing.spec import SpecError
 from checkpointing.storage import FileSystemCheckpointStorage
+from tests.ckpt_process import CKPT, ckpt_env, kill_at_a_random_moment
 from tests.delta_helpers import read_table, txn_counts
 from tests.spark_pipeline import AGGS, EPOCHS, make_spec, run, write_events
 
 JOB = "deltajob"
 SCHEMA = "user string, n long, total double"
-
-
-@pytest.fixture
-def executors_see_s3(spark: Any, s3_env: str) -> Iterator[None]:
-    """The session's Python workers get the AWS_* variables pointing at moto (as a session
-    built with them would hand them on)."""
-    environment = spark.sparkContext.environment
-    saved = dict(environment)
-    environment.update({k: os.environ[k] for k in FORWARDED if os.environ.get(k)})
-    yield
-    environment.clear()
-    environment.update(saved)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -390,9 +373,6 @@ def test_spec_refusals(tmp_path: Path) -> None:
 
 # ============================================================================ end to end
 
-CKPT = str(Path(sys.executable).with_name("ckpt"))
-EPOCH_LINE = re.compile(rf"job {JOB}: epoch (\d+)/\d+ done in (\d+) ms")
-
 
 def _e2e_spec(workdir: Path, bucket: str) -> Path:
     aggs = ", ".join(f"{k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
@@ -427,41 +407,8 @@ def test_ckpt_run_on_s3_killed_at_a_random_moment_then_rescaled(
     for path in sorted(local.glob("*.parquet")):
         client.upload_file(str(path), s3_bucket, f"in/{path.name}")
     spec = _e2e_spec(tmp_path, s3_bucket)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
-    env |= {"CKPT_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
-    env["PYSPARK_SUBMIT_ARGS"] = "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
-
-    # early (2 or 3 of 6 epochs in): two JVM starts already cost most of this test's time. The
-    # first epoch is slow (a cold JVM): the wait is a fraction of a warm epoch, so at least
-    # three epochs are left to be killed in
-    after, fraction = rng.randint(2, 3), rng.random()
-    proc = subprocess.Popen(
-        [CKPT, "run", str(spec)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    epoch_ms: list[int] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if match := EPOCH_LINE.search(line):
-                epoch_ms.append(int(match[2]))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 300
-    while len(epoch_ms) < after:
-        assert proc.poll() is None, f"seed {seed}: the job ended (rc {proc.returncode}) first"
-        assert time.monotonic() < deadline, f"seed {seed}: epoch {after} not reached"
-        time.sleep(0.02)
-    time.sleep(fraction * min(epoch_ms[1:]) / 1000)  # somewhere in the next epoch or its commit
-    assert proc.poll() is None, f"seed {seed}: the job finished before the kill"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-    reader.join(timeout=10)
+    env = ckpt_env(tmp_path / "home")
+    kill_at_a_random_moment(spec, env, rng, JOB)
 
     resumed = subprocess.run(
         [CKPT, "run", str(spec), "--parallelism", "3"],

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ import pytest
 from checkpointing import datasets
 from checkpointing.metastore import Metastore
 from checkpointing.object_store import list_objects
-from checkpointing.spark.executor_env import FORWARDED
 from checkpointing.spark.preflight import RunOptions, check_run, input_files
 from checkpointing.spec import SpecError
 from checkpointing.storage import FileSystemCheckpointStorage
@@ -53,21 +51,6 @@ def _s3() -> Any:
     import boto3
 
     return boto3.client("s3")
-
-
-@pytest.fixture
-def executors_see_s3(spark: Any, s3_env: str) -> Iterator[None]:
-    """The session-wide Spark fixture started before this test pointed AWS_* at moto: hand
-    them to its Python workers as ``spark_session`` does when it builds a session with them
-    (``spark.executorEnv.*``, which becomes the context's worker environment)."""
-    import os
-
-    environment = spark.sparkContext.environment
-    saved = dict(environment)
-    environment.update({k: os.environ[k] for k in FORWARDED if os.environ.get(k)})
-    yield
-    environment.clear()
-    environment.update(saved)
 
 
 def test_s3_parquet_crash_rescaled_restore_and_replaced_object(

@@ -13,11 +13,7 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +33,7 @@ from tests.aggregate_expectations import (
     sample_stddev,
     sample_variance,
 )
+from tests.ckpt_process import CKPT, ckpt_env, kill_at_a_random_moment
 from tests.spark_pipeline import completed_ids, run, sink_of, write_events
 
 sqlite_only = pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)
@@ -66,8 +63,6 @@ TRANSFORM = """
   FROM input f LEFT JOIN planes p ON f.tailnum = p.tailnum
   WHERE f.dep_delay IS NOT NULL
 """
-CKPT = str(Path(sys.executable).with_name("ckpt"))
-EPOCH_LINE = re.compile(rf"job {JOB}: epoch (\d+)/\d+ done in (\d+) ms")
 
 
 @pytest.fixture(scope="module")
@@ -165,44 +160,6 @@ def _assert_equal(got: pd.DataFrame, want: dict[tuple[Any, ...], dict[str, Any]]
                 assert actual == value, where
 
 
-def _kill_at_a_random_moment(spec: Path, env: dict[str, str], rng: random.Random) -> int:
-    """``ckpt run`` at parallelism 3, SIGKILLed 2 or 3 epochs in plus a fraction of a warm
-    epoch (the first is slow: a cold JVM); returns the epochs it reported done."""
-    after, fraction = rng.randint(2, 3), rng.random()
-    proc = subprocess.Popen(
-        [CKPT, "run", str(spec)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    epoch_ms: list[int] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if match := EPOCH_LINE.search(line):
-                epoch_ms.append(int(match[2]))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 300
-    try:
-        while len(epoch_ms) < after:
-            assert proc.poll() is None, f"the job ended (rc {proc.returncode}) first"
-            assert time.monotonic() < deadline, f"epoch {after} not reached"
-            time.sleep(0.02)
-        time.sleep(fraction * min(epoch_ms[1:]) / 1000)  # in the next epoch or its commit
-        assert proc.poll() is None, "the job finished before the kill"
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-        reader.join(timeout=10)
-    assert proc.returncode == -signal.SIGKILL
-    return len(epoch_ms)
-
-
 @pytest.mark.timeout(600)
 def test_ckpt_run_of_flights_joined_to_planes_killed_then_rescaled_equals_pandas(
     flights: Path, tmp_path: Path, request: pytest.FixtureRequest
@@ -210,11 +167,9 @@ def test_ckpt_run_of_flights_joined_to_planes_killed_then_rescaled_equals_pandas
     seed = int(os.environ.get("CKPT_TEST_SEED") or random.randrange(10_000))
     print(f"seed {seed} (rerun with CKPT_TEST_SEED={seed})")
     spec_path = flights_spec(tmp_path, flights)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
-    env |= {"CKPT_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
-    env["PYSPARK_SUBMIT_ARGS"] = "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
+    env = ckpt_env(tmp_path / "home")
 
-    done = _kill_at_a_random_moment(spec_path, env, random.Random(seed))
+    done = kill_at_a_random_moment(spec_path, env, random.Random(seed), JOB)
     resumed = subprocess.run(
         [CKPT, "run", str(spec_path), "--parallelism", "2"],
         env=env,
