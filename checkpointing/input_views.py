@@ -16,10 +16,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
-
-from checkpointing.models import CheckpointAck, CheckpointTask
 from checkpointing.operator_ids import SOURCE
+from checkpointing.outcome import acked_state_meta
 
 #: at most this many files are listed in a section (the rest are only counted)
 FILE_LIMIT = 1000
@@ -108,26 +106,12 @@ def _bytes(files: list[_File]) -> int | None:
 def source_items(s: Any, job_id: str, checkpoint_id: int) -> list[dict[str, Any]] | None:
     """Every list-state item of the source's acknowledgements of a checkpoint, subtask by
     subtask; None when no source subtask acknowledged it."""
-    rows = s.execute(
-        select(CheckpointAck.state_meta)
-        .join(
-            CheckpointTask,
-            (CheckpointAck.job_id == CheckpointTask.job_id)
-            & (CheckpointAck.checkpoint_id == CheckpointTask.checkpoint_id)
-            & (CheckpointAck.attempt_id == CheckpointTask.attempt_id),
-        )
-        .where(
-            CheckpointTask.job_id == job_id,
-            CheckpointTask.checkpoint_id == checkpoint_id,
-            CheckpointTask.operator_id == SOURCE,
-        )
-        .order_by(CheckpointTask.subtask_index)
-    ).all()
+    rows = acked_state_meta(s, job_id, checkpoint_id, (SOURCE,))
     if not rows:
         return None
     return [
         item
-        for (meta,) in rows
+        for _, meta in rows
         for item in (meta or {}).get("list_state") or []
         if isinstance(item, dict) and isinstance(item.get("path"), str)
     ]

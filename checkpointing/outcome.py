@@ -126,10 +126,11 @@ def latest_completed(metastore: Metastore, job_id: str) -> CheckpointPoint | Non
         return None if row is None else _point(s, row)
 
 
-def epochs_done(s: Any, job_id: str, checkpoint_id: int) -> int | None:
-    """How many epochs checkpoint ``checkpoint_id`` covers, from its acknowledgements: the
-    source's list state holds the splits still to read (each with its epoch), the sink's the
-    epochs staged but not yet committed (the last one is the checkpoint's own)."""
+def acked_state_meta(
+    s: Any, job_id: str, checkpoint_id: int, operators: tuple[str, ...]
+) -> list[tuple[str, dict[str, Any] | None]]:
+    """``(operator, state_meta)`` of every acknowledged task of ``operators`` in a checkpoint,
+    by operator and subtask (list state is in ``state_meta["list_state"]``)."""
     rows = s.execute(
         select(CheckpointTask.operator_id, CheckpointAck.state_meta)
         .join(
@@ -141,9 +142,18 @@ def epochs_done(s: Any, job_id: str, checkpoint_id: int) -> int | None:
         .where(
             CheckpointTask.job_id == job_id,
             CheckpointTask.checkpoint_id == checkpoint_id,
-            CheckpointTask.operator_id.in_((SOURCE, SINK)),
+            CheckpointTask.operator_id.in_(operators),
         )
+        .order_by(CheckpointTask.operator_id, CheckpointTask.subtask_index)
     ).all()
+    return [(operator_id, meta) for operator_id, meta in rows]
+
+
+def epochs_done(s: Any, job_id: str, checkpoint_id: int) -> int | None:
+    """How many epochs checkpoint ``checkpoint_id`` covers, from its acknowledgements: the
+    source's list state holds the splits still to read (each with its epoch), the sink's the
+    epochs staged but not yet committed (the last one is the checkpoint's own)."""
+    rows = acked_state_meta(s, job_id, checkpoint_id, (SOURCE, SINK))
     epochs: dict[str, list[int]] = {SOURCE: [], SINK: []}
     processed: list[int] = []
     seen = set()
