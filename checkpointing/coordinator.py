@@ -145,7 +145,7 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
                 not_by=self.coordinator_id,
             )
         self.fencing.active = True
-        self._dispose([a.storage_location for a in aborted])
+        self._dispose(aborted=aborted)
         if aborted:
             log.info(
                 "job %s: took over coordination, aborted %s",
@@ -233,7 +233,7 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
                     s, self.job_id, "checkpoint coordinator is suspending", now
                 )
                 self.failure_manager.reset(s)
-        self._dispose([a.storage_location for a in aborted])
+        self._dispose(aborted=aborted)
 
     def failover(self, message: str = "job failover") -> list[int]:
         """A task attempt failed: abort pending checkpoints (not counted as failures) so the next
@@ -244,13 +244,14 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
             aborted = pending.abort(
                 s, self.job_id, CheckpointFailureReason.JOB_FAILOVER, message, self.clock.now()
             )
-        self._dispose([a.storage_location for a in aborted])
+        self._dispose(aborted=aborted)
         return [a.checkpoint_id for a in aborted]
 
     def shutdown(self, job_status: JobStatus) -> list[int]:
         """The job ended: stop, abort what is pending, apply the retention policy to completed
-        checkpoints. Returns the ids of discarded checkpoints. A coordinator that another one
-        superseded only stops itself: the job, its checkpoints and files are its successor's."""
+        checkpoints (and the shared files only they used). Returns the ids of discarded
+        checkpoints. A coordinator that another one superseded only stops itself: the job, its
+        checkpoints and files are its successor's."""
         self.stop_background()
         now = self.clock.now()
         with self._lock:
@@ -272,9 +273,7 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
                 jobs.update_job(
                     s, self.job_id, status=job_status, periodic_scheduling=False, updated_at=now
                 )
-        self._dispose(
-            [a.storage_location for a in aborted] + [d.storage_location for d in disposals]
-        )
+        self._dispose(disposals, aborted)
         return [d.checkpoint_id for d in disposals]
 
     @property

@@ -53,3 +53,8 @@ class OutcomeUnknownError(StorageError):
 
 class NoCheckpointError(CheckpointingError, LookupError):
     """Strict restore asked for a checkpoint and the job has no valid one."""
+
+
+class SharedStateError(CheckpointingError):
+    """A completing checkpoint refers to a shared state file that no retained checkpoint of its
+    job registered (it may be deleted already): the checkpoint cannot complete (names both)."""

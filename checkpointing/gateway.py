@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from checkpointing import jobs, notifications, pending, request_queue, store
+from checkpointing import jobs, notifications, pending, request_queue, shared_state, store
 from checkpointing.ack_validation import ack_problem, discard_rejected_state
 from checkpointing.acknowledge import acknowledge
 from checkpointing.clock import Clock
@@ -40,7 +40,7 @@ from checkpointing.models import Checkpoint
 from checkpointing.notifications import CompletionListener, CompletionNotifier
 from checkpointing.pending import AckResult, PendingCheckpoint, TaskAck
 from checkpointing.status import CheckpointType, RequestStatus
-from checkpointing.storage import CheckpointStorage, FileInfo
+from checkpointing.storage import CheckpointStorage, FileInfo, FileSystemCheckpointStorage
 from checkpointing.store import CompletedCheckpoint
 
 log = logging.getLogger(__name__)
@@ -107,10 +107,10 @@ class CheckpointCoordinatorGateway:
         if self.fencing.active and owner != self.coordinator_id:  # the owner never changes
             raise CoordinatorSuperseded(self.coordinator_id, self.job_id, str(owner))
         location = self.storage.location_for(location_url)
-        roots = (location.url, self.storage.shared_url(self.job_id))
+        shared = self.storage.shared_url(self.job_id)
         refused: dict[str, str] = {}
         for a in acks:
-            problem = ack_problem(a, location, roots, self.storage)
+            problem = ack_problem(a, location, shared, self.storage)
             if problem is not None:
                 refused.setdefault(a.attempt_id, problem)
         declined: dict[str, AckResult] = {}
@@ -298,7 +298,9 @@ class CheckpointCoordinatorGateway:
             self.storage.delete(location.metadata_url)
             return None
         disposals, older = marked
-        self._dispose([d.storage_location for d in disposals] + [a.storage_location for a in older])
+        self._dispose(disposals, older)
+        dirs = shared_state.SharedDirs.of(self.storage, self.job_id, checkpoint_id)
+        written = shared_state.checkpointed_size(metadata, location.url, dirs)
         completed = CompletedCheckpoint(
             self.job_id,
             checkpoint_id,
@@ -307,13 +309,15 @@ class CheckpointCoordinatorGateway:
             checkpoint.location,
             metadata.state_size,
             metadata,
+            written,
         )
         log.info(
-            "job %s: completed %s %d (%d bytes, %d tasks)%s",
+            "job %s: completed %s %d (%d bytes, %d written, %d tasks)%s",
             self.job_id,
             ctype.value.lower(),
             checkpoint_id,
             metadata.state_size,
+            written,
             len(checkpoint.tasks),
             f", subsumed {[d.checkpoint_id for d in disposals]}" if disposals else "",
         )
@@ -333,12 +337,14 @@ class CheckpointCoordinatorGateway:
         info: FileInfo,
     ) -> tuple[list[store.Disposal], list[pending.AbortedCheckpoint]] | None:
         """Steps 2 to 4 of completion in one transaction: COMPLETED (None if no longer ours to
-        complete), subsume, abort older pending; returns what to delete after the commit."""
+        complete) with its shared files registered, subsume, abort older pending; returns what
+        to delete after the commit."""
         now = metadata.completed_at
+        dirs = shared_state.SharedDirs.of(self.storage, self.job_id, checkpoint_id)
         with self.metastore.transaction() as s:
             self.fencing.lock_job(s)  # the job row before the checkpoint rows, as a takeover does
             added = store.add(
-                s, self.job_id, checkpoint_id, token, metadata, info, self.config.retained
+                s, self.job_id, checkpoint_id, token, metadata, info, self.config.retained, dirs
             )
             if added is None:
                 return None
@@ -426,7 +432,7 @@ class CheckpointCoordinatorGateway:
         dispose: bool = True,
     ) -> None:
         if dispose:
-            self._dispose([a.storage_location for a in aborted])
+            self._dispose(aborted=aborted)
         for a in aborted:
             log.warning("job %s: checkpoint %d aborted", self.job_id, a.checkpoint_id)
         if failure is not None:
@@ -440,9 +446,51 @@ class CheckpointCoordinatorGateway:
         if self.on_job_failure is not None:
             self.on_job_failure(failure)
 
-    def _dispose(self, locations: Sequence[str]) -> None:
-        for url in locations:
+    def _dispose(
+        self,
+        released: Sequence[store.Disposal] = (),
+        aborted: Sequence[pending.AbortedCheckpoint] = (),
+    ) -> None:
+        """After the commit that released or aborted them: delete the checkpoints' directories;
+        for an aborted (never completed) checkpoint also its ``shared/chk-<id>/``, where only its
+        own new files lie and nothing can refer to them; for a released one the shared files no
+        retained checkpoint refers to any more, then the ``shared/chk-<m>/`` they emptied."""
+        for url in [d.storage_location for d in released] + [a.storage_location for a in aborted]:
             try:
                 self.storage.location_for(url).dispose_on_failure()
             except Exception:
                 log.exception("job %s: could not delete %s", self.job_id, url)
+        for a in aborted:
+            url = self.storage.shared_checkpoint_url(self.job_id, a.checkpoint_id)
+            try:
+                self.storage.delete_tree(url)
+            except Exception:
+                log.exception("job %s: could not delete %s", self.job_id, url)
+        root = self.storage.shared_url(self.job_id)
+        emptied: set[str] = set()
+        for handle in (h for d in released for h in d.shared):
+            if handle == root or not self.storage.contains(handle, root):
+                log.error("job %s: not deleting %s: outside %s", self.job_id, handle, root)
+                continue
+            try:
+                self.storage.delete(handle)
+                emptied.add(handle.rsplit("/", 1)[0])
+            except Exception:
+                log.exception("job %s: could not delete shared state %s", self.job_id, handle)
+        for url in sorted(emptied, reverse=True):
+            self._remove_empty_dirs(url, root)
+
+    def _remove_empty_dirs(self, url: str, root: str) -> None:
+        """Remove ``url`` and its parents below ``root`` while they are empty (a local
+        filesystem's directories; object stores have none)."""
+        if not isinstance(self.storage, FileSystemCheckpointStorage):
+            return
+        path, stop = self.storage.path_of(url), self.storage.path_of(root)
+        while path != stop and stop in path.parents:
+            try:
+                path.rmdir()  # only ever an empty one
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return  # not empty (or not ours to remove): leave it and its parents
+            path = path.parent

@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -26,6 +27,22 @@ READABLE_VERSIONS = (1, 2)
 _ENVELOPE = {"format", "version", "checksum", "body"}
 
 
+class ChainedFile(BaseModel):
+    """An earlier state file an incremental snapshot builds on (Flink's shared state handle):
+    written by an earlier checkpoint under the job's ``shared/`` directory, referenced here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    handle: str = Field(min_length=1, max_length=2048)
+    size: int = Field(ge=0)
+    checksum: str | None
+
+
+#: the longest chain of files one subtask's incremental state may span (a bound on what an
+#: ack may send; the runtime materialises a full snapshot long before)
+MAX_CHAIN = 64
+
+
 class StateDescriptor(BaseModel):
     """What a state file holds, sent with the task's ack and kept in ``_metadata``, so that a
     restore can be planned without opening the files."""
@@ -37,6 +54,12 @@ class StateDescriptor(BaseModel):
     group_bytes: dict[int, int] | None = None
     #: operator list state (e.g. source splits), redistributed round-robin on rescale
     list_state: list[dict[str, Any]] | None = None
+    #: incremental keyed state: the files before this one, oldest first (a full snapshot, then
+    #: the changes after it); the subtask's state is their rows then this file's, the last
+    #: row of a key winning. ``group_bytes`` counts the bytes of every file.
+    chain: list[ChainedFile] | None = Field(default=None, max_length=MAX_CHAIN)
+    #: key groups this snapshot wrote (all non-empty ones for a full snapshot): informational
+    changed_groups: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> StateDescriptor:
@@ -51,6 +74,8 @@ class StateDescriptor(BaseModel):
             raise ValueError("group_bytes needs key_groups")
         if any(n < 0 for n in (self.group_bytes or {}).values()):
             raise ValueError("group_bytes must not be negative")
+        if self.chain and self.key_groups is None:
+            raise ValueError("chain needs key_groups")
         return self
 
 
@@ -61,6 +86,15 @@ class SubtaskStateHandle(StateDescriptor):
     handle: str | None
     size: int = Field(ge=0)
     checksum: str | None
+
+    def files(self) -> list[ChainedFile]:
+        """Every file of the subtask's state, oldest first: the chain, then its own handle."""
+        if self.handle is None:
+            return []
+        return [
+            *(self.chain or []),
+            ChainedFile(handle=self.handle, size=self.size, checksum=self.checksum),
+        ]
 
 
 class OperatorState(BaseModel):
@@ -86,7 +120,8 @@ class CheckpointMetadata(BaseModel):
 
     @property
     def state_size(self) -> int:
-        return sum(s.size for op in self.operators for s in op.subtasks)
+        """Bytes of every file the state spans, shared ones included (Flink's full size)."""
+        return sum(f.size for f in self.files())
 
     def list_items(self, operator_id: str) -> list[dict[str, Any]]:
         """Every list-state item of ``operator_id``, over all its subtasks."""
@@ -100,6 +135,11 @@ class CheckpointMetadata(BaseModel):
 
     def handles(self) -> list[SubtaskStateHandle]:
         return [s for op in self.operators for s in op.subtasks if s.handle]
+
+    def files(self) -> list[ChainedFile]:
+        """Every state file, each once: the subtasks' handles and the chains they build on."""
+        unique = {f.handle: f for s in self.handles() for f in s.files()}
+        return list(unique.values())
 
     def to_bytes(self) -> bytes:
         body = self.model_dump(mode="json")
@@ -152,14 +192,19 @@ def verify_handles(
     *,
     deep: bool = True,
     roots: tuple[str, ...] = (),
+    known_bad: Mapping[str, str] = MappingProxyType({}),
 ) -> None:
     """Check every state file exists with its recorded size, and (``deep``) its checksum.
+
+    ``known_bad``: files already found unusable (url -> why), e.g. a corrupt shared file while
+    verifying a newer checkpoint that uses it too: refused without reading them again.
 
     With ``roots``, every handle must lie under one of them (the checkpoint's directory, the
     job's shared state): a ``_metadata`` from shared storage must not steer reads elsewhere.
     """
-    for h in metadata.handles():
-        assert h.handle is not None
+    for h in metadata.files():
+        if h.handle in known_bad:
+            raise CorruptSnapshotError(h.handle, known_bad[h.handle])
         if roots and not any(storage.contains(h.handle, root) for root in roots):
             raise CorruptSnapshotError(h.handle, "state handle outside the checkpoint's directory")
         if deep:

@@ -119,7 +119,11 @@ class Checkpoint(Base):
     storage_location: Mapped[str] = mapped_column(PATH)
     metadata_path: Mapped[str | None] = mapped_column(PATH)
     metadata_checksum: Mapped[str | None] = mapped_column(String(80))
+    #: bytes of every file the state spans, shared files of earlier checkpoints included
     state_size: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: bytes this checkpoint wrote itself (Flink's checkpointed data size): ``state_size`` less
+    #: the shared files it reuses; the two are equal for a full (non-incremental) checkpoint
+    checkpointed_size: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     failure_reason: Mapped[str | None] = mapped_column(String(64))
     failure_message: Mapped[str | None] = mapped_column(Text)
     coordinator_id: Mapped[str | None] = mapped_column(String(64))
@@ -183,6 +187,22 @@ class CheckpointAck(Base):
     #: what the state file holds, for restore without reading it: keyed state's key-group range
     #: and bytes per group, or operator list state's items (see ``metadata.SubtaskStateHandle``)
     state_meta: Mapped[dict[str, Any] | None]
+
+
+class SharedStateRef(Base):
+    """One completed checkpoint's use of one file under the job's ``shared/`` directory (an
+    entry of Flink's ``SharedStateRegistry``): a file's reference count is its number of rows,
+    and the file is deleted when the last retained checkpoint using it is released."""
+
+    __tablename__ = "ckpt_shared_state"
+    __table_args__ = (Index("ix_ckpt_shared_state_job_handle", "job_id", "handle"),)
+
+    job_id: Mapped[str] = mapped_column(
+        ForeignKey("ckpt_jobs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    checkpoint_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    handle: Mapped[str] = mapped_column(PATH, primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
 
 
 class CheckpointRequest(Base):

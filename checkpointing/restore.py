@@ -9,8 +9,11 @@ in strict mode.
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from checkpointing import jobs, store
@@ -116,12 +119,17 @@ def find_latest_valid(
             or (c.completed_at is not None and c.completed_at >= completed_after)
         ]
     skipped: list[SkippedCheckpoint] = []
+    #: state files found unusable: an older checkpoint sharing one (incremental checkpoints
+    #: share their unchanged files) is refused at once, not read again
+    bad: dict[str, str] = {}
     for checkpoint_id, ctype, path, checksum in candidates:
         try:
-            metadata = _verified(storage, job_id, checkpoint_id, path, checksum, deep)
+            metadata = _verified(storage, job_id, checkpoint_id, path, checksum, deep, bad)
         except (StorageError, ValueError) as exc:
             reason = exc.reason if isinstance(exc, CorruptSnapshotError) else str(exc)
             where = exc.path if isinstance(exc, CorruptSnapshotError) else path
+            if isinstance(exc, CorruptSnapshotError) and where != path and where not in bad:
+                bad[where] = f"{reason} (found verifying checkpoint {checkpoint_id})"
             log.warning(
                 "job %s: checkpoint %d is not restorable (%s: %s)",
                 job_id,
@@ -188,7 +196,12 @@ def load_external(
             "restore from another job's state must be asked for explicitly (allow another "
             "job, e.g. --allow-other-job)"
         )
-    verify_handles(storage, metadata, deep=deep, roots=(url.rsplit("/", 1)[0],))
+    directory = url.rsplit("/", 1)[0]
+    roots = [directory]
+    parent, _, name = directory.rpartition("/")
+    if re.fullmatch(r"chk-[0-9]+", name):  # a retained incremental checkpoint: its job's shared/
+        roots.append(f"{parent}/shared")
+    verify_handles(storage, metadata, deep=deep, roots=tuple(roots))
     return RestoreDecision(
         job_id or metadata.job_id,
         metadata.checkpoint_id,
@@ -205,6 +218,7 @@ def _verified(
     path: str | None,
     checksum: str | None,
     deep: bool,
+    known_bad: Mapping[str, str] = MappingProxyType({}),
 ) -> CheckpointMetadata:
     if not path:
         raise CorruptSnapshotError(f"checkpoint {checkpoint_id}", "no metadata path recorded")
@@ -216,7 +230,7 @@ def _verified(
         )
     directory = path.rsplit("/", 1)[0]
     roots = (directory, storage.shared_url(job_id))
-    verify_handles(storage, metadata, deep=deep, roots=roots)
+    verify_handles(storage, metadata, deep=deep, roots=roots, known_bad=known_bad)
     return metadata
 
 

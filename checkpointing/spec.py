@@ -240,6 +240,9 @@ class CheckpointSpec(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     every_epochs: int | None = Field(default=None, ge=1, strict=True)
+    #: write only the state changed since the previous checkpoint, referencing the rest from
+    #: earlier checkpoints (Flink's incremental checkpoints); false: every checkpoint is full
+    incremental: bool = Field(default=True, strict=True)
 
     def config(self) -> CheckpointConfig:
         return CheckpointConfig.model_validate(self.model_extra or {})
@@ -483,7 +486,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 def _check_checkpoint_fields(section: Any) -> None:
     if not isinstance(section, dict):
         return
-    known = set(CheckpointConfig.model_fields) | {"every_epochs"}
+    known = set(CheckpointConfig.model_fields) | {"every_epochs", "incremental"}
     for name in section:
         if name not in known:
             hint = difflib.get_close_matches(str(name), sorted(known), n=1)

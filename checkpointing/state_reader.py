@@ -30,8 +30,9 @@ import pyarrow as pa
 
 from checkpointing import restore
 from checkpointing.errors import CheckpointingError, CorruptSnapshotError
+from checkpointing.incremental import merge_chain
 from checkpointing.keygroups import KeyGroupRange, KeyValue, key_group_for
-from checkpointing.metadata import OperatorState, SubtaskStateHandle
+from checkpointing.metadata import ChainedFile, OperatorState, SubtaskStateHandle
 from checkpointing.metastore import Metastore
 from checkpointing.snapshot import (
     KEY_GROUP_COLUMN,
@@ -161,8 +162,8 @@ class CheckpointReader:
                 kind=_kind(op),
                 parallelism=op.parallelism,
                 max_parallelism=op.max_parallelism,
-                files=sum(1 for s in op.subtasks if s.handle),
-                bytes=sum(s.size for s in op.subtasks),
+                files=sum(len(s.files()) for s in op.subtasks),
+                bytes=sum(f.size for s in op.subtasks for f in s.files()),
                 list_items=sum(len(s.list_state or ()) for s in op.subtasks),
             )
             for op in sorted(self.metadata.operators, key=lambda o: o.operator_id)
@@ -256,7 +257,7 @@ class CheckpointReader:
                 truncated = any(x.group_bytes for x in handles[n:])
                 break
             table = self._keyed_table(op, h)
-            files.append(h.handle)
+            files.extend(f.handle for f in h.files())
             schema = table.schema
             want = table.num_rows if limit is None else min(table.num_rows, limit - len(rows))
             truncated = want < table.num_rows
@@ -297,7 +298,7 @@ class CheckpointReader:
         except TypeError:
             guess = None
         first = guess or min(non_empty, key=lambda h: h.size)
-        files = [first.handle]
+        files = [first.files()[0].handle]
         schema = self._snapshot_info(op, first).schema
         keys = _key_columns(schema, key_columns)
         if len(key) != len(keys):
@@ -315,12 +316,8 @@ class CheckpointReader:
         rows: list[dict[str, Any]] = []
         holder = holder_of(group)
         if holder is not None:
-            assert holder.handle is not None
-            if holder.handle not in files:
-                files.append(holder.handle)
-            self._snapshot_info(op, holder)  # the range and max parallelism match _metadata
-            data = self._bytes(holder)
-            table = read_keyed_snapshot(data, KeyGroupRange(group, group), path=holder.handle)
+            files.extend(f.handle for f in holder.files() if f.handle not in files)
+            table = self._keyed_table(op, holder, KeyGroupRange(group, group))
             for row in table.to_pylist():
                 stored = [row[c] for c in keys]
                 hashed = key_group_for(stored, op.max_parallelism)
@@ -346,7 +343,7 @@ class CheckpointReader:
 
     # ------------------------------------------------------------------ files
 
-    def _bytes(self, handle: SubtaskStateHandle) -> bytes:
+    def _bytes(self, handle: SubtaskStateHandle | ChainedFile) -> bytes:
         """A state file's bytes, verified against the size and checksum in ``_metadata``."""
         assert handle.handle is not None
         data = self._files.get(handle.handle)
@@ -357,24 +354,34 @@ class CheckpointReader:
             self._files[handle.handle] = data
         return data
 
-    def _snapshot_info(self, op: OperatorState, handle: SubtaskStateHandle) -> SnapshotInfo:
-        """A keyed file's footer, checked against what ``_metadata`` says the file holds."""
+    def _snapshot_info(
+        self, op: OperatorState, handle: SubtaskStateHandle, file: ChainedFile | None = None
+    ) -> SnapshotInfo:
+        """A keyed file's footer (the subtask's first file, or ``file`` of its chain), checked
+        against what ``_metadata`` says the subtask's files hold."""
         assert handle.handle is not None and handle.key_groups is not None
-        info = read_snapshot_info(self._bytes(handle), path=handle.handle)
+        file = file or handle.files()[0]
+        info = read_snapshot_info(self._bytes(file), path=file.handle)
         expected = KeyGroupRange(*handle.key_groups)
         if info.max_parallelism != op.max_parallelism or info.key_groups != expected:
             raise CorruptSnapshotError(
-                handle.handle,
+                file.handle,
                 f"holds key groups {info.key_groups.start}-{info.key_groups.end} of "
                 f"{info.max_parallelism}, _metadata says {expected.start}-{expected.end} of "
                 f"{op.max_parallelism}",
             )
         return info
 
-    def _keyed_table(self, op: OperatorState, handle: SubtaskStateHandle) -> pa.Table:
-        assert handle.handle is not None
-        self._snapshot_info(op, handle)
-        return read_keyed_snapshot(self._bytes(handle), path=handle.handle)
+    def _keyed_table(
+        self, op: OperatorState, handle: SubtaskStateHandle, groups: KeyGroupRange | None = None
+    ) -> pa.Table:
+        """A subtask's state (in ``groups``): its one file, or its chain merged (the last row
+        of a key wins), as a restore reads it."""
+        tables = []
+        for f in handle.files():
+            info = self._snapshot_info(op, handle, f)
+            tables.append(read_keyed_snapshot(self._bytes(f), groups, path=f.handle))
+        return merge_chain(tables, _key_columns(info.schema, None))
 
 
 def inspect_state(

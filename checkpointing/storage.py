@@ -97,6 +97,11 @@ class CheckpointStorage(ABC):
     def shared_url(self, job_id: str) -> str:
         return f"{self.job_url(job_id)}/shared"
 
+    def shared_checkpoint_url(self, job_id: str, checkpoint_id: int) -> str:
+        """Where checkpoint ``checkpoint_id`` writes its incremental state: under ``shared/``,
+        because later checkpoints reference those files after this one is subsumed."""
+        return f"{self.shared_url(job_id)}/chk-{validate_checkpoint_id(checkpoint_id)}"
+
     def initialize_location_for_checkpoint(
         self, job_id: str, checkpoint_id: int
     ) -> StorageLocation:

@@ -5,6 +5,11 @@ The store holds COMPLETED checkpoints; it keeps the newest ``retained`` of them 
 rest. Savepoints are completed too but never enter the retained count and are never subsumed or
 deleted by the system. File deletion always happens *after* the metastore transaction commits, so
 a failed commit never leaves the metastore pointing at deleted files.
+
+Incremental checkpoints share files under the job's ``shared/`` directory: a completion registers
+the ones it uses (:mod:`checkpointing.shared_state`) before it subsumes anything, and a checkpoint
+leaving the retained set releases its references; the shared files left unreferenced are in its
+:class:`Disposal`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from checkpointing import shared_state
 from checkpointing.metadata import CheckpointMetadata
 from checkpointing.models import Checkpoint, Job
 from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus
@@ -34,6 +40,8 @@ class CompletedCheckpoint:
     location: str
     state_size: int
     metadata: CheckpointMetadata
+    #: bytes the checkpoint wrote itself (``state_size`` less the shared files it reuses)
+    checkpointed_size: int = 0
 
     @classmethod
     def of(cls, row: Checkpoint, metadata: CheckpointMetadata) -> CompletedCheckpoint:
@@ -47,6 +55,7 @@ class CompletedCheckpoint:
             row.storage_location,
             row.state_size,
             metadata,
+            row.checkpointed_size,
         )
 
 
@@ -55,7 +64,11 @@ class Disposal:
     """Files to delete once the transaction that released them has committed."""
 
     checkpoint_id: int
+    #: the checkpoint's directory, deleted whole
     storage_location: str
+    #: shared state files (under the job's ``shared/``) that no retained checkpoint refers to
+    #: any more since this one was released
+    shared: tuple[str, ...] = ()
 
 
 def completed(session: Session, job_id: str, *, savepoints: bool = True) -> Sequence[Checkpoint]:
@@ -85,13 +98,20 @@ def add(
     metadata: CheckpointMetadata,
     info: FileInfo,
     retained: int,
+    shared: shared_state.SharedDirs,
 ) -> tuple[int | None, list[Disposal]] | None:
     """Flink's ``CompletedCheckpointStore.addCheckpointAndSubsumeOldestOne``, after the
-    ``_metadata`` was written: mark the claimed PENDING row COMPLETED, record it as the job's
-    latest completion, and (checkpoints only: a savepoint subsumes nothing) subsume beyond
-    ``retained``. None when the row is no longer ours to complete (aborted meanwhile); else its
-    request id, if a request triggered it, and what to delete after the commit."""
+    ``_metadata`` was written: mark the claimed PENDING row COMPLETED, register the shared files
+    it uses (``shared``: the job's shared directory and the checkpoint's own in it), record it as
+    the job's latest completion, and (checkpoints only: a savepoint subsumes nothing) subsume
+    beyond ``retained``. None when the row is no longer ours to complete (aborted meanwhile);
+    else its request id, if a request triggered it, and what to delete after the commit.
+    :class:`~checkpointing.errors.SharedStateError` when it reuses a shared file no retained
+    checkpoint registered: the caller rolls back and aborts it."""
     now = metadata.completed_at
+    checkpoint = CheckpointType(metadata.checkpoint_type) is CheckpointType.CHECKPOINT
+    location = info.url.rsplit("/", 1)[0]  # the _metadata lies in the checkpoint's directory
+    written = shared_state.checkpointed_size(metadata, location, shared)
     marked = session.execute(
         update(Checkpoint)
         .where(
@@ -106,11 +126,16 @@ def add(
             metadata_path=info.url,
             metadata_checksum=info.checksum,
             state_size=metadata.state_size,
+            checkpointed_size=written,
         )
         .returning(Checkpoint.request_id)
     ).one_or_none()
     if marked is None:
         return None
+    # before subsuming: a file this checkpoint reuses must keep a reference
+    shared_state.register(
+        session, job_id, checkpoint_id, metadata, shared, savepoint=not checkpoint
+    )
     # completions may commit out of id order: the job's latest is the highest id, on each dialect
     latest = (
         func.greatest(Job.last_completed_id, checkpoint_id)
@@ -122,13 +147,13 @@ def add(
         .where(Job.job_id == job_id)
         .values(last_completed_id=func.coalesce(latest, checkpoint_id), last_completion_at=now)
     )
-    checkpoint = CheckpointType(metadata.checkpoint_type) is CheckpointType.CHECKPOINT
     disposals = subsume(session, job_id, retained, now) if checkpoint else []
     return marked[0], disposals
 
 
 def subsume(session: Session, job_id: str, retained: int, now: datetime) -> list[Disposal]:
-    """Keep the newest ``retained`` completed checkpoints; subsume older ones."""
+    """Keep the newest ``retained`` completed checkpoints; subsume older ones, releasing their
+    shared files."""
     old = session.scalars(
         select(Checkpoint)
         .where(
@@ -143,8 +168,8 @@ def subsume(session: Session, job_id: str, retained: int, now: datetime) -> list
     for c in old:
         c.status = CheckpointStatus.SUBSUMED
         c.ended_at = now
-        if c.discard_on_subsumed:
-            disposals.append(Disposal(c.checkpoint_id, c.storage_location))
+        if c.discard_on_subsumed:  # else its files are kept, and so are its references
+            disposals.append(_released(session, c))
     return disposals
 
 
@@ -172,8 +197,15 @@ def shutdown(session: Session, job_id: str, job_status: JobStatus, now: datetime
             c.status = CheckpointStatus.DISCARDED
             c.ended_at = now
             c.failure_message = f"discarded on job {job_status.value.lower()} (retention policy)"
-            disposals.append(Disposal(c.checkpoint_id, c.storage_location))
+            disposals.append(_released(session, c))
     return disposals
+
+
+def _released(session: Session, c: Checkpoint) -> Disposal:
+    """The disposal of a completed checkpoint leaving the retained set: its directory, and the
+    shared files that no checkpoint refers to once its references are dropped."""
+    unused = shared_state.release(session, c.job_id, [c.checkpoint_id])
+    return Disposal(c.checkpoint_id, c.storage_location, tuple(unused))
 
 
 def discard_savepoint(

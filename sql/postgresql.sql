@@ -1,4 +1,4 @@
--- Reference DDL of the checkpoint metastore for postgresql, revision 0002.
+-- Reference DDL of the checkpoint metastore for postgresql, revision 0003.
 -- Generated from checkpointing/models.py by `make ddl`; `ckpt db upgrade` (Alembic) is
 -- the supported way to create or migrate a metastore. A test fails when they drift.
 
@@ -65,6 +65,17 @@ CREATE TABLE ckpt_restores (
 
 CREATE INDEX ix_ckpt_restores_job ON ckpt_restores (job_id, restore_id);
 
+CREATE TABLE ckpt_shared_state (
+	job_id VARCHAR(128) NOT NULL,
+	checkpoint_id BIGINT NOT NULL,
+	handle VARCHAR(2048) NOT NULL,
+	size BIGINT NOT NULL,
+	PRIMARY KEY (job_id, checkpoint_id, handle),
+	FOREIGN KEY(job_id) REFERENCES ckpt_jobs (job_id) ON DELETE CASCADE
+);
+
+CREATE INDEX ix_ckpt_shared_state_job_handle ON ckpt_shared_state (job_id, handle);
+
 CREATE TABLE ckpt_checkpoints (
 	job_id VARCHAR(128) NOT NULL,
 	checkpoint_id BIGINT NOT NULL,
@@ -86,6 +97,7 @@ CREATE TABLE ckpt_checkpoints (
 	metadata_path VARCHAR(2048),
 	metadata_checksum VARCHAR(80),
 	state_size BIGINT NOT NULL,
+	checkpointed_size BIGINT DEFAULT '0' NOT NULL,
 	failure_reason VARCHAR(64),
 	failure_message TEXT,
 	coordinator_id VARCHAR(64),
@@ -132,4 +144,4 @@ CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL,
 	CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
 );
-INSERT INTO alembic_version (version_num) VALUES ('0002');
+INSERT INTO alembic_version (version_num) VALUES ('0003');

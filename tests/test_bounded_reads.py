@@ -218,23 +218,23 @@ def test_the_executor_reads_restored_state_bounded_by_its_recorded_size(
     )
     url = storage.initialize_location_for_checkpoint(JOB, 1).file_url("op", "0")
     info = storage.write_bytes(url, data)
-    row = {"part_key": 0, "url": url, "checksum": info.checksum, "start": 0, "end": 3}
+    row = {"part_key": 0, "urls": [url], "checksums": [info.checksum], "start": 0, "end": 3}
     columns = [KEY_GROUP, "v", SUBTASK]
-    read = list(read_subtask_snapshots(storage, columns, iter([_batch(row, size=info.size)])))
+    read = list(read_subtask_snapshots(storage, columns, ["v"], iter([_batch(row, info.size)])))
     assert sum(b.num_rows for b in read) == 2
     with pytest.raises(CorruptSnapshotError, match=f"size {info.size} bytes, expected 16"):
-        list(read_subtask_snapshots(storage, columns, iter([_batch(row, size=16)])))
+        list(read_subtask_snapshots(storage, columns, ["v"], iter([_batch(row, size=16)])))
 
 
 def _batch(row: dict[str, Any], size: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(
-        [{**row, "size": size}],
+        [{**row, "sizes": [size]}],
         schema=pa.schema(
             [
                 ("part_key", pa.int32()),
-                ("url", pa.string()),
-                ("checksum", pa.string()),
-                ("size", pa.int64()),
+                ("urls", pa.list_(pa.string())),
+                ("checksums", pa.list_(pa.string())),
+                ("sizes", pa.list_(pa.int64())),
                 ("start", pa.int32()),
                 ("end", pa.int32()),
             ]

@@ -93,7 +93,14 @@ def crashed(backend: Backend, spark: Any, tmp_path_factory: pytest.TempPathFacto
     with pytest.raises(SimulatedCrash):
         run(
             spark,
-            events_spec(workdir, events, job),
+            # full snapshots: these tests read each checkpoint's own files (inspecting
+            # incremental chains: tests/test_incremental_checkpoints.py)
+            events_spec(
+                workdir,
+                events,
+                job,
+                checkpoint={"every_epochs": 1, "retained": 2, "incremental": False},
+            ),
             backend.metastore,
             storage,
             crash_after_epochs=2,

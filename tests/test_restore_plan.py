@@ -71,7 +71,15 @@ def crashed(
     metastore = Metastore(url)
     storage = FileSystemCheckpointStorage(f"file://{workdir / 'ckpt'}")
     with pytest.raises(SimulatedCrash):
-        run(spark, events_spec(workdir, events, job), metastore, storage, crash_after_epochs=3)
+        # full snapshots: the plans name each checkpoint's own files (chains:
+        # tests/test_incremental_checkpoints.py)
+        spec = events_spec(
+            workdir,
+            events,
+            job,
+            checkpoint={"every_epochs": 1, "retained": 2, "incremental": False},
+        )
+        run(spark, spec, metastore, storage, crash_after_epochs=3)
     previous, newest = completed_ids(metastore, job)
     subsumed = min(r["checkpoint_id"] for r in list_checkpoints(metastore, job, status="SUBSUMED"))
     yield Crashed(url, metastore, storage, job, events, previous, newest, subsumed)

@@ -60,7 +60,14 @@ def test_corrupt_newest_snapshot_falls_back_to_the_previous_checkpoint(
 ) -> None:
     from checkpointing.spark.runtime import SimulatedCrash
 
-    spec = events_spec(tmp_path, events, "corrupt")
+    # full snapshots: the newest checkpoint's own file is corrupted (a corrupt shared file of
+    # incremental ones: tests/test_incremental_checkpoints.py)
+    spec = events_spec(
+        tmp_path,
+        events,
+        "corrupt",
+        checkpoint={"every_epochs": 1, "retained": 2, "incremental": False},
+    )
     metastore = Metastore(metastore_url)
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
     with pytest.raises(SimulatedCrash):

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from checkpointing.incremental import last_per_key, merge_chain
 from checkpointing.keygroups import KeyGroupRange, key_group_range
 from checkpointing.snapshot import read_keyed_snapshot, read_snapshot_info, write_keyed_snapshot
 from checkpointing.spark.keys import KEY_GROUP, SUBTASK
@@ -23,6 +25,9 @@ if TYPE_CHECKING:
     from pyspark.sql import types as T
 
     from checkpointing.storage import CheckpointStorage
+
+#: the epoch of an incremental snapshot's changed rows (the last of a key wins)
+SEQ = "__ckpt_seq"
 
 #: one row per subtask snapshot written: what its acknowledgement carries
 WRITTEN = pa.schema(
@@ -50,10 +55,16 @@ def write_subtask_snapshot(
 ) -> pa.Table:
     """One stage subtask's state → its snapshot file (recording the key columns, for readers
     such as ``ckpt inspect``); one :data:`WRITTEN` row. ``partition_keys[i]`` is subtask ``i``'s
-    value in the subtask column."""
+    value in the subtask column. With a :data:`SEQ` column, the rows are changes: several
+    epochs' rows of a key, of which the highest ``SEQ`` is its state (an incremental snapshot
+    of more than one epoch)."""
     started = time.monotonic()
     parallelism = len(partition_keys)
     subtask = partition_keys.index(int(table.column(SUBTASK)[0].as_py()))
+    if SEQ in table.column_names:
+        if len(pc.unique(table.column(SEQ))) > 1:
+            table = last_per_key(table.sort_by([(SEQ, "ascending")]), key)
+        table = table.drop_columns([SEQ])
     state = table.drop_columns([SUBTASK])
     state = state.rename_columns(["key_group" if c == KEY_GROUP else c for c in state.column_names])
     state = state.replace_schema_metadata(
@@ -83,17 +94,27 @@ def write_subtask_snapshot(
 
 
 def read_subtask_snapshots(
-    storage: CheckpointStorage, columns: list[str], batches: Iterator[pa.RecordBatch]
+    storage: CheckpointStorage,
+    columns: list[str],
+    key: list[str],
+    batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """For each ``(part_key, url, checksum, size, start, end)``: just those key groups of that
-    old snapshot file (verified; never more than its recorded ``size`` read), tagged with the new
-    subtask's partition key."""
+    """For each ``(part_key, urls, checksums, sizes, start, end)``: just those key groups of
+    an old subtask's state — its files, oldest first (one for a full snapshot, a chain for an
+    incremental one: the last row of a key wins), each verified and never read past its
+    recorded size — tagged with the new subtask's partition key."""
     for batch in batches:
         for row in batch.to_pylist():
-            data = storage.read_bytes(row["url"], checksum=row["checksum"], size=row["size"])
-            table = read_keyed_snapshot(
-                data, KeyGroupRange(row["start"], row["end"]), path=row["url"]
-            )
+            groups = KeyGroupRange(row["start"], row["end"])
+            tables = [
+                read_keyed_snapshot(
+                    storage.read_bytes(url, checksum=checksum, size=size), groups, path=url
+                )
+                for url, checksum, size in zip(
+                    row["urls"], row["checksums"], row["sizes"], strict=True
+                )
+            ]
+            table = merge_chain(tables, key)
             table = table.append_column(
                 SUBTASK, pa.array([row["part_key"]] * table.num_rows, pa.int32())
             )

@@ -37,17 +37,17 @@ from sqlalchemy import select
 from checkpointing import restore
 from checkpointing.assignment import plan_restore, snapshots_from_metadata
 from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.errors import CheckpointingError
+from checkpointing.errors import CheckpointingError, SharedStateError
 from checkpointing.failure import CheckpointException
 from checkpointing.metadata import CheckpointMetadata
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointTask
 from checkpointing.object_store import is_object_url
 from checkpointing.operator_ids import SINK, SOURCE
-from checkpointing.pending import TaskAck
 from checkpointing.recovery import pipeline_plan
 from checkpointing.sink_guard import check_pipeline_sink
 from checkpointing.spark.aggregations import AggregationPlan
+from checkpointing.spark.async_snapshot import AsyncSnapshots, StageWrite
 from checkpointing.spark.executor import read_row_groups
 from checkpointing.spark.keys import (
     KEY_GROUP,
@@ -70,7 +70,9 @@ from checkpointing.spark.stages import AggregationStage, Stage
 from checkpointing.spark.state import (
     StageRun,
     chained_stages,
+    changed_rows,
     check_source,
+    continued_chains,
     empty_state,
     list_acks,
     restore_stage,
@@ -88,7 +90,7 @@ from checkpointing.splits import (
     processed_item,
     resume_epochs,
 )
-from checkpointing.status import CheckpointStatus, JobStatus, RestoreStatus
+from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus, RestoreStatus
 from checkpointing.storage import CheckpointStorage
 from checkpointing.store import CompletedCheckpoint
 
@@ -105,6 +107,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: epochs of changed rows kept for the next incremental snapshot before they are dropped (and
+#: the next snapshot is full): each holds the epoch's materialised state alive
+MAX_DIRTY_EPOCHS = 4
 
 
 class SimulatedCrash(RuntimeError):
@@ -176,6 +182,9 @@ class PipelineRun:
         else:
             raise SpecError("aggregations: needs at least one aggregation (or a stage)")
         self.stages = chained_stages(chain, spec.key)
+        for s in self.stages:  # a stage that tells its changed rows can snapshot just those
+            chainable = getattr(s.stage, "changed_state", False) is not False
+            s.chains = {} if spec.checkpoint.incremental and chainable else None
         check_pipeline_sink(spec, storage.base_url)
         self.sink = open_sink(spec, job=spec.job, key=self.stages[-1].key)
         self.operators = [SOURCE, *(s.operator_id for s in self.stages), SINK]
@@ -199,6 +208,8 @@ class PipelineRun:
         #: the last epoch covered by a completed checkpoint (its sink epochs are committed)
         self.covered_epoch = -1
         self.result = RunResult(spec.job, 0)
+        #: the checkpoint whose files are being written while the next epoch runs
+        self.snapshots = AsyncSnapshots()
 
     # ------------------------------------------------------------------ input
 
@@ -266,7 +277,10 @@ class PipelineRun:
 
     def run(self) -> RunResult:
         with session_settings(self.spark, self._sql_settings()), self.inputs:
-            return self._run()
+            try:
+                return self._run()
+            finally:
+                self.snapshots.close()
 
     def _sql_settings(self) -> dict[str, str]:
         """Keep the state where it is between epochs: adaptive execution hides a checkpointed
@@ -297,6 +311,7 @@ class PipelineRun:
                 if self.coordinator.stop_savepoint is not None:
                     return self._stop_with_savepoint(epoch)
                 if crash_at is not None and len(self.result.epochs_run) >= crash_at:
+                    self._complete_inflight()  # the hook dies after the epoch's checkpoint
                     raise SimulatedCrash(f"crash injected after epoch {epoch}")
             self._finish()
         except BaseException:
@@ -308,7 +323,12 @@ class PipelineRun:
         """This attempt failed: abort its pending checkpoints (job failover, not counted) and mark
         the job FAILED, which drops queued savepoint requests with a reason instead of leaving
         them waiting; the next attempt marks it RUNNING again."""
+        try:  # the snapshot in flight is of a consistent boundary: acknowledge it if written
+            self._complete_inflight()
+        except Exception:
+            log.exception("job %s: the snapshot in flight failed too", self.spec.job)
         try:
+            self.snapshots.abandon()
             self.coordinator.stop_background()
             self.coordinator.failover(f"attempt {self.attempt} failed")
             self.coordinator.job_status_changed(JobStatus.FAILED)
@@ -350,6 +370,8 @@ class PipelineRun:
         for s in self.stages:  # each stage's changed rows are the next one's input
             state = s.state if s.state is not None else self._empty_state(s)
             s.state, rows = s.stage.step(state, rows, partial(self._keyed, s.key))
+            if s.chains is not None:  # incremental: the next snapshot writes these rows
+                s.track_changes(epoch, MAX_DIRTY_EPOCHS, reset=self.snapshots.inflight is None)
         self.sink.stage(epoch, rows)
 
     def _keyed(self, key: Sequence[str], df: DataFrame) -> DataFrame:
@@ -375,8 +397,11 @@ class PipelineRun:
     # ------------------------------------------------------------------ checkpoints
 
     def _barrier(self, epoch: int, *, force: bool = False) -> None:
-        """The epoch boundary: trigger what is due, then snapshot every pending checkpoint that
-        waits for this attempt's tasks."""
+        """The epoch boundary: acknowledge the snapshot written meanwhile, trigger what is due,
+        then snapshot every pending checkpoint that waits for this attempt's tasks (a periodic
+        checkpoint's files are written while the next epoch runs; a savepoint's and a forced
+        one's before this returns)."""
+        self._complete_inflight()
         every = self.spec.checkpoint.every_epochs
         due = force or (every is not None and (epoch + 1) % every == 0)
         if due:
@@ -385,13 +410,19 @@ class PipelineRun:
             except CheckpointException as exc:
                 log.info("job %s: no checkpoint after epoch %d: %s", self.spec.job, epoch, exc)
         self.coordinator.run_once()  # queued requests (savepoints), expiry, notifications
-        for checkpoint_id, location in self._pending_for_this_attempt():
-            self._snapshot(checkpoint_id, location, epoch)
+        for checkpoint_id, location, ctype in self._pending_for_this_attempt():
+            self._snapshot(checkpoint_id, location, epoch, ctype)
+            if force or ctype is not CheckpointType.CHECKPOINT:
+                self._complete_inflight()
 
-    def _pending_for_this_attempt(self) -> list[tuple[int, str]]:
+    def _pending_for_this_attempt(self) -> list[tuple[int, str, CheckpointType]]:
         with self.metastore.transaction() as s:
             rows = s.execute(
-                select(Checkpoint.checkpoint_id, Checkpoint.storage_location)
+                select(
+                    Checkpoint.checkpoint_id,
+                    Checkpoint.storage_location,
+                    Checkpoint.checkpoint_type,
+                )
                 .join(
                     CheckpointTask,
                     (CheckpointTask.job_id == Checkpoint.job_id)
@@ -404,40 +435,75 @@ class PipelineRun:
                 )
                 .order_by(Checkpoint.checkpoint_id)
             ).all()
-        return [(r[0], r[1]) for r in rows]
+        return [(r[0], r[1], CheckpointType(r[2])) for r in rows]
 
-    def _snapshot(self, checkpoint_id: int, location_url: str, epoch: int) -> None:
-        started = time.monotonic()
+    def _snapshot(
+        self, checkpoint_id: int, location_url: str, epoch: int, ctype: CheckpointType
+    ) -> None:
+        """The synchronous part of every operator's snapshot: the list state, and what each
+        keyed stage will write; the writing then runs in the background (see
+        :mod:`~checkpointing.spark.async_snapshot`). An incremental checkpoint's keyed stages
+        write their changes under the job's ``shared/``; a savepoint is always full and
+        self-contained, in its own directory."""
+        self._complete_inflight()
         staged = self.sink.snapshot_state(epoch)
-        acks_by_op = {
+        lists = {
             SOURCE: list_acks(self.plan, SOURCE, self._source_state(epoch + 1)),
             SINK: list_acks(self.plan, SINK, staged),
         }
-        for s in self.stages:
-            acks_by_op[s.operator_id] = self._snapshot_stage(s, location_url)
-        for op in (SOURCE, SINK, *(s.operator_id for s in self.stages)):  # a batch per operator
-            outcome = self.coordinator.receive_acknowledge(checkpoint_id, acks_by_op[op])
-            if outcome.completed is not None:
-                self.result.checkpoints.append(checkpoint_id)
+        incremental = ctype is CheckpointType.CHECKPOINT
+        writes = {
+            s.operator_id: self._stage_write(s, checkpoint_id, location_url, incremental)
+            for s in self.stages
+        }
+        self.snapshots.submit(checkpoint_id, epoch, incremental, lists, writes)
+
+    def _complete_inflight(self) -> None:
+        """Acknowledge the snapshot in flight once written, a batch per operator; when that
+        completes its checkpoint, later incremental snapshots build on it."""
+        taken = self.snapshots.take()
+        if taken is None:
+            return
+        snapshot, acks, chains = taken
+        for op in (SOURCE, SINK, *(s.operator_id for s in self.stages)):
+            try:
+                outcome = self.coordinator.receive_acknowledge(snapshot.checkpoint_id, acks[op])
+            except SharedStateError as exc:  # aborted: a file it builds on is no longer held
+                log.warning("job %s: %s; the next snapshot is full", self.spec.job, exc)
+                for s in self.stages:
+                    s.chains = None if s.chains is None else {}
+                return
+            if outcome.completed is None:
+                continue
+            self.result.checkpoints.append(snapshot.checkpoint_id)
+            if snapshot.incremental:
+                for s in self.stages:
+                    if s.chains is not None:
+                        s.chains = chains[s.operator_id]
+                        s.dirty = [(e, df) for e, df in s.dirty if e > snapshot.epoch]
         log.info(
-            "job %s: snapshot for checkpoint %d after epoch %d in %d ms",
+            "job %s: snapshot for checkpoint %d after epoch %d written and acknowledged %d ms "
+            "after the epoch",
             self.spec.job,
-            checkpoint_id,
-            epoch,
-            (time.monotonic() - started) * 1000,
+            snapshot.checkpoint_id,
+            snapshot.epoch,
+            (time.monotonic() - snapshot.started) * 1000,
         )
 
-    def _snapshot_stage(self, s: StageRun, location_url: str) -> list[TaskAck]:
-        """Every subtask of one keyed stage writes its snapshot from the executor; its acks."""
+    def _stage_write(
+        self, s: StageRun, checkpoint_id: int, location_url: str, incremental: bool
+    ) -> StageWrite:
+        """What one keyed stage's subtasks will write, fixed now (its state, changes and chains
+        as of this boundary); the returned call writes it from the executors."""
         state = s.state if s.state is not None else self._empty_state(s)
-        return snapshot_stage(
-            state,
-            s,
-            self.plan,
-            self.storage,
-            location_url,
-            self.partition_keys,
-            self.max_parallelism,
+        args = (self.plan, self.storage)
+        where = (self.partition_keys, self.max_parallelism)
+        if not incremental or s.chains is None:
+            return lambda: (snapshot_stage(state, s, *args, location_url, *where)[0], {})
+        chains, changes = dict(s.chains), changed_rows(s)
+        shared = self.storage.shared_checkpoint_url(self.spec.job, checkpoint_id)
+        return lambda: snapshot_stage(
+            state, s, *args, shared, *where, chains=chains, changes=changes
         )
 
     def _remaining_splits(self, first_epoch: int) -> list[dict[str, Any]]:
@@ -464,6 +530,7 @@ class PipelineRun:
         """All epochs done: a last checkpoint covers everything (its notification commits the
         last epochs), then the final table is published atomically and the job finishes."""
         last = len(self.epochs) - 1
+        self._complete_inflight()
         if self.covered_epoch < last:
             self._barrier(last, force=True)
         self.coordinator.notify_pending_completions()
@@ -577,7 +644,13 @@ class PipelineRun:
                 plan.operator(s.operator_id),
                 metadata,
                 self.partition_keys,
+                s.key,
             )
+            if s.chains is not None:  # the same key groups in shared files: build on them
+                shared = self.storage.shared_url(self.spec.job)
+                s.chains = continued_chains(
+                    plan.operator(s.operator_id), metadata, shared, self.storage
+                )
         return {**plan.to_dict(), **({"tables": changed} if changed else {})}
 
 

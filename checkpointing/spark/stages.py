@@ -72,6 +72,11 @@ class AggregationStage:
     ``uid``: the operator id its state is stored under (Flink's ``uid``), default by position.
     """
 
+    #: the state rows (of the keys) the last step changed: what an incremental snapshot
+    #: writes. A stage without this attribute (one whose state may drop keys, which a log of
+    #: changed rows cannot express) is snapshotted in full.
+    changed_state: DataFrame | None = None
+
     def __init__(self, plan: AggregationPlan, *, uid: str | None = None) -> None:
         self.plan = plan
         self.uid = uid
@@ -104,6 +109,7 @@ class AggregationStage:
         merged = self.plan.merge(state, delta, on, changed_flag=_CHANGED)
         merged = merged.localCheckpoint(eager=True)
         changed = merged.where(F.col(_CHANGED)).drop(_CHANGED)
+        self.changed_state = changed
         return merged.drop(_CHANGED), self.plan.final(changed)
 
     def final(self, state: DataFrame) -> DataFrame:

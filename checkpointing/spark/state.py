@@ -9,28 +9,45 @@ dealt round-robin over their subtasks. What runs on the executors is
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from checkpointing.assignment import OperatorRestore
 from checkpointing.ids import validate_id
-from checkpointing.keygroups import key_group_range
-from checkpointing.metadata import CheckpointMetadata
+from checkpointing.incremental import needs_full
+from checkpointing.keygroups import KeyGroupRange, key_group_range
+from checkpointing.metadata import ChainedFile, CheckpointMetadata
 from checkpointing.operator_ids import AGGREGATE, SINK, SOURCE
 from checkpointing.pending import TaskAck, TaskSpec
-from checkpointing.spark.executor import WRITTEN, read_subtask_snapshots, write_subtask_snapshot
+from checkpointing.spark.executor import (
+    SEQ,
+    WRITTEN,
+    read_subtask_snapshots,
+    write_subtask_snapshot,
+)
 from checkpointing.spark.keys import KEY_GROUP, SUBTASK
 from checkpointing.spark.stages import Stage
 from checkpointing.spec import SpecError
 from checkpointing.splits import InputSplit, is_processed, split_items
 from checkpointing.storage import CheckpointStorage
+
+
+@dataclass
+class SubtaskChain:
+    """The files one subtask's state spans as of its last completed checkpoint (oldest first:
+    a full snapshot, then changes) and the bytes per key group over all of them: what its next
+    incremental snapshot builds on."""
+
+    files: list[ChainedFile]
+    group_bytes: dict[int, int]
 
 
 @dataclass
@@ -43,6 +60,23 @@ class StageRun:
     key: list[str]
     input_schema: T.StructType | None = None
     state: DataFrame | None = None
+    #: incremental snapshots: each subtask's chain as of the last completed checkpoint (empty:
+    #: the next snapshot is full); None when this stage's snapshots are always full
+    chains: dict[int, SubtaskChain] | None = None
+    #: the state rows changed in each epoch since then, newest last: the next snapshot's changes
+    dirty: list[tuple[int, DataFrame]] = field(default_factory=list)
+
+    def track_changes(self, epoch: int, limit: int, *, reset: bool) -> None:
+        """Keep the epoch's changed rows (the stage's ``changed_state``) for the next
+        incremental snapshot. Kept whether or not a chain exists yet: the snapshot in flight
+        may complete one, and the next snapshot then builds on it. Past ``limit`` epochs
+        without a completed checkpoint they are dropped with the chains (when ``reset`` is
+        allowed: no snapshot in flight, whose completion would bring back chains that lack
+        them), so the next snapshot is full rather than old states held."""
+        self.dirty.append((epoch, self.stage.changed_state))  # type: ignore[attr-defined]
+        if len(self.dirty) > limit and reset:
+            self.dirty.clear()
+            self.chains = {}
 
 
 def chained_stages(stages: Sequence[Stage], key: Sequence[str]) -> list[StageRun]:
@@ -83,48 +117,133 @@ def empty_state(spark: SparkSession, s: StageRun, parallelism: int) -> DataFrame
 # ---------------------------------------------------------------------- snapshot
 
 
+def changed_rows(s: StageRun) -> DataFrame | None:
+    """The state rows a stage changed since its chains' checkpoint, each with its epoch in
+    :data:`SEQ` (the last of a key wins); None when nothing changed."""
+    changes = None
+    for epoch, df in s.dirty:
+        part = df.withColumn(SEQ, F.lit(epoch))
+        changes = part if changes is None else changes.unionByName(part)
+    return changes
+
+
 def snapshot_stage(
     state: DataFrame,
     s: StageRun,
     plan: Sequence[TaskSpec],
     storage: CheckpointStorage,
-    location_url: str,
+    dir_url: str,
     partition_keys: Sequence[int],
     max_parallelism: int,
-) -> list[TaskAck]:
-    """Every subtask of one keyed stage writes its snapshot of ``state`` from the executor;
-    the acks of the stage's tasks in ``plan``."""
+    *,
+    chains: Mapping[int, SubtaskChain] | None = None,
+    changes: DataFrame | None = None,
+) -> tuple[list[TaskAck], dict[int, SubtaskChain]]:
+    """Every subtask of one keyed stage writes its snapshot of ``state`` into ``dir_url`` from
+    the executor; the acks of the stage's tasks in ``plan``, and each subtask's chain after it.
+
+    Incremental (``chains`` given, and ``changes``: the rows changed since the chains' checkpoint,
+    with their epoch in :data:`SEQ`): a subtask whose chain may grow writes only its changed
+    rows and references the chain; the others (no chain yet, or one to cut) write in full."""
     keys, key, operator_id = list(partition_keys), list(s.key), s.operator_id
     parallelism = len(keys)
+    incremental = chains is not None
+    chains = chains or {}
+    delta = {
+        i
+        for i in range(parallelism)
+        if incremental and not needs_full(chains.get(i, SubtaskChain([], {})).files)
+    }
+    full = [keys[i] for i in range(parallelism) if i not in delta]
+    parts = []
+    if full:
+        rows = state if not delta else state.where(F.col(SUBTASK).isin(full))
+        parts.append(rows.withColumn(SEQ, F.lit(-1)))
+    if delta and changes is not None:  # none: nothing changed since the chains' checkpoint
+        parts.append(changes if not full else changes.where(~F.col(SUBTASK).isin(full)))
+    written: dict[int, Any] = {}
+    if parts:
+        source = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
-    def writer(table: pa.Table) -> pa.Table:  # annotated: Spark infers the UDF type from it
-        return write_subtask_snapshot(
-            storage, location_url, keys, max_parallelism, key, operator_id, table
-        )
+        def writer(table: pa.Table) -> pa.Table:  # annotated: Spark infers the UDF type
+            return write_subtask_snapshot(
+                storage, dir_url, keys, max_parallelism, key, operator_id, table
+            )
 
-    snapshots = state.groupBy(SUBTASK).applyInArrow(writer, from_arrow_schema(WRITTEN))
-    written = {row["subtask"]: row for row in snapshots.collect()}
-    acks = []
+        snapshots = source.groupBy(SUBTASK).applyInArrow(writer, from_arrow_schema(WRITTEN))
+        written = {row["subtask"]: row for row in snapshots.collect()}
+    acks, after = [], {}
     for task in (t for t in plan if t.operator_id == operator_id):
-        r = key_group_range(max_parallelism, parallelism, task.subtask_index)
-        row = written.get(task.subtask_index)
+        i = task.subtask_index
+        r = key_group_range(max_parallelism, parallelism, i)
+        row = written.get(i)
         meta: dict[str, Any] = {"key_groups": [r.start, r.end], "group_bytes": {}}
-        if row is None:  # no keys in this subtask's key groups
+        new = None
+        if row is not None:
+            new = ChainedFile(handle=row["url"], size=row["size"], checksum=row["checksum"])
+            meta["changed_groups"] = len(row["groups"])
+        if i in delta:  # the chain, and this snapshot's changes if any
+            before = chains[i]
+            files = [*before.files, *([new] if new else [])]
+            group_bytes = dict(before.group_bytes)
+            for g, n in zip(
+                row["groups"] if row else [], row["group_bytes"] if row else [], strict=True
+            ):
+                group_bytes[g] = group_bytes.get(g, 0) + n
+            meta["changed_groups"] = meta.get("changed_groups", 0)
+        else:
+            files = [new] if new else []
+            group_bytes = dict(zip(row["groups"], row["group_bytes"], strict=True)) if row else {}
+        if incremental:
+            after[i] = SubtaskChain(files, group_bytes)
+        meta["group_bytes"] = group_bytes
+        if not files:  # no keys in this subtask's key groups
             acks.append(TaskAck(task.attempt_id, state_meta=meta))
             continue
-        meta["group_bytes"] = dict(zip(row["groups"], row["group_bytes"], strict=True))
+        if len(files) > 1:
+            meta["chain"] = [f.model_dump() for f in files[:-1]]
+        last = files[-1]
         acks.append(
             TaskAck(
                 task.attempt_id,
-                row["url"],
-                row["size"],
-                row["checksum"],
-                row["sync_ms"],
-                row["async_ms"],
+                last.handle,
+                last.size,
+                last.checksum,
+                row["sync_ms"] if row else 0,
+                row["async_ms"] if row else 0,
                 state_meta=meta,
             )
         )
-    return acks
+    return acks, after
+
+
+def continued_chains(
+    restored: OperatorRestore,
+    metadata: CheckpointMetadata,
+    shared_url: str,
+    storage: CheckpointStorage,
+) -> dict[int, SubtaskChain]:
+    """After a restore, the chains the new subtasks' incremental snapshots may build on: a
+    subtask that restores exactly one old subtask's key groups, all of them, from files under
+    the job's ``shared/`` (an incremental checkpoint's, which the registry keeps while referenced),
+    continues its chain; any other (rescaled, or restored from a savepoint) starts with a full
+    snapshot."""
+    handles = {h.handle: h for h in metadata.handles()}
+    out = {}
+    for t in restored.subtasks:
+        if len(t.reads) != 1:
+            continue
+        old = handles[t.reads[0].url]
+        files = old.files()
+        if (
+            old.key_groups is None
+            or KeyGroupRange(*old.key_groups) != t.key_groups
+            or t.reads[0].key_groups != t.key_groups
+            or not all(storage.contains(f.handle, shared_url) for f in files)
+        ):
+            continue
+        out[t.subtask_index] = SubtaskChain(files, dict(old.group_bytes or {}))
+    return out
 
 
 def list_acks(
@@ -194,18 +313,19 @@ def restore_stage(
     restored: OperatorRestore,
     metadata: CheckpointMetadata,
     partition_keys: Sequence[int],
+    key: Sequence[str],
 ) -> DataFrame:
     """One stage's state restored from ``metadata`` as ``restored`` assigns it: each new
     subtask's executor reads just its key groups of the old snapshot files; partitioned by
     subtask as the state always is (``empty`` gives the schema, and is the state when there is
     nothing to read)."""
-    handles = {h.handle: h for h in metadata.handles()}
+    files = {h.handle: h.files() for h in metadata.handles()}
     reads = [
         (
             partition_keys[t.subtask_index],
-            r.url,
-            handles[r.url].checksum,
-            handles[r.url].size,  # bounds the executor's read of the file
+            [f.handle for f in files[r.url]],
+            [f.checksum for f in files[r.url]],
+            [f.size for f in files[r.url]],  # bounds the executor's read of each file
             r.key_groups.start,
             r.key_groups.end,
         )
@@ -215,8 +335,10 @@ def restore_stage(
     if not reads:
         return empty
     tasks = spark.createDataFrame(
-        reads, "part_key int, url string, checksum string, size long, start int, end int"
+        reads,
+        "part_key int, urls array<string>, checksums array<string>, sizes array<long>, "
+        "start int, end int",
     ).repartition(len(reads))
-    reader = partial(read_subtask_snapshots, storage, empty.schema.names)
+    reader = partial(read_subtask_snapshots, storage, empty.schema.names, list(key))
     loaded = tasks.mapInArrow(reader, empty.schema)
     return loaded.repartition(len(partition_keys), SUBTASK).localCheckpoint(eager=True)
