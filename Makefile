@@ -9,7 +9,10 @@ TOOLS := .tools
 VENV := .venv
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PYTEST_ARGS ?=
-# e.g. make bench SPARK_BENCH_ARGS=--quick (small data, one round)
+# make bench QUICK=1: short runs of both benchmarks (small data, one round) written to
+# bench/results/spark-quick.json and acks-quick.json, never the full runs' files; more, e.g.
+# make bench SPARK_BENCH_ARGS="--rounds 5 --no-growth" (python bench/spark_bench.py --help)
+QUICK ?=
 ACK_BENCH_ARGS ?=
 SPARK_BENCH_ARGS ?=
 # the browser test (tests/test_checkpoints_ui.py) drives Debian's Chromium there
@@ -56,8 +59,8 @@ format: $(VENV)/.synced
 	$(VENV)/bin/ruff format checkpointing tests bench plugins dags demo
 
 bench: $(VENV)/.synced check-java ## benchmark figures, written to bench/results/
-	$(VENV)/bin/python bench/ack_bench.py $(ACK_BENCH_ARGS)
-	$(VENV)/bin/python bench/spark_bench.py $(SPARK_BENCH_ARGS)
+	$(VENV)/bin/python bench/ack_bench.py $(if $(QUICK),--quick --output bench/results/acks-quick.json) $(ACK_BENCH_ARGS)
+	$(VENV)/bin/python bench/spark_bench.py $(if $(QUICK),--quick) $(SPARK_BENCH_ARGS)
 
 ddl: $(VENV)/.synced ## regenerate the reference DDL in sql/ from the models
 	$(VENV)/bin/ckpt db ddl --dialect postgresql > sql/postgresql.sql

@@ -1,0 +1,129 @@
+"""The measurement plan of ``bench/spark_bench.py``'s main figures: which variants run, in which
+order, from which state.
+
+Each round runs every full-run variant once, in an order rotated by the round (to spread drift
+over the variants), then a crash run and restores at the same and other parallelisms (rotated)
+from identical copies of the crashed state. Variants:
+
+* ``off``: our runtime with no periodic checkpoints (``every_epochs`` and ``interval`` unset).
+  The runtime still takes one forced checkpoint at the end, whose completion commits the sink's
+  staged epochs — the minimum for its exactly-once output, so "off" means "only that one".
+* ``every``: our runtime, a checkpoint at every epoch boundary (``every_epochs: 1``), incremental
+  (the spec's default, ``checkpoint.incremental: true``).
+* ``every-full``: ``every`` with ``checkpoint.incremental: false``: every checkpoint is full.
+* ``every-delta``: ``every`` writing a Delta table (``format: delta``, ``mode: upsert``, local)
+  instead of the Parquet sink: with ``every``, the sinks' cost per checkpoint (``sink_cost``).
+* ``peer-changelog``: Spark Structured Streaming at its best here — ``readStream`` of the same
+  Parquet files (schema given), ``maxFilesPerTrigger`` = files per epoch, the same aggregation,
+  RocksDB state store with changelog checkpointing
+  (``spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled=true``),
+  ``trigger(availableNow=True)``, a fresh ``checkpointLocation``, update output mode written per
+  micro-batch to Parquet by ``foreachBatch`` (the closest to our changelog sink).
+* ``peer-rocksdb``: the same with changelog checkpointing off (RocksDB snapshots every batch).
+* ``crash``: ``every`` killed (``SimulatedCrash``) after 80 % of the epochs; its metastore,
+  checkpoint storage and sink are moved aside.
+* ``restore-p<N>``: from an identical copy of that crashed state, restart with ``--restore latest``
+  at parallelism N and run to the end. The same parallelism is the recovery figure; others are
+  rescaled restores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from machine import loadavg, other_spark_jvms
+from rich.console import Console
+from spark_workers import run_worker
+from spark_workload import Settings
+
+console = Console()
+if not console.is_terminal:  # a log file or pipe: wide enough for the summary tables
+    console.width = 150
+
+OURS = {"fresh": True, "parallelism": None}
+#: full-run variant -> its task
+FULL_RUNS: dict[str, dict[str, Any]] = {
+    "off": {**OURS, "every_epochs": False},
+    "every": {**OURS, "every_epochs": True},
+    "every-full": {**OURS, "every_epochs": True, "incremental": False},
+    "every-delta": {**OURS, "every_epochs": True, "delta": True},
+    "peer-changelog": {"peer": True, "changelog": True},
+    "peer-rocksdb": {"peer": True, "changelog": False},
+}
+PEERS = ("peer-changelog", "peer-rocksdb")
+
+
+def rotated(items: Sequence[str], by: int) -> list[str]:
+    k = by % len(items)
+    return [*items[k:], *items[:k]]
+
+
+class Runner:
+    """Runs workers one after another, numbering them and noting the machine's load."""
+
+    def __init__(self, s: Settings, work: Path, total: int) -> None:
+        self.s, self.work, self.total = s, work, total
+        self.runs: list[dict[str, Any]] = []
+
+    def one(self, variant: str, round_no: int, task: dict[str, Any], tag: str = "") -> dict:
+        n = len(self.runs) + 1
+        load, others = loadavg(), other_spark_jvms()
+        console.print(
+            f"[{n}/{self.total}] {tag or f'round {round_no + 1}'}: [bold]{variant}[/bold] "
+            f"(load {load}, other Spark JVMs {others}) ...",
+            end=" ",
+        )
+        log = self.work / f"{n:03d}-{variant}.log"
+        result = run_worker({**task, "variant": variant}, log, self.s.driver_memory)
+        result.update(round=round_no, variant=variant, loadavg_1m=load, other_spark_jvms=others)
+        result["data_dir"] = task.get("data")
+        result["with_session_s"] = round(result["run_s"] + result["session_s"], 3)
+        self.runs.append(result)
+        console.print(f"{result['run_s']:.1f} s")
+        return result
+
+
+def base_task(s: Settings, data_dir: str, live: Path, files_per_epoch: int) -> dict[str, Any]:
+    return {
+        "master": s.master,
+        "data": data_dir,
+        "files_per_epoch": files_per_epoch,
+        "spec_parallelism": s.parallelism,
+        "shuffle_partitions": s.parallelism,
+        "live": str(live),
+    }
+
+
+def main_runs(s: Settings) -> int:
+    return s.rounds * (len(FULL_RUNS) + 2 + len(s.rescale_to))
+
+
+def measure(s: Settings, data: dict[str, Any], work: Path, runner: Runner) -> list[dict]:
+    """Every variant once per round, interleaved (see the module docstring); the runs."""
+    live, snapshot = work / "live", work / "crashed"
+    base = base_task(s, data["dir"], live, s.files_per_epoch)
+    parallelisms = [s.parallelism, *s.rescale_to]
+    first = len(runner.runs)
+    for r in range(s.rounds):
+        for variant in rotated(list(FULL_RUNS), r):
+            runner.one(variant, r, {**base, **FULL_RUNS[variant]})
+        crash = runner.one(
+            "crash",
+            r,
+            {**base, **OURS, "every_epochs": True, "crash_after_epochs": s.crash_after_epochs},
+        )
+        if not crash["crashed"]:
+            raise RuntimeError("the crash run did not crash")
+        shutil.rmtree(snapshot, ignore_errors=True)
+        os.replace(live, snapshot)  # metastore.db (+ WAL), checkpoints/, sink/, pipeline.yaml
+        for p in rotated([str(p) for p in parallelisms], r):
+            shutil.rmtree(live, ignore_errors=True)
+            shutil.copytree(snapshot, live, symlinks=True)  # same absolute paths as the crash
+            runner.one(f"restore-p{p}", r, {**base, "fresh": False, "parallelism": int(p)})
+        shutil.rmtree(snapshot, ignore_errors=True)
+    shutil.rmtree(live, ignore_errors=True)
+    return runner.runs[first:]

@@ -1,0 +1,213 @@
+"""The report of ``bench/spark_bench.py``: the definitions written into the JSON, the printed
+summary tables, and the atomic write of the results file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from spark_plan import console
+from spark_stats import SPREAD_RULE
+
+DEFINITIONS = {
+    "off": "our runtime, checkpoint.every_epochs and interval unset: no checkpoint during the "
+    "epochs; the runtime's one forced final checkpoint (it commits the sink) still runs",
+    "every": "our runtime, checkpoint.every_epochs: 1 (retained 1), checkpoint.incremental "
+    "left at its default (true): a checkpoint at every epoch boundary, each committing that "
+    "epoch's staged changelog",
+    "every-full": "'every' with checkpoint.incremental: false (every checkpoint writes the whole "
+    "state)",
+    "every-delta": "'every' with sink format: delta (mode: upsert, a local table)",
+    "peer-changelog": "Spark Structured Streaming at its best here: readStream parquet (schema "
+    "given), maxFilesPerTrigger = files per epoch, groupBy(user).agg(count, sum, avg, min, max), "
+    "RocksDBStateStoreProvider with spark.sql.streaming.stateStore.rocksdb."
+    "changelogCheckpointing.enabled=true, trigger(availableNow=True), update mode, foreachBatch "
+    "-> parquet per micro-batch",
+    "peer-rocksdb": "'peer-changelog' with changelog checkpointing off (a RocksDB snapshot per "
+    "micro-batch)",
+    "crash": "'every' with crash_after_epochs = 80 % of the epochs (SimulatedCrash)",
+    "restore-p<N>": "restart from a copy of the crashed run's metastore, checkpoints and sink with "
+    "restore=latest at parallelism N, to the end (final table published)",
+    "run_s": "wall seconds from after the Spark session is up to the job's end (session start-up "
+    "is recorded apart as session_s)",
+    "cpu_s": "CPU seconds of the worker process tree (driver JVM, Python workers) over run_s",
+    "with_session_s": "run_s + session_s: what a restart costs end to end, JVM start included",
+    "figures": "per variant min / median / max over the rounds of run_s, cpu_s, with_session_s, "
+    "checkpoints_snapshot_s / checkpoints_write_s (the run's checkpoints' snapshot_s / write_s "
+    "summed; an asynchronous write overlaps the next epoch) and each timed phase (seconds summed "
+    "over the run's calls; per-call seconds are in runs[].phase_calls_s; snapshot is the "
+    "synchronous part, await_write the driver's wait for the previous snapshot's write)",
+    "ratio": "value: median(numerator runs) / median(denominator runs); paired_by_round: the same "
+    "ratio within each round (the variants of a round run back to back), with its min / median / "
+    "max and relative_spread = (max - min) / median",
+    "vs_structured_streaming": "every / the faster peer by median run_s (peer-changelog or "
+    "peer-rocksdb; the one used is the ratio's denominator)",
+    "too_wide_to_judge": SPREAD_RULE,
+    "sink_s_per_checkpoint": "seconds in the sink's stage, commit and publish_final over the run, "
+    "divided by its checkpoints",
+    "delta_sink_cost_per_checkpoint": "sink_s_per_checkpoint of every-delta / every, per round "
+    "(paired), with median, min, max and stdev",
+    "checkpoint_costs": "per checkpoint, read after the run from its metastore: state_size "
+    "(ckpt_checkpoints.state_size, the full state's bytes), checkpointed_size (bytes that "
+    "checkpoint wrote; null while the metastore has no such column), the acks' summed state_size, "
+    "max sync_ms / async_ms, changed_groups (sum of the keyed acks' state_meta.changed_groups; "
+    "null when not reported); timed here: sync_s (the runtime's _snapshot call less its wait for "
+    "the previous snapshot's write), write_s (the keyed state's background write, timed on its "
+    "thread; null with synchronous snapshots) and snapshot_s = sync_s + write_s (with synchronous "
+    "snapshots: the _snapshot call); null for checkpoints of an earlier run",
+    "disk": "raw sequential write (512 MiB in 8 MiB blocks + fsync) and read (after "
+    "posix_fadvise DONTNEED) of the disk under the work directory, at the run's start and end; "
+    "the limit is the better of the two",
+    "throughput": "snapshot_write_<variant>: bytes written (checkpointed_size, else state_size) / "
+    "write seconds (write_s, the background write of an asynchronous snapshot; else snapshot_s) "
+    "summed over the run's checkpoints, min / median / max over the rounds; "
+    "restore_read: restored checkpoint's state_size / restore phase seconds over the restore "
+    "runs; fraction_of_disk = median / the disk's limit; target >= 0.5",
+    "growth": "see bench/spark_growth.py: every (incremental) and every-full at three sizes and "
+    "two "
+    "change rates (most keys per epoch; a moving window of 3 % of the keys per epoch), one run "
+    "each; per checkpoint the bytes written, snapshot seconds, state size, changed key groups, "
+    "keys touched and keys so far; changed_state_bytes_est = state_size * touched / so far",
+}
+
+
+def _f(x: float | None, fmt: str = ".1f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    s = report["settings"]
+    if report.get("main"):
+        print_main(report)
+    if report.get("disk"):
+        d = report["disk"]
+        console.print(
+            f"disk under the work dir: write {d['write_mib_s']} MiB/s, read {d['read_mib_s']} MiB/s"
+        )
+    t = (report.get("main") or {}).get("throughput") or {}
+    if len(t) > 1:  # beyond its target: measured by the main runs (not by --growth-only)
+        table = Table(title="Throughput vs the disk (target >= 50 %)")
+        for col in ("", "MiB/s min / median / max", "of disk", ""):
+            table.add_column(col, justify="left" if not col else "right")
+        for name, v in t.items():
+            if not isinstance(v, dict):
+                continue
+            m = v["mib_s"]
+            mark = "[green]pass[/green]" if v["pass"] else "[red]MISS[/red]"
+            table.add_row(
+                name,
+                f"{_f(m['min'], '.2f')} / {_f(m['median'], '.2f')} / {_f(m['max'], '.2f')}",
+                f"{v['fraction_of_disk']:.1%}",
+                mark,
+            )
+        console.print(table)
+    if report.get("growth"):
+        print_growth(report["growth"])
+    m = report["machine"]
+    console.print(
+        f"[dim]{m['cpu_count']} CPUs ({m['cpu_model']}), Python {m['python']}, "
+        f"Spark {m['packages']['pyspark']}, {m['java']}; load {m['loadavg_1m_before']} -> "
+        f"{m['loadavg_1m_after']}, other Spark JVMs seen: {m['other_spark_jvms_max']}; "
+        f"{report['duration_s']:.0f} s{' (quick)' if s['quick'] else ''}[/dim]"
+    )
+
+
+def print_main(report: dict[str, Any]) -> None:
+    s, main = report["settings"], report["main"]
+    f = main["figures"]
+    title = (
+        f"Spark pipeline: {s['events']:,} events, {main['checks']['distinct_keys']} keys, "
+        f"{s['epochs']} epochs, parallelism {s['parallelism']}, {s['rounds']} round(s)"
+        + (" (quick)" if s["quick"] else "")
+    )
+    table = Table(title=title)
+    for col in ("variant", "run s min / median / max", "CPU s median", "snapshot s median",
+                "driver waited s median"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    for variant, v in f.items():
+        r = v["run_s"]
+        snap = v.get("checkpoints_snapshot_s", {}).get("median")
+        phases = v.get("phases_s", {})
+        waited = [phases[k]["median"] for k in ("snapshot", "await_write") if k in phases]
+        table.add_row(
+            variant,
+            f"{r['min']:.1f} / {r['median']:.1f} / {r['max']:.1f}",
+            f"{v['cpu_s']['median']:.1f}",
+            _f(snap),
+            _f(sum(waited) if waited else None),
+        )
+    console.print(table)
+    table = Table(title="Ratios (issue 16 targets)")
+    for col in ("ratio", "value", "paired min / med / max", "spread", "CPU", "target", ""):
+        table.add_column(col, justify="left" if col == "ratio" else "right")
+    rs = main["ratios"]
+    for name, r in rs.items():
+        if not isinstance(r, dict) or "pass" not in r:
+            continue
+        mark = "[green]pass[/green]" if r["pass"] else "[red]MISS[/red]"
+        if r["too_wide_to_judge"]:
+            mark += " [yellow](too noisy)[/yellow]"
+        elif r["too_wide_to_judge"] is None:
+            mark += " [dim](1 round)[/dim]"
+        p = r["paired"]
+        table.add_row(
+            f"{name} ({r['numerator']} / {r['denominator']})",
+            f"{r['value']:.2f}x",
+            f"{p['min']:.2f} / {p['median']:.2f} / {p['max']:.2f}",
+            _f(r["relative_spread"], ".2f"),
+            f"{rs['cpu'][name]:.2f}x",
+            f"<= {r['target_max']}x",
+            mark,
+        )
+    console.print(table)
+    info = rs.get("informational", {})
+    console.print(
+        "every / peer: "
+        + ", ".join(f"{k.removeprefix('every_vs_')} {v:.2f}x" for k, v in info.items()
+                    if k.startswith("every_vs_peer"))
+        + f"; every / every-full {info.get('every_vs_every_full', 0):.2f}x; every-full / off "
+        f"{info['every_full_overhead']['value']:.2f}x"
+    )  # fmt: skip
+    cost = rs.get("delta_sink_cost_per_checkpoint")
+    if cost:
+        per = cost["sink_s_per_checkpoint"]
+        console.print(
+            f"Delta sink cost per checkpoint vs Parquet: {cost['median']:.2f}x (min "
+            f"{cost['min']:.2f}, max {cost['max']:.2f}); {per['every-delta']:.3f} s vs "
+            f"{per['every']:.3f} s"
+        )
+
+
+def print_growth(growth: dict[str, Any]) -> None:
+    table = Table(title="Checkpoint cost growth (one run each)")
+    for col in ("events", "change", "variant", "run s", "ckpts", "snapshot s median",
+                "written MiB", "write MiB/s", "final state MiB", "written / state",
+                "changed groups"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("change", "variant") else "right")
+    for g in growth["summary"]:
+        table.add_row(
+            f"{g['events']:,}",
+            g["change"],
+            g["variant"],
+            f"{g['run_s']:.1f}",
+            str(g["checkpoints"]),
+            _f(g["snapshot_s_median"], ".3f"),
+            f"{g['written_bytes_total'] / 2**20:.1f}",
+            _f(g.get("write_mib_s"), ".2f"),
+            _f(g["final_state_bytes"] and g["final_state_bytes"] / 2**20),
+            _f(g["written_per_state_median"], ".2f"),
+            "yes" if g["changed_groups_recorded"] else "no",
+        )
+    console.print(table)
+    if growth.get("plot"):
+        console.print(f"plot: {growth['plot']}")
+
+
+def write_report(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, path)
