@@ -187,6 +187,7 @@ def work_ours(spark: Any, task: dict[str, Any]) -> dict[str, Any]:
         out.update(
             epochs_run=len(result.epochs_run),
             restored_from=result.restored_from,
+            restore_phases_s={k: round(v, 3) for k, v in result.restore_phases.items()},
             checkpoints=len(result.checkpoints),
             output_keys=keys,
             output_events=events,

@@ -11,10 +11,9 @@ interrupted run never leaves a partial data set that later runs would trust):
 * ``few`` — this module's generator: the first events create every key once (a shuffled
   permutation, which fills the first epoch or epochs), then each epoch's events fall on a moving
   window of ``FEW_PERCENT`` (3 %) of the keys, the window advancing by its own width each epoch.
-  The keys are ordered by key group (``max_parallelism`` 128) before the window is cut, so a
-  window touches about 3 % of the key groups too — locality such as a time- or region-ordered
-  key would have; with hash-scattered keys 3 % of the keys would touch every key group. Same
-  columns and value distributions as ``most``.
+  The window is cut from a random order of the keys, so its keys are scattered over nearly
+  every key group, as hashed keys are: an incremental snapshot's cost must follow the changed
+  keys, not depend on their locality. Same columns and value distributions as ``most``.
 
 Each data set records per file the distinct keys it touches and the keys seen so far (the
 "changed state" of the growth experiment's plot).
@@ -50,7 +49,6 @@ DATA_MARKER = "_complete.json"  # leading underscore: Spark's file listing skips
 FEW_PERCENT = 0.03
 #: keys per event of the main workload (510,000 / 5,000,000): the growth sizes keep it
 KEYS_PER_EVENT = 0.102
-MAX_PARALLELISM = 128  # the spec's default
 
 #: output column -> our aggregation; the peers compute the same with Spark's functions
 AGGREGATIONS = {
@@ -128,7 +126,7 @@ def ensure_data(
     root: Path, *, events: int, keys: int, files: int, seed: int, change: str = "most"
 ) -> dict[str, Any]:
     """The input files of one data set (generated once per parameter set), and what they hold."""
-    name = f"events-e{events}-k{keys}-f{files}-s{seed}" + ("" if change == "most" else "-few")
+    name = f"events-e{events}-k{keys}-f{files}-s{seed}" + ("" if change == "most" else "-few2")
     dest = root / name
     marker = dest / DATA_MARKER
     if not marker.exists():
@@ -183,11 +181,8 @@ def file_key_stats(directory: Path) -> list[dict[str, int]]:
 
 def write_few(dest: Path, *, events: int, keys: int, files: int, seed: int) -> None:
     """The ``few`` data set (see the module docstring), ``events-NNNNN.parquet`` as ``most``."""
-    from checkpointing.keygroups import key_group_for
-
     rng = np.random.default_rng(seed)
-    groups = np.array([key_group_for([f"u{i}"], MAX_PARALLELISM) for i in range(keys)])
-    by_group = np.argsort(groups, kind="stable")  # key ids ordered by key group
+    scattered = rng.permutation(keys)  # the window's keys: over nearly every key group
     window = max(1, round(keys * FEW_PERCENT))
     creation = rng.permutation(keys)
     per_file = -(-events // files)
@@ -200,7 +195,7 @@ def write_few(dest: Path, *, events: int, keys: int, files: int, seed: int) -> N
         created = creation[lo : min(hi, keys)] if lo < keys else creation[:0]
         start = (i * window) % keys
         offsets = (start + rng.integers(0, window, size=n - len(created))) % keys
-        key_ids = np.concatenate([created, by_group[offsets]])
+        key_ids = np.concatenate([created, scattered[offsets]])
         amount = np.round(rng.gamma(2.0, 20.0, size=n), 2)
         table = pa.table(
             {

@@ -77,6 +77,8 @@ def checkpoint_summary(c: Checkpoint, acked: int) -> dict[str, Any]:
         "acked_tasks": acked,
         "num_tasks": c.num_tasks,
         "state_size": c.state_size,
+        #: bytes this checkpoint wrote itself (an incremental one reuses the rest)
+        "checkpointed_size": c.checkpointed_size,
         "failure_reason": c.failure_reason,
         "failure_message": c.failure_message,
         "storage_location": c.storage_location,

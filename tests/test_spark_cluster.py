@@ -53,7 +53,8 @@ from tests.spark_pipeline import (
 
 pytestmark = pytest.mark.timeout(1800)  # a loaded 2-core machine; normally ~4 min
 
-SNAPSHOT = re.compile(r"/chk-(\d+)/aggregate-(\d+)\.arrow$")
+#: a snapshot file: incremental checkpoints write theirs under the job's shared/
+SNAPSHOT = re.compile(r"/shared/chk-(\d+)/aggregate-(\d+)\.arrow$")
 
 
 @pytest.fixture(scope="session")
@@ -182,14 +183,14 @@ def test_cluster_run_snapshots_from_executors_to_s3_equals_reference(
     checkpoints = result["checkpoints"]
     assert len(checkpoints) == EPOCHS  # one per epoch (every_epochs: 1), all completed
 
-    # each checkpoint was on S3 — _metadata and a snapshot per subtask — right after its epoch
+    # each checkpoint was on S3 — _metadata, and a snapshot per subtask (its changes, or in
+    # full) under shared/ — by the end of the epoch after it (written while that one ran)
     prefix = f"s3://{s3_bucket}/checkpoints/cluster"
-    for epoch, checkpoint_id in enumerate(checkpoints):
-        listed = run.report["listings"][str(epoch)]
+    for epoch, checkpoint_id in enumerate(checkpoints[:-1]):
+        listed = run.report["listings"][str(epoch + 1)]
         assert f"{prefix}/chk-{checkpoint_id}/_metadata" in listed
-        assert {f"{prefix}/chk-{checkpoint_id}/aggregate-{i}.arrow" for i in range(3)} <= set(
-            listed
-        )
+        written = {f"{prefix}/shared/chk-{checkpoint_id}/aggregate-{i}.arrow" for i in range(3)}
+        assert written <= set(listed)
 
     notes = read_records(tmp_path / "records")
     writes = [n for n in notes if n["op"] == "write" and SNAPSHOT.search(n["url"])]
@@ -202,7 +203,7 @@ def test_cluster_run_snapshots_from_executors_to_s3_equals_reference(
     puts = [
         r
         for r in recording_s3.requests()
-        if r["method"] == "PUT" and re.search(r"/chk-\d+/aggregate-\d+\.arrow", r["url"])
+        if r["method"] == "PUT" and SNAPSHOT.search(r["url"])
     ]
     assert len(puts) >= 3 * EPOCHS, [r["url"] for r in puts]
     tokens = {r["headers"].get("X-Amz-Security-Token") for r in puts}
@@ -229,7 +230,13 @@ def test_cluster_run_snapshots_from_executors_to_s3_equals_reference(
     assert {r["checkpoint_id"] for r in rows if r["completed_at"]} == set(checkpoints)
     left = boto3.client("s3").list_objects_v2(Bucket=s3_bucket, Prefix="checkpoints/cluster/")
     kept = {o["Key"].split("/")[2] for o in left.get("Contents", [])}
-    assert kept == {f"chk-{checkpoints[-1]}"}, left.get("Contents")
+    assert kept == {f"chk-{checkpoints[-1]}", "shared"}, left.get("Contents")
+    # of the shared files, only those the kept checkpoint uses are left (the registry's count)
+    key = f"checkpoints/cluster/chk-{checkpoints[-1]}/_metadata"
+    body = boto3.client("s3").get_object(Bucket=s3_bucket, Key=key)["Body"].read()
+    used = {f.handle for f in CheckpointMetadata.from_bytes(body, key).files()}
+    shared = {f"s3://{s3_bucket}/{o['Key']}" for o in left["Contents"] if "/shared/" in o["Key"]}
+    assert shared == used
 
     assert_equals_reference(spark, spec, reference)
 
@@ -272,11 +279,11 @@ def test_crash_and_rescaled_restore_on_the_cluster_all_on_s3_equals_reference(
     key = f"checkpoints/cluster-crash/chk-{latest}/_metadata"
     body = s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
     metadata = CheckpointMetadata.from_bytes(body, key)
-    handles = metadata.handles()
-    assert {h.handle for h in handles} == {
-        f"{base}/chk-{latest}/aggregate-{i}.arrow" for i in range(3)
+    files = metadata.files()  # each subtask's own file, and the ones its changes build on
+    assert {h.handle for h in metadata.handles()} == {
+        f"{base}/shared/chk-{latest}/aggregate-{i}.arrow" for i in range(3)
     }
-    assert all(sizes[h.handle] == h.size for h in handles if h.handle)
+    assert all(sizes[f.handle] == f.size for f in files)
     assert set(txn_counts(table, "cluster-crash")) == set(completed)  # committed, once each
 
     # restore on the cluster with parallelism 3 -> 2: executors read the old snapshots
@@ -292,10 +299,10 @@ def test_crash_and_rescaled_restore_on_the_cluster_all_on_s3_equals_reference(
     reads = [
         n
         for n in read_records(tmp_path / "records")
-        if n["op"] == "read" and n["url"].startswith(f"{base}/chk-{latest}/aggregate-")
+        if n["op"] == "read" and n["url"] in {f.handle for f in files}
     ]
     loads = [n for n in reads if n["pid"] != driver]
-    assert {n["url"] for n in loads} == {h.handle for h in handles}
+    assert {n["url"] for n in loads} == {f.handle for f in files}
     _assert_from_executors(loads, spark_cluster, driver)
 
     # the Delta table (read with deltalake, not Spark) is the reference's final table, and the

@@ -181,7 +181,9 @@ def test_ckpt_run_of_flights_joined_to_planes_killed_then_rescaled_equals_pandas
     ran = re.search(r"finished: (\d+) of (\d+) epochs run \(restored from checkpoint (\d+)\)",
                     resumed.stdout)  # fmt: skip
     assert ran is not None, f"seed {seed}: {resumed.stdout[-2000:]}"
-    assert int(ran[2]) == EPOCHS and int(ran[1]) <= EPOCHS - done, (seed, done, ran[0])
+    # the last epoch seen done may not be checkpointed yet: its snapshot is written in the
+    # background while the next epoch runs (asynchronous snapshots), and a kill aborts it
+    assert int(ran[2]) == EPOCHS and int(ran[1]) <= EPOCHS - done + 1, (seed, done, ran[0])
     metastore = Metastore(f"sqlite:///{tmp_path / 'home' / 'metastore.db'}")
     restores = sorted(views.list_restores(metastore, JOB), key=lambda r: r["restore_id"])
     assert [r["parallelism"] for r in restores] == [3, 2], (seed, restores)

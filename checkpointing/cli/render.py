@@ -68,6 +68,7 @@ def checkpoints_table(rows: list[Row], title: str) -> Table:
         ("Duration", {"justify": "right"}),
         ("Acked", {"justify": "right"}),
         ("State size", {"justify": "right"}),
+        ("Written", {"justify": "right"}),
         ("Failure", {"overflow": "fold"}),
     ):
         table.add_column(col, **kw)  # type: ignore[arg-type]
@@ -80,6 +81,7 @@ def checkpoints_table(rows: list[Row], title: str) -> Table:
             human_ms(r["duration_ms"]),
             f"{r['acked_tasks']}/{r['num_tasks']}",
             human_bytes(r["state_size"]),
+            human_bytes(r["checkpointed_size"]),
             failure_text(r),
         )
     return table

@@ -34,12 +34,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from sqlalchemy import select
 
-from checkpointing import restore
-from checkpointing.assignment import plan_restore, snapshots_from_metadata
 from checkpointing.coordinator import CheckpointCoordinator
 from checkpointing.errors import CheckpointingError, SharedStateError
 from checkpointing.failure import CheckpointException
-from checkpointing.metadata import CheckpointMetadata
 from checkpointing.metastore import Metastore
 from checkpointing.models import Checkpoint, CheckpointTask
 from checkpointing.object_store import is_object_url
@@ -62,8 +59,8 @@ from checkpointing.spark.preflight import (
     RunOptions,
     check_run,
     input_files,
-    refuse_empty_start,
 )
+from checkpointing.spark.run_restore import RunRestore
 from checkpointing.spark.session import session_settings
 from checkpointing.spark.sinks import open_sink
 from checkpointing.spark.stages import AggregationStage, Stage
@@ -71,11 +68,8 @@ from checkpointing.spark.state import (
     StageRun,
     chained_stages,
     changed_rows,
-    check_source,
-    continued_chains,
     empty_state,
     list_acks,
-    restore_stage,
     snapshot_stage,
     through_epoch,
 )
@@ -84,13 +78,11 @@ from checkpointing.spec import PipelineSpec, SpecError
 from checkpointing.splits import (
     InputSplit,
     epochs_of,
-    is_processed,
     parquet_rows,
     plan_splits,
     processed_item,
-    resume_epochs,
 )
-from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus, RestoreStatus
+from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus
 from checkpointing.storage import CheckpointStorage
 from checkpointing.store import CompletedCheckpoint
 
@@ -128,9 +120,12 @@ class RunResult:
     #: set when a stop-with-savepoint ended the run: the savepoint to resume from
     stopped_with_savepoint: str | None = None
     rows_read: int = 0
+    #: seconds the restore spent: finding and verifying the checkpoint, the input's schema,
+    #: reading the state, the sink's recovery, in all
+    restore_phases: dict[str, float] = field(default_factory=dict)
 
 
-class PipelineRun:
+class PipelineRun(RunRestore):
     def __init__(
         self,
         spec: PipelineSpec,
@@ -543,115 +538,6 @@ class PipelineRun:
         token = f"{self.spec.job}-{self.attempt}"
         self.result.final_path = self.sink.publish_final(last.stage.final(state), token)
         self.coordinator.shutdown(JobStatus.FINISHED)
-
-    # ------------------------------------------------------------------ restore
-
-    def _restore(self) -> None:
-        choice = self.options.restore
-        if choice == "none":
-            decision = restore.RestoreDecision(self.spec.job, None, None, None, None)
-            refuse_empty_start(self.sink, self.spec.job, choice)
-        elif choice == "latest":
-            decision = restore.find_latest_valid(self.metastore, self.storage, self.spec.job)
-            if decision.metadata is None:  # none, or none valid: never start over committed output
-                refuse_empty_start(self.sink, self.spec.job, choice)
-        elif choice.isdigit():
-            decision = restore.load_checkpoint(
-                self.metastore, self.storage, self.spec.job, int(choice)
-            )
-        else:
-            # recorded under this job, not the savepoint's (which may be unknown to this metastore)
-            decision = restore.load_external(
-                self.storage,
-                choice,
-                job_id=self.spec.job,
-                allow_other_job=self.options.allow_other_job,
-            )
-        log.info("%s", decision.describe())
-        assignment = None
-        source = [] if decision.metadata is None else decision.metadata.list_items(SOURCE)
-        if not any(is_processed(i) for i in source):  # empty start, or an older checkpoint
-            self.epochs = self._epochs()
-        if decision.metadata is not None:
-            assignment = self._load_state(decision.metadata)
-            self.result.restored_from = decision.checkpoint_id
-        self.result.epochs_total = len(self.epochs)
-        committed, discarded = self.sink.recover(
-            None if decision.metadata is None else self.next_epoch - 1,
-            checkpoint_id=decision.checkpoint_id,
-            state=[] if decision.metadata is None else decision.metadata.list_items(SINK),
-        )
-        if committed or discarded:
-            log.info("sink: committed %s, discarded %s on restore", committed, discarded)
-        detail = self.sink.recovery_detail()
-        if detail is not None:  # e.g. the table brought back to what the checkpoint committed
-            log.info("sink: %s", detail)
-            assignment = {**(assignment or {}), "sink": detail}
-        restore.record_restore(
-            self.metastore,
-            decision,
-            attempt=self.attempt,
-            parallelism=self.parallelism,
-            assignment=assignment,
-            status=RestoreStatus.RESTORED,
-        )
-
-    def _load_state(self, metadata: CheckpointMetadata) -> dict[str, Any]:
-        plan = plan_restore(
-            snapshots_from_metadata(metadata),
-            self.operators,
-            new_parallelism=self.parallelism,
-            max_parallelism=self.max_parallelism,
-            allow_non_restored_state=self.options.allow_non_restored_state,
-        )
-        source = metadata.list_items(SOURCE)
-        if any(is_processed(i) for i in source):  # the epochs it read, its remaining, new files
-            self.epochs = resume_epochs(
-                source,
-                self.files,
-                self.spec.source.format.value,
-                self.spec.source.max_split_bytes,
-                self.spec.source.splits_per_epoch,
-                metadata.checkpoint_id,
-            )
-            self.read_by = {
-                int(i["epoch"]): str(i["attempt"])
-                for i in source
-                if is_processed(i) and isinstance(i.get("attempt"), str)
-            }
-        self.covered_epoch = through_epoch(metadata, len(self.epochs))
-        self.next_epoch = self.covered_epoch + 1
-        changed = self.inputs.check_restore(source, metadata.checkpoint_id, self.options)
-        if not any(is_processed(i) for i in source):  # an older checkpoint: the same input only
-            planned = self._remaining_splits(self.next_epoch)
-            check_source(plan.operator(SOURCE), planned, metadata.checkpoint_id)
-        if self.next_epoch >= len(self.epochs):
-            log.info(
-                "job %s: no new input since checkpoint %d (%d epochs, %d files read)",
-                self.spec.job,
-                metadata.checkpoint_id,
-                len(self.epochs),
-                len({s.path for e in self.epochs for s in e}),
-            )
-        # sets the input schema, which defines the state schema (the next epoch's files: their
-        # listing is then warm for the first epoch after the restore)
-        self._read(self.epochs[min(self.next_epoch, len(self.epochs) - 1)])
-        for s in self.stages:
-            s.state = restore_stage(
-                self.spark,
-                self.storage,
-                self._empty_state(s),
-                plan.operator(s.operator_id),
-                metadata,
-                self.partition_keys,
-                s.key,
-            )
-            if s.chains is not None:  # the same key groups in shared files: build on them
-                shared = self.storage.shared_url(self.spec.job)
-                s.chains = continued_chains(
-                    plan.operator(s.operator_id), metadata, shared, self.storage
-                )
-        return {**plan.to_dict(), **({"tables": changed} if changed else {})}
 
 
 class InputError(CheckpointingError):
