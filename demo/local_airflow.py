@@ -75,12 +75,17 @@ class LocalAirflow:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _logs: list[IO[bytes]] = field(default_factory=list)
 
-    def start(self, say: Callable[[str], None] = lambda _what: None) -> None:
-        """Start every component in its own process group (so that stopping one stops the
-        workers and Spark drivers it started too), each logging to ``logs/<component>.log``."""
+    def start(
+        self,
+        say: Callable[[str], None] = lambda _what: None,
+        components: Sequence[str] = COMPONENTS,
+    ) -> None:
+        """Start every component (or only ``components``, e.g. no triggerer where nothing
+        defers) in its own process group (so that stopping one stops the workers and Spark
+        drivers it started too), each logging to ``logs/<component>.log``."""
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        for name in COMPONENTS:
+        for name in components:
             say(f"starting {name}…")
             log = (logs / f"{name}.log").open("ab")
             self._logs.append(log)
@@ -121,7 +126,7 @@ class LocalAirflow:
                     f"the API server did not answer at {self.url} within {timeout:.0f} s; see "
                     f"{self.home / 'logs' / 'api-server.log'}"
                 )
-            time.sleep(1)
+            time.sleep(0.25)
         return False
 
     def stop(self, grace: float = 30) -> None:

@@ -9,17 +9,21 @@ without Spark); the api-server finds it as the operators do (``CKPT_METASTORE_UR
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
 import shutil
 import signal
+import sqlite3
 import subprocess
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -188,6 +192,58 @@ def _seed(metastore: Metastore, storage: FileSystemCheckpointStorage) -> Checkpo
     return live
 
 
+#: what every api-server of this test process serves, made once: the DAGs folder, and an
+#: Airflow database migrated with those DAGs in it (see :func:`_migrated_and_serialized`)
+_PREPARED: dict[str, Path] = {}
+_PREPARING = threading.Lock()  # servers may be started from threads, to overlap their start-ups
+
+
+def _served_dags() -> Path:
+    """The DAGs folder of every api-server here (its files never change): the project's deploy
+    DAG (no pipeline specs next to it: its pipeline param takes any job id) and the live
+    pipeline's DAG."""
+    with _PREPARING:
+        if "dags" not in _PREPARED:
+            root = Path(tempfile.mkdtemp(prefix="ckpt-tests-api-server-"))
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
+            (root / "dags").mkdir()
+            shutil.copy(DEPLOY_DAG, root / "dags" / DEPLOY_DAG.name)
+            (root / "dags" / "routes_live.py").write_text(LIVE_DAG)
+            _PREPARED["root"], _PREPARED["dags"] = root, root / "dags"
+        return _PREPARED["dags"]
+
+
+def _migrated_and_serialized(env: Mapping[str, str]) -> None:
+    """Airflow's SQLite database of ``env`` migrated, with the DAGs of :func:`_served_dags` in
+    it as the dag-processor would put them (so that the API can trigger them): ``airflow db
+    migrate`` and ``airflow dags reserialize`` run once per test process, into a database that
+    each server then gets a copy of (the DAGs folder is the same for all)."""
+    with _PREPARING:
+        template = _PREPARED.get("db")
+        if template is None:
+            template = _PREPARED["root"] / "airflow.db"
+            prepared = {
+                **env,
+                "AIRFLOW_HOME": str(_PREPARED["root"] / "airflow"),
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{template}",
+            }
+            migrate(prepared)
+            serialized = subprocess.run(
+                [airflow_command(), "dags", "reserialize"],
+                env=prepared,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            if serialized.returncode != 0:
+                pytest.fail(f"airflow dags reserialize failed:\n{serialized.stderr[-3000:]}")
+            _PREPARED["db"] = template
+    target = Path(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///"))
+    with closing(sqlite3.connect(template)) as src, closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+
+
 def take_requests(server: Server) -> list[int]:
     """The live job's next epoch boundary: it triggers the queued savepoints and acks them."""
     taken = []
@@ -204,15 +260,15 @@ def running_api_server(root: Path, *, prefix: str = "") -> Iterator[Server]:
     Airflow under that path (``[api] base_url``), as behind a reverse proxy; ``Server.url``
     includes it."""
     url_metastore = f"sqlite:///{root / 'metastore.db'}"
-    Metastore(url_metastore, check_schema=False).upgrade()
+    with _PREPARING:  # Alembic's migration context is process-wide: one upgrade at a time
+        Metastore(url_metastore, check_schema=False).upgrade()
     metastore = Metastore(url_metastore)
     storage = FileSystemCheckpointStorage(f"file://{root / 'checkpoints'}")
     live = _seed(metastore, storage)
 
     port = free_port()
     url = f"http://127.0.0.1:{port}{prefix}"
-    (root / "dags").mkdir()
-    env = airflow_env(root / "airflow", root / "dags", ckpt_home=root / "ckpt")
+    env = airflow_env(root / "airflow", _served_dags(), ckpt_home=root / "ckpt")
     passwords = {u: secrets.token_urlsafe(12) for u in ("admin", "viewer", "outsider")}
     (root / "passwords.json").write_text(json.dumps(passwords))
     env.update(
@@ -229,21 +285,7 @@ def running_api_server(root: Path, *, prefix: str = "") -> Iterator[Server]:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(root / "passwords.json"),
         }
     )
-    migrate(env)
-    # the deploy DAG (no pipeline specs next to it: its pipeline param takes any job id), in
-    # Airflow's database as the dag-processor would put it, so that the API can trigger it
-    shutil.copy(DEPLOY_DAG, root / "dags" / DEPLOY_DAG.name)
-    (root / "dags" / "routes_live.py").write_text(LIVE_DAG)
-    serialized = subprocess.run(
-        [airflow_command(), "dags", "reserialize"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if serialized.returncode != 0:
-        pytest.fail(f"airflow dags reserialize failed:\n{serialized.stderr[-3000:]}")
+    _migrated_and_serialized(env)
     log = root / "api-server.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(
@@ -269,7 +311,7 @@ def running_api_server(root: Path, *, prefix: str = "") -> Iterator[Server]:
                 pass
             if time.monotonic() > deadline:
                 pytest.fail(f"the api-server did not come up:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+            time.sleep(0.2)
         tokens = {user: api_token(url, user, password) for user, password in passwords.items()}
         server = Server(url, tokens, metastore, storage, live, log, passwords)
         server.live_run = _trigger_run(url, tokens["admin"], LIVE)

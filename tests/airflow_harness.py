@@ -4,19 +4,23 @@ subprocesses (so that a test can kill one)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +57,7 @@ __all__ = [
     "heartbeat_env",
     "kill_while_pending",
     "make_airflow_home",
+    "migrate_airflow_db",
     "tree_of",
     "wait_for",
     "worker_hostname",
@@ -125,6 +130,41 @@ checkpoint: {checkpoint}
     return path
 
 
+#: SQLite databases that ``airflow db migrate`` created in this test process, by the settings
+#: that shape the schema (the auth manager's tables): each new SQLite home gets a copy
+_MIGRATED_SQLITE: dict[str, Path] = {}
+
+
+def migrate_airflow_db(env: Mapping[str, str]) -> None:
+    """``airflow db migrate`` for the Airflow of ``env``. A SQLite database is a copy of one that
+    ``airflow db migrate`` created once per test process with the same settings (what it
+    writes holds no path of the home: the schema, the default pool, the log templates), so
+    each test's Airflow starts from a really migrated database without paying the migration
+    again; any other database is migrated."""
+    url = make_url(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    if not url.drivername.startswith("sqlite") or not url.database:
+        migrate(env)
+        return
+    key = env.get("AIRFLOW__CORE__AUTH_MANAGER", "")
+    template = _MIGRATED_SQLITE.get(key)
+    if template is None:
+        root = Path(tempfile.mkdtemp(prefix="ckpt-tests-airflow-migrated-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        template = root / "airflow.db"
+        migrate(
+            {
+                **env,
+                "AIRFLOW_HOME": str(root),
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{template}",
+            }
+        )
+        _MIGRATED_SQLITE[key] = template
+    target = Path(url.database)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with closing(sqlite3.connect(template)) as src, closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+
+
 def make_airflow_home(root: Path, database_url: str, ckpt_home: Path) -> AirflowHome:
     """Create and migrate an Airflow home whose metadata database is ``database_url``."""
     home, dags = root / "airflow", root / "dags"
@@ -133,7 +173,7 @@ def make_airflow_home(root: Path, database_url: str, ckpt_home: Path) -> Airflow
     # `airflow dags test` triggers as `dag_test`: the savepoint and deploy DAGs check that the
     # triggering user may edit the pipeline's DAG (SimpleAuthManager's users)
     env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = "admin:admin,dag_test:user"
-    migrate(env)
+    migrate_airflow_db(env)
     return AirflowHome(home, dags, env)
 
 

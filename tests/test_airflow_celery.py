@@ -160,7 +160,8 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
                 "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{database}",
             },
         )
-        local.start()
+        # no triggerer: nothing here defers, and it would only compete for the 2 cores
+        local.start(components=("api-server", "scheduler", "dag-processor"))
         logs = [start_worker(local, name) for name in WORKERS]
         try:
             yield local

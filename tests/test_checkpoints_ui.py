@@ -14,6 +14,7 @@ import re
 import shutil
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -41,9 +42,29 @@ expect = playwright_api.expect
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with running_api_server(tmp_path_factory.mktemp("checkpoints-ui")) as s:
-        yield s
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
+    """This module's two api-servers, by path prefix: Airflow at the root, and under
+    ``/airflow`` (``[api] base_url``, as behind a reverse proxy), each with a metastore of its
+    own; started together and stopped together, so that their start-ups (and their stops,
+    seconds each) overlap."""
+    servers = {
+        "": running_api_server(tmp_path_factory.mktemp("checkpoints-ui")),
+        "/airflow": running_api_server(tmp_path_factory.mktemp("prefixed"), prefix="/airflow"),
+    }
+    with ThreadPoolExecutor(len(servers)) as pool:
+        started = {prefix: pool.submit(s.__enter__) for prefix, s in servers.items()}
+        wait(started.values())  # all up (or failed) before any is used or stopped
+        up = [prefix for prefix, future in started.items() if future.exception() is None]
+        try:
+            yield {prefix: future.result() for prefix, future in started.items()}
+        finally:
+            for stopped in [pool.submit(servers[p].__exit__, None, None, None) for p in up]:
+                stopped.result()
+
+
+@pytest.fixture(scope="module")
+def server(servers: dict[str, Server]) -> Server:
+    return servers[""]
 
 
 @pytest.fixture(scope="module")
@@ -520,14 +541,14 @@ def test_the_page_is_in_airflows_navigation_and_the_operator_links_to_it(
 
 
 def test_the_page_works_behind_a_path_prefix(
-    browser: Any, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+    servers: dict[str, Server], browser: Any, tmp_path: Path
 ) -> None:
     """Airflow served under ``/airflow`` (``[api] base_url``, as behind a reverse proxy): the
     login, the page's relative API calls and actions, and Airflow's frame around it."""
-    with running_api_server(tmp_path_factory.mktemp("prefixed"), prefix="/airflow") as server:
-        assert server.url.endswith("/airflow")
-        page = log_in(browser, server, "admin", LIVE, viewport={"width": 1440, "height": 1400})
-        assert page.url == f"{server.url}/checkpoints/ui/?pipeline={LIVE}"
-        expect(history_row(page, 1)).to_contain_text("COMPLETED")
-        drive_every_action_in_the_frame(page, server, tmp_path, "7-behind-path-prefix")
-        page.context.close()
+    server = servers["/airflow"]
+    assert server.url.endswith("/airflow")
+    page = log_in(browser, server, "admin", LIVE, viewport={"width": 1440, "height": 1400})
+    assert page.url == f"{server.url}/checkpoints/ui/?pipeline={LIVE}"
+    expect(history_row(page, 1)).to_contain_text("COMPLETED")
+    drive_every_action_in_the_frame(page, server, tmp_path, "7-behind-path-prefix")
+    page.context.close()

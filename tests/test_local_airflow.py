@@ -30,7 +30,7 @@ def _wait_for(what: str, check: Any, timeout: float) -> Any:
     while time.monotonic() < deadline:
         if found := check():
             return found
-        time.sleep(1)
+        time.sleep(0.25)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 

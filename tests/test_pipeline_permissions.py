@@ -34,6 +34,7 @@ from checkpointing.metastore import Metastore
 from checkpointing.restore import ForeignSnapshotError, preview_restore, record_restore
 from checkpointing.status import JobStatus
 from checkpointing.storage import FileSystemCheckpointStorage
+from tests.airflow_harness import migrate_airflow_db
 from tests.helpers import complete, new_coordinator, restore_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +114,7 @@ from sqlalchemy import select
 
 parser = cli_parser.get_parser()
 out = {}
-for name, argv in [("migrate", ["db", "migrate"])] + [
+for name, argv in [
     (dag_id, ["dags", "test", dag_id, "--conf", json.dumps(conf)])
     for dag_id, conf in json.loads(sys.argv[1]).items()
 ]:
@@ -155,6 +156,7 @@ def test_the_generic_dags_refuse_a_user_who_may_not_edit_the_pipeline(tmp_path: 
         "CKPT_METASTORE_URL": url,
         "CKPT_STORAGE_URL": storage.base_url,
     }
+    migrate_airflow_db(env)  # `airflow db migrate`'s database (a copy, see there)
     runs = {
         "checkpoint_savepoint": {"pipeline": "mine", "stop": True},
         "checkpoint_deploy": {"pipeline": "mine", "from": "latest"},

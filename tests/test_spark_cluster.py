@@ -201,9 +201,7 @@ def test_cluster_run_snapshots_from_executors_to_s3_equals_reference(
     assert all(n["aws_session_token"] and not n["credentials_on_command_line"] for n in writes)
     # on the wire: each snapshot PUT (made by those executors) carried the session token
     puts = [
-        r
-        for r in recording_s3.requests()
-        if r["method"] == "PUT" and SNAPSHOT.search(r["url"])
+        r for r in recording_s3.requests() if r["method"] == "PUT" and SNAPSHOT.search(r["url"])
     ]
     assert len(puts) >= 3 * EPOCHS, [r["url"] for r in puts]
     tokens = {r["headers"].get("X-Amz-Security-Token") for r in puts}
