@@ -27,11 +27,9 @@ import json
 import math
 import multiprocessing as mp
 import os
-import platform
 import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +56,10 @@ from checkpointing.models import Checkpoint, CheckpointAck
 from checkpointing.pending import AckResult, TaskAck, TaskSpec
 from checkpointing.status import CheckpointStatus
 from checkpointing.storage import FileSystemCheckpointStorage
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/'s modules, beside this file
+from machine import loadavg
+from machine import machine_info as host_info
 
 BACKENDS = ("sqlite", "postgresql")
 DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://127.0.0.1:5432/test"
@@ -374,19 +376,11 @@ def bench_completion(url: str, workdir: Path, s: Settings) -> dict[str, Any]:
 
 def machine_info(pg_admin_url: str | None) -> dict[str, Any]:
     info: dict[str, Any] = {
-        "hostname": platform.node(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "memory_gb": _memory_gb(),
+        **host_info(),  # git_dirty: the measured code differs from the commit
         "sqlite": sqlite3.sqlite_version,
         "packages": {
             p: importlib_metadata.version(p) for p in ("sqlalchemy", "psycopg", "alembic")
         },
-        "git_commit": _git("rev-parse", "HEAD"),
-        # measured code differs from that commit (uncommitted changes in the work tree)
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
     }
     if pg_admin_url:
         try:
@@ -400,47 +394,6 @@ def machine_info(pg_admin_url: str | None) -> dict[str, Any]:
         except Exception as exc:
             info["postgresql"] = f"unavailable: {exc}"
     return info
-
-
-def _loadavg() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _memory_gb() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 1024**2, 1)
-    except OSError:
-        pass
-    return None
-
-
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", *args],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def verdicts(results: dict[str, Any]) -> dict[str, bool] | None:
@@ -571,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     backends = args.backend or list(BACKENDS)
     results: dict[str, Any] = {}
     started = datetime.now(UTC)
-    load_before = _loadavg()
+    load_before = loadavg()
     for backend in backends:
         workdir = Path(tempfile.mkdtemp(prefix=f"ckpt-bench-{backend}-"))
         try:
@@ -610,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             **machine_info(args.pg_admin_url if "postgresql" in backends else None),
             # other work on the machine skews the figures: the 1-minute load around the run
             "loadavg_1m_before": load_before,
-            "loadavg_1m_after": _loadavg(),
+            "loadavg_1m_after": loadavg(),
         },
         "targets": TARGETS,
         "results": results,

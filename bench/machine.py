@@ -1,6 +1,7 @@
-"""The machine a benchmark runs on, for ``bench/spark_bench.py``: what it is (CPU, memory, Java,
-package versions, git commit), how busy it is (load average, other Spark driver JVMs — the machine
-is shared, and other work skews the figures) and the CPU seconds of a process tree."""
+"""The machine a benchmark runs on, for ``bench/spark_bench.py`` and ``bench/ack_bench.py``: what
+it is (CPU, memory, Java, package versions, git commit), how busy it is (load average, other Spark
+driver JVMs — the machine is shared, and other work skews the figures) and the CPU seconds of a
+process tree."""
 
 from __future__ import annotations
 
@@ -20,12 +21,12 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "memory_gb": _memory_gb(),
+        "cpu_model": cpu_model(),
+        "memory_gb": memory_gb(),
         "java": _java_version(),
         "packages": {p: _version(p) for p in ("pyspark", "pyarrow", "sqlalchemy", "matplotlib")},
-        "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
     }
 
 
@@ -83,7 +84,7 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -93,7 +94,7 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _memory_gb() -> float | None:
+def memory_gb() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
@@ -113,7 +114,7 @@ def _java_version() -> str | None:
     return out.stderr.splitlines()[0] if out.stderr else None
 
 
-def _git(*args: str) -> str | None:
+def git(*args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True)
         return out.stdout.strip()
