@@ -163,6 +163,8 @@ def test_unreadable_files(tmp_path: Path) -> None:
         ("parallelism: 4", "parallelism: true", "parallelism: Input should be a valid integer"),
         ("max_parallelism: 64", "max_parallelism: 64.0", "max_parallelism: Input should be a"),
         ("  every_epochs: 1", "  every_epochs: true", "checkpoint.every_epochs: Input should be"),
+        # a string is not the switch for incremental checkpoints (YAML's yes/no are booleans)
+        ("  every_epochs: 1", "  every_epochs: 1\n  incremental: 'no'", "checkpoint.incremental: "),
         ("  splits_per_epoch: 4", "  splits_per_epoch: '4'", "source.splits_per_epoch: Input"),
         ("parallelism: 4", "parallelism: 4\nretries: yes", "retries: Input should be a valid"),
         ("parallelism: 4", "parallelism: 4\nretry_delay: -5s", "retry_delay: must not be negative"),
@@ -186,6 +188,12 @@ def test_bad_values_are_refused_naming_the_field(
     assert str(err.value).startswith(f"{path}: ")
     assert expected in str(err.value)
     assert len(str(err.value).splitlines()) == 1
+
+
+def test_incremental_checkpoints_are_the_default_and_can_be_switched_off(tmp_path: Path) -> None:
+    assert load_spec(write(tmp_path, VALID)).checkpoint.incremental is True
+    off = VALID.replace("  every_epochs: 1", "  every_epochs: 1\n  incremental: false", 1)
+    assert load_spec(write(tmp_path, off)).checkpoint.incremental is False
 
 
 def test_a_check_across_fields_names_them_without_dumping_the_spec(tmp_path: Path) -> None:
