@@ -280,8 +280,12 @@ class CheckpointCoordinatorGateway:
         except Exception as exc:  # not a storage error: its outcome is unknown
             self._abort_finalize(checkpoint_id, f"metadata write failed: {exc}", dispose=False)
             return None
+        dirs = shared_state.SharedDirs.of(self.storage, self.job_id, checkpoint_id)
+        written = shared_state.checkpointed_size(metadata, location.url, dirs)
         try:
-            marked = self._mark_completed(checkpoint_id, token, ctype, metadata, info)
+            marked = self._mark_completed(
+                checkpoint_id, token, ctype, metadata, info, dirs, written
+            )
         except Exception as exc:
             log.exception("job %s: checkpoint %d: completion failed", self.job_id, checkpoint_id)
             try:  # aborts nothing if the COMPLETED row did commit
@@ -299,8 +303,6 @@ class CheckpointCoordinatorGateway:
             return None
         disposals, older = marked
         self._dispose(disposals, older)
-        dirs = shared_state.SharedDirs.of(self.storage, self.job_id, checkpoint_id)
-        written = shared_state.checkpointed_size(metadata, location.url, dirs)
         completed = CompletedCheckpoint(
             self.job_id,
             checkpoint_id,
@@ -335,16 +337,25 @@ class CheckpointCoordinatorGateway:
         ctype: CheckpointType,
         metadata: CheckpointMetadata,
         info: FileInfo,
+        dirs: shared_state.SharedDirs,
+        written: int,
     ) -> tuple[list[store.Disposal], list[pending.AbortedCheckpoint]] | None:
         """Steps 2 to 4 of completion in one transaction: COMPLETED (None if no longer ours to
         complete) with its shared files registered, subsume, abort older pending; returns what
         to delete after the commit."""
         now = metadata.completed_at
-        dirs = shared_state.SharedDirs.of(self.storage, self.job_id, checkpoint_id)
         with self.metastore.transaction() as s:
             self.fencing.lock_job(s)  # the job row before the checkpoint rows, as a takeover does
             added = store.add(
-                s, self.job_id, checkpoint_id, token, metadata, info, self.config.retained, dirs
+                s,
+                self.job_id,
+                checkpoint_id,
+                token,
+                metadata,
+                info,
+                self.config.retained,
+                dirs,
+                checkpointed_size=written,
             )
             if added is None:
                 return None

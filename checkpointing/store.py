@@ -99,10 +99,13 @@ def add(
     info: FileInfo,
     retained: int,
     shared: shared_state.SharedDirs,
+    *,
+    checkpointed_size: int,
 ) -> tuple[int | None, list[Disposal]] | None:
     """Flink's ``CompletedCheckpointStore.addCheckpointAndSubsumeOldestOne``, after the
     ``_metadata`` was written: mark the claimed PENDING row COMPLETED, register the shared files
-    it uses (``shared``: the job's shared directory and the checkpoint's own in it), record it as
+    it uses (``shared``: the job's shared directory and the checkpoint's own in it) and the bytes
+    it wrote (``checkpointed_size``, :func:`shared_state.checkpointed_size`), record it as
     the job's latest completion, and (checkpoints only: a savepoint subsumes nothing) subsume
     beyond ``retained``. None when the row is no longer ours to complete (aborted meanwhile);
     else its request id, if a request triggered it, and what to delete after the commit.
@@ -110,8 +113,6 @@ def add(
     checkpoint registered: the caller rolls back and aborts it."""
     now = metadata.completed_at
     checkpoint = CheckpointType(metadata.checkpoint_type) is CheckpointType.CHECKPOINT
-    location = info.url.rsplit("/", 1)[0]  # the _metadata lies in the checkpoint's directory
-    written = shared_state.checkpointed_size(metadata, location, shared)
     marked = session.execute(
         update(Checkpoint)
         .where(
@@ -126,7 +127,7 @@ def add(
             metadata_path=info.url,
             metadata_checksum=info.checksum,
             state_size=metadata.state_size,
-            checkpointed_size=written,
+            checkpointed_size=checkpointed_size,
         )
         .returning(Checkpoint.request_id)
     ).one_or_none()
