@@ -50,12 +50,12 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
 from checkpointing.config import CheckpointConfig
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.metastore import Metastore
-from checkpointing.models import Checkpoint, CheckpointAck
-from checkpointing.pending import AckResult, TaskAck, TaskSpec
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.pending import AckResult, TaskAck, TaskSpec
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Checkpoint, CheckpointAck
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import CheckpointStatus
-from checkpointing.storage import FileSystemCheckpointStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/'s modules, beside this file
 from machine import loadavg

@@ -129,11 +129,11 @@ def write_spec(live: Path, task: dict[str, Any]) -> None:
 
 
 def work_ours(spark: Any, task: dict[str, Any]) -> dict[str, Any]:
-    from checkpointing.metastore import Metastore
+    from checkpointing.metastore.engine import Metastore
+    from checkpointing.pipeline.spec import load_spec
     from checkpointing.spark.preflight import RunOptions
     from checkpointing.spark.runtime import PipelineRun, SimulatedCrash
-    from checkpointing.spec import load_spec
-    from checkpointing.storage import FileSystemCheckpointStorage
+    from checkpointing.state.storage import FileSystemCheckpointStorage
 
     live = Path(task["live"])
     metastore_url = f"sqlite:///{live / 'metastore.db'}"

@@ -233,7 +233,7 @@ class Settings:
     @property
     def display_metastore_url(self) -> str:
         """The metastore URL without credentials, for messages and logs."""
-        from checkpointing.metastore import normalize_url, safe_url
+        from checkpointing.metastore.engine import normalize_url, safe_url
 
         return safe_url(normalize_url(self.metastore_url))
 

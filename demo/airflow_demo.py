@@ -29,8 +29,8 @@ from rich.text import Text
 
 from checkpointing.cli.render import RESTORE_DECISIONS, checkpoints_table, restores_table
 from checkpointing.config import Settings
-from checkpointing.spec import PipelineSpec, load_spec
-from checkpointing.views import list_checkpoints, list_restores
+from checkpointing.metastore.views import list_checkpoints, list_restores
+from checkpointing.pipeline.spec import PipelineSpec, load_spec
 from demo import SPEC_PATH
 from demo.airflow_env import airflow_command, airflow_env, migrate
 from demo.flights import (

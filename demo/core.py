@@ -21,17 +21,17 @@ from rich.console import Console
 from rich.text import Text
 from sqlalchemy import delete, select
 
-from checkpointing import restore
 from checkpointing.cli.render import checkpoints_table
 from checkpointing.config import CheckpointConfig, Settings
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.metastore import Metastore
-from checkpointing.models import Checkpoint, Job
-from checkpointing.pending import TaskAck, TaskSpec
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.pending import TaskAck, TaskSpec
+from checkpointing.coordination.store import CompletedCheckpoint
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Checkpoint, Job
+from checkpointing.metastore.views import list_checkpoints, list_restores
+from checkpointing.restore import lookup as restore
+from checkpointing.state.storage import CheckpointStorage
 from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus
-from checkpointing.storage import CheckpointStorage
-from checkpointing.store import CompletedCheckpoint
-from checkpointing.views import list_checkpoints, list_restores
 
 OPERATORS = {"source": 2, "aggregate": 4}
 MAX_PARALLELISM = 128

@@ -3,8 +3,8 @@
 ``dags/pipelines/nycflights13.yaml`` over real data (the 336,776 flights of 2013, one Parquet file
 per day, aggregated per route), the demo's copy of its spec, the crash point, and the verification
 of the final table and every committed changelog epoch against an independent pandas computation
-(:func:`checkpointing.datasets.expected_aggregates`). The job ids and the sinks belong to the
-demos, so a rerun starts afresh without touching a job run from the spec itself.
+(:func:`checkpointing.pipeline.datasets.expected_aggregates`). The job ids and the sinks belong to
+the demos, so a rerun starts afresh without touching a job run from the spec itself.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import delete
 
-from checkpointing import datasets
 from checkpointing.config import Settings
-from checkpointing.metastore import Metastore
-from checkpointing.models import Job
-from checkpointing.spec import PipelineSpec, load_spec
-from checkpointing.storage import CheckpointStorage
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Job
+from checkpointing.pipeline import datasets
+from checkpointing.pipeline.spec import PipelineSpec, load_spec
+from checkpointing.state.storage import CheckpointStorage
 from demo import SPEC_PATH
 
 __all__ = ["SPEC_PATH", "Verification", "demo_spec", "ensure_flights", "verify"]

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from checkpointing.cli.render import RESTORE_DECISIONS, checkpoints_table, restores_table
 from checkpointing.config import Settings
-from checkpointing.views import list_checkpoints, list_restores
+from checkpointing.metastore.views import list_checkpoints, list_restores
 from demo import SPEC_PATH
 from demo.flights import (
     AVG_RTOL,

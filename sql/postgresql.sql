@@ -1,6 +1,7 @@
 -- Reference DDL of the checkpoint metastore for postgresql, revision 0003.
--- Generated from checkpointing/models.py by `make ddl`; `ckpt db upgrade` (Alembic) is
--- the supported way to create or migrate a metastore. A test fails when they drift.
+-- Generated from checkpointing/metastore/models.py by `make ddl`; `ckpt db upgrade`
+-- (Alembic) is the supported way to create or migrate a metastore. A test fails when
+-- they drift.
 
 CREATE TABLE ckpt_jobs (
 	job_id VARCHAR(128) NOT NULL,

@@ -31,11 +31,11 @@ from typing import Any
 import pytest
 
 from checkpointing.clock import ManualClock
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.metastore import Metastore
-from checkpointing.restore import find_latest_valid, preview_restore, record_restore
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.metastore.engine import Metastore
+from checkpointing.restore.lookup import find_latest_valid, preview_restore, record_restore
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import JobStatus
-from checkpointing.storage import FileSystemCheckpointStorage
 from demo.airflow_env import airflow_command, airflow_env, migrate
 from tests.helpers import ack_all, complete, free_port, new_coordinator, snapshot
 

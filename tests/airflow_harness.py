@@ -32,10 +32,11 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-from checkpointing import datasets, views
-from checkpointing.failure import CheckpointFailureReason
-from checkpointing.metastore import Metastore
-from checkpointing.models import Checkpoint, Job
+from checkpointing.coordination.failure import CheckpointFailureReason
+from checkpointing.metastore import views
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Checkpoint, Job
+from checkpointing.pipeline import datasets
 from demo.airflow_env import REPO, airflow_command, airflow_env, migrate
 from tests.helpers import checkpoint_rows, free_port
 

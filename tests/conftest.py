@@ -17,9 +17,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from checkpointing.clock import ManualClock
-from checkpointing.metastore import Metastore
-from checkpointing.models import Base
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Base
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.helpers import free_port
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from checkpointing.delta_table import storage_options
+from checkpointing.sinks.delta_log import storage_options
 
 
 def read_table(url: str, sort: list[str]) -> pd.DataFrame:
@@ -24,7 +24,7 @@ def delta_log(url: str) -> list[list[dict[str, Any]]]:
     """Each Delta commit's actions, by version (read straight from ``_delta_log/*.json``)."""
     from pyarrow import fs
 
-    from checkpointing.delta_files import filesystem
+    from checkpointing.sinks.delta_files import filesystem
 
     filesystem_, root = filesystem(url)
     infos = filesystem_.get_file_info(fs.FileSelector(f"{root}/_delta_log"))

@@ -13,11 +13,13 @@ from sqlalchemy import select
 
 from checkpointing.clock import ManualClock
 from checkpointing.config import CheckpointConfig
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.failure import TolerableFailuresExceeded
-from checkpointing.gateway import AckOutcome
-from checkpointing.metastore import Metastore
-from checkpointing.models import (
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.failure import TolerableFailuresExceeded
+from checkpointing.coordination.gateway import AckOutcome
+from checkpointing.coordination.pending import PendingCheckpoint, TaskAck, TaskSpec
+from checkpointing.coordination.store import CompletedCheckpoint
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import (
     Checkpoint,
     CheckpointAck,
     CheckpointRequest,
@@ -25,9 +27,7 @@ from checkpointing.models import (
     Job,
     RestoreEvent,
 )
-from checkpointing.pending import PendingCheckpoint, TaskAck, TaskSpec
-from checkpointing.storage import CheckpointStorage, FileSystemCheckpointStorage
-from checkpointing.store import CompletedCheckpoint
+from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
 
 JOB = "job-a"
 

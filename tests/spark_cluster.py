@@ -33,7 +33,7 @@ from typing import Any
 
 import pyspark
 
-from checkpointing.storage import FileInfo, S3CheckpointStorage
+from checkpointing.state.storage import FileInfo, S3CheckpointStorage
 
 PYSPARK_HOME = Path(pyspark.__file__).resolve().parent
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -491,11 +491,11 @@ def run_driver(
 def main(argv: list[str] | None = None) -> int:
     """The driver: run the pipeline once on ``--master`` and write a JSON report (pid, run
     result, whether the crash hook fired, the S3 listing of the job after each epoch)."""
-    from checkpointing.metastore import Metastore
+    from checkpointing.metastore.engine import Metastore
+    from checkpointing.pipeline.spec import load_spec
     from checkpointing.spark.preflight import RunOptions
     from checkpointing.spark.runtime import PipelineRun, SimulatedCrash
     from checkpointing.spark.session import spark_session
-    from checkpointing.spec import load_spec
 
     parser = argparse.ArgumentParser(prog="python -m tests.spark_cluster")
     for flag in ("--master", "--spec", "--metastore", "--storage", "--records", "--report"):

@@ -8,9 +8,10 @@ from typing import Any
 
 import pandas as pd
 
-from checkpointing import datasets, views
-from checkpointing.metastore import Metastore
-from checkpointing.spec import PipelineSpec, load_spec
+from checkpointing.metastore import views
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline import datasets
+from checkpointing.pipeline.spec import PipelineSpec, load_spec
 
 AGGS = {
     "n": ("count", None),
@@ -78,7 +79,7 @@ def run(
 
 
 def sink_of(spec: PipelineSpec) -> Any:
-    from checkpointing.spark.sink import TwoPhaseCommitSink
+    from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
     return TwoPhaseCommitSink(spec.resolve(spec.sink.path))
 
@@ -121,7 +122,7 @@ def reference_run(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A crash-free run (job ``reference``), checked against an independent pandas computation;
     returns its final table and changelog for other runs to equal."""
-    from checkpointing.storage import FileSystemCheckpointStorage
+    from checkpointing.state.storage import FileSystemCheckpointStorage
 
     spec = events_spec(workdir, events, "reference")
     storage = FileSystemCheckpointStorage(f"file://{workdir / 'ckpt-ref'}")

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from checkpointing.acknowledge import acknowledge
 from checkpointing.clock import ManualClock
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.failure import CheckpointFailureReason
-from checkpointing.metastore import Metastore
-from checkpointing.pending import AckResult, PendingCheckpoint, TaskAck
-from checkpointing.restore import find_latest_valid
+from checkpointing.coordination.acknowledge import acknowledge
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.failure import CheckpointFailureReason
+from checkpointing.coordination.pending import AckResult, PendingCheckpoint, TaskAck
+from checkpointing.coordination.store import CompletedCheckpoint
+from checkpointing.metastore.engine import Metastore
+from checkpointing.restore.lookup import find_latest_valid
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import CheckpointStatus
-from checkpointing.storage import FileSystemCheckpointStorage
-from checkpointing.store import CompletedCheckpoint
 from tests.helpers import (
     JOB,
     ack_rows,

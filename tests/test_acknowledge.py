@@ -7,16 +7,16 @@ import threading
 from datetime import timedelta
 
 from checkpointing.clock import ManualClock
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.failure import CheckpointFailureReason, TolerableFailuresExceeded
-from checkpointing.gateway import AckOutcome
-from checkpointing.metadata import read_metadata
-from checkpointing.metastore import Metastore
-from checkpointing.pending import AckResult, TaskAck
-from checkpointing.restore import find_latest_valid
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.failure import CheckpointFailureReason, TolerableFailuresExceeded
+from checkpointing.coordination.gateway import AckOutcome
+from checkpointing.coordination.pending import AckResult, TaskAck
+from checkpointing.coordination.store import CompletedCheckpoint
+from checkpointing.metastore.engine import Metastore
+from checkpointing.restore.lookup import find_latest_valid
+from checkpointing.state.metadata import read_metadata
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import CheckpointStatus
-from checkpointing.storage import FileSystemCheckpointStorage
-from checkpointing.store import CompletedCheckpoint
 from tests.helpers import (
     JOB,
     ack_all,
@@ -377,7 +377,7 @@ def _last_acker_dies_before_completing(
     metastore: Metastore, coord: CheckpointCoordinator, clock: ManualClock
 ) -> tuple[int, list[TaskAck]]:
     """Every ack committed, as by a process that died right after its commit."""
-    from checkpointing import acknowledge as pending_rows
+    from checkpointing.coordination import acknowledge as pending_rows
 
     pending = coord.trigger_checkpoint()
     acks = [snapshot(coord.storage, pending, t) for t in pending.tasks]

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.metastore import Metastore
-from checkpointing.models import Checkpoint, Job
-from checkpointing.recovery import pipeline_plan
-from checkpointing.spec import load_spec
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Checkpoint, Job
+from checkpointing.metastore.views import list_restores
+from checkpointing.pipeline.spec import load_spec
+from checkpointing.restore.recovery import pipeline_plan
+from checkpointing.state.storage import CheckpointStorage
 from checkpointing.status import JobStatus
-from checkpointing.storage import CheckpointStorage
-from checkpointing.views import list_restores
 from checkpointing_airflow.attempts import attempt_id
 from checkpointing_airflow.callbacks import newer_coordinator, restore_from_latest
 from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator

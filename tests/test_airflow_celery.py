@@ -33,9 +33,9 @@ import pytest
 import yaml
 from sqlalchemy.engine import URL
 
-from checkpointing import datasets
 from checkpointing.config import Settings
-from checkpointing.metastore import Metastore
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline import datasets
 from demo.airflow_env import airflow_command
 from demo.local_airflow import LocalAirflow, local_airflow
 from tests.airflow_harness import (

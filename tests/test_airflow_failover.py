@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from checkpointing import datasets, views
-from checkpointing.metastore import Metastore
+from checkpointing.metastore import views
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline import datasets
 from tests.airflow_harness import (
     AGGS,
     AirflowHome,

@@ -31,8 +31,9 @@ from typing import Any
 
 import pytest
 
-from checkpointing import datasets, views
-from checkpointing.metastore import Metastore
+from checkpointing.metastore import views
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline import datasets
 from checkpointing_airflow.dag_factory import sync_dag_files
 from tests.airflow_harness import (
     AGGS,

@@ -1,5 +1,5 @@
 """State reassignment on restore: key-group ranges, handle intersections, list state
-redistribution and the restore plan's validation (``checkpointing.assignment``)."""
+redistribution and the restore plan's validation (``checkpointing.restore.assignment``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from itertools import pairwise
 
 import pytest
 
-from checkpointing.assignment import (
+from checkpointing.errors import CheckpointingError
+from checkpointing.restore.assignment import (
     HandleRead,
     KeyedStateHandle,
     OperatorSnapshot,
@@ -20,8 +21,7 @@ from checkpointing.assignment import (
     assign_list_state,
     plan_restore,
 )
-from checkpointing.errors import CheckpointingError
-from checkpointing.keygroups import KeyGroupRange, key_group_range, subtask_for_key_group
+from checkpointing.state.keygroups import KeyGroupRange, key_group_range, subtask_for_key_group
 
 
 def flink_range(max_p: int, p: int, i: int) -> KeyGroupRange:

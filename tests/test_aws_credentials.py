@@ -128,7 +128,7 @@ def test_a_real_airflow_task_runs_with_session_token_credentials_and_logs_none(
     neither the secret nor the token; the XCom is read from the metastore."""
     import boto3
 
-    from checkpointing import datasets
+    from checkpointing.pipeline import datasets
     from tests.airflow_harness import make_airflow_home, write_events_spec
     from tests.spark_cluster import RecordingMotoServer
 

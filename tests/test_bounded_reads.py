@@ -23,16 +23,16 @@ import pyarrow as pa
 import pytest
 
 from checkpointing.errors import ConfigError, CorruptSnapshotError
-from checkpointing.keygroups import KeyGroupRange
-from checkpointing.metadata import read_metadata
-from checkpointing.snapshot import (
+from checkpointing.state.keygroups import KeyGroupRange
+from checkpointing.state.metadata import read_metadata
+from checkpointing.state.snapshot import (
     read_keyed_snapshot,
     read_list_state,
     read_snapshot_info,
     write_keyed_snapshot,
     write_list_state,
 )
-from checkpointing.storage import (
+from checkpointing.state.storage import (
     DEFAULT_MAX_METADATA_BYTES,
     METADATA_FILE,
     CheckpointStorage,
@@ -44,9 +44,9 @@ JOB = "job-1"
 CHILD = textwrap.dedent(
     """
     import resource, sys
-    from checkpointing import restore
+    from checkpointing.restore import lookup as restore
     from checkpointing.errors import CheckpointingError
-    from checkpointing.storage import FileSystemCheckpointStorage
+    from checkpointing.state.storage import FileSystemCheckpointStorage
 
     used = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
     resource.setrlimit(resource.RLIMIT_AS, (used + (768 << 20),) * 2)

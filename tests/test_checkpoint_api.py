@@ -547,7 +547,7 @@ def test_stop_with_savepoint_ends_the_job(server: Server) -> None:
 
 def test_the_restore_history_is_paged_and_bounded(server: Server) -> None:
     """Every retry records a restore: the history is read a page at a time, like the others."""
-    from checkpointing.restore import RestoreDecision, record_restore
+    from checkpointing.restore.lookup import RestoreDecision, record_restore
 
     empty = RestoreDecision(IDLE, None, None, None, None)
     for attempt in range(5):

@@ -256,7 +256,7 @@ def test_a_finished_pipelines_history_summary_details_and_restores(
     expect(page.locator("#history-range")).to_have_text("4\u20136 of 8")
 
     # a restore that had to skip unusable checkpoints: each fallback on its own line, with why
-    from checkpointing.restore import RestoreDecision, SkippedCheckpoint, record_restore
+    from checkpointing.restore.lookup import RestoreDecision, SkippedCheckpoint, record_restore
 
     skipped = [
         SkippedCheckpoint(3, "chk-3/_metadata: missing"),

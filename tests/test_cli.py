@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from checkpointing.cli import app
 from checkpointing.config import CheckpointConfig
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.metastore import Metastore
-from checkpointing.models import CheckpointRequest
-from checkpointing.pending import TaskAck, TaskSpec
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.pending import TaskAck, TaskSpec
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import CheckpointRequest
+from checkpointing.state.storage import FileSystemCheckpointStorage
 
 CKPT = str(Path(sys.executable).with_name("ckpt"))
 #: the demos (``make demo``) run from the checkout: ``python -m demo``
@@ -308,7 +308,7 @@ def test_user_text_is_printed_as_text_not_markup(metastore: Metastore, tmp_path:
     every ``ckpt list``/``show`` of the job (MarkupError), ``[bold]`` silently vanished."""
     from sqlalchemy import update
 
-    from checkpointing.models import Checkpoint
+    from checkpointing.metastore.models import Checkpoint
 
     make_history(metastore, FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}"))
     with metastore.transaction() as s:
@@ -372,7 +372,7 @@ def test_a_listing_by_status_or_type_is_case_insensitive(
 
 def test_savepoint_wait_says_what_it_waits_for(tmp_path: Path) -> None:
     """Not silent: off a terminal, one line per state of the request (a spinner on one)."""
-    from checkpointing.models import Job
+    from checkpointing.metastore.models import Job
 
     url = f"sqlite:///{tmp_path / 'm.db'}"
     Metastore(url, check_schema=False).upgrade()

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from checkpointing import config
 from checkpointing.cli import app as ckpt_app
 from checkpointing.cli import common
-from checkpointing.metastore import Metastore
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.metastore.engine import Metastore
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from demo.cli import app as demo_app
 from tests.test_cli import make_history
 

@@ -21,8 +21,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from checkpointing import datasets, views
-from checkpointing.metastore import Metastore
+from checkpointing.metastore import views
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline import datasets
 
 CKPT = str(Path(sys.executable).with_name("ckpt"))
 AGGS = {"n": ("count", None), "total": ("sum", "amount"), "avg_amount": ("avg", "amount")}

@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 
 from checkpointing.cli import app
 from checkpointing.config import CheckpointConfig
-from checkpointing.coordinator import CheckpointCoordinator
+from checkpointing.coordination.coordinator import CheckpointCoordinator
 from checkpointing.errors import CheckpointingError
-from checkpointing.metastore import Metastore
-from checkpointing.models import Checkpoint, Job, RestoreEvent
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Checkpoint, Job, RestoreEvent
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import JobStatus
-from checkpointing.storage import FileSystemCheckpointStorage
 
 SPEC = """
 job: etl

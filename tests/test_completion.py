@@ -6,15 +6,20 @@ from __future__ import annotations
 from datetime import timedelta
 
 from checkpointing.clock import ManualClock
+from checkpointing.coordination.failure import CheckpointFailureReason
+from checkpointing.coordination.pending import AckResult, TaskAck
+from checkpointing.coordination.store import CompletedCheckpoint
 from checkpointing.errors import OutcomeUnknownError, StorageError
-from checkpointing.failure import CheckpointFailureReason
-from checkpointing.metadata import read_metadata
-from checkpointing.metastore import Metastore
-from checkpointing.pending import AckResult, TaskAck
-from checkpointing.restore import find_latest_valid
+from checkpointing.metastore.engine import Metastore
+from checkpointing.restore.lookup import find_latest_valid
+from checkpointing.state.metadata import read_metadata
+from checkpointing.state.storage import (
+    METADATA_FILE,
+    FileInfo,
+    FileSystemCheckpointStorage,
+    checksum_of,
+)
 from checkpointing.status import CheckpointStatus, CheckpointType
-from checkpointing.storage import METADATA_FILE, FileInfo, FileSystemCheckpointStorage, checksum_of
-from checkpointing.store import CompletedCheckpoint
 from tests.helpers import (
     JOB,
     ack_all,

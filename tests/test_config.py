@@ -10,9 +10,9 @@ import pytest
 from checkpointing.clock import ManualClock
 from checkpointing.config import CheckpointConfig, RetentionPolicy
 from checkpointing.errors import ConfigError
-from checkpointing.jobs import config_of
-from checkpointing.metastore import Metastore
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.jobs import config_of
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.helpers import job_row, new_coordinator
 
 

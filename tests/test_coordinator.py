@@ -10,24 +10,24 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select
 
-from checkpointing import request_queue as decider
 from checkpointing.clock import ManualClock
-from checkpointing.errors import StorageError
-from checkpointing.failure import (
+from checkpointing.coordination import request_queue as decider
+from checkpointing.coordination.failure import (
     CheckpointException,
     CheckpointFailureReason,
     TolerableFailuresExceeded,
 )
-from checkpointing.metastore import Metastore
-from checkpointing.models import Checkpoint, CheckpointRequest
-from checkpointing.pending import TaskSpec
+from checkpointing.coordination.pending import TaskSpec
+from checkpointing.errors import StorageError
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Checkpoint, CheckpointRequest
+from checkpointing.state.storage import FileSystemCheckpointStorage, StorageLocation
 from checkpointing.status import (
     CheckpointStatus,
     CheckpointType,
     JobStatus,
     RequestStatus,
 )
-from checkpointing.storage import FileSystemCheckpointStorage, StorageLocation
 from tests.helpers import (
     JOB,
     Plan,

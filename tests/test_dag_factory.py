@@ -27,10 +27,10 @@ import yaml
 from checkpointing import ids
 from checkpointing.clock import ManualClock
 from checkpointing.errors import CheckpointingError
-from checkpointing.metastore import Metastore
-from checkpointing.spec import SpecError, load_spec
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline.spec import SpecError, load_spec
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import JobStatus
-from checkpointing.storage import FileSystemCheckpointStorage
 from checkpointing_airflow import dag_factory
 from checkpointing_airflow.dag_factory import (
     DAG_FILE,

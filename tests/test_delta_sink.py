@@ -23,12 +23,13 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from checkpointing import datasets, views
-from checkpointing.delta_files import list_own_files
 from checkpointing.errors import ConfigError, StorageError
-from checkpointing.metastore import Metastore
-from checkpointing.spec import SpecError
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.metastore import views
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline import datasets
+from checkpointing.pipeline.spec import SpecError
+from checkpointing.sinks.delta_files import list_own_files
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.ckpt_process import CKPT, ckpt_env, kill_at_a_random_moment
 from tests.delta_helpers import read_table, txn_counts
 from tests.spark_pipeline import AGGS, EPOCHS, make_spec, run, write_events
@@ -119,7 +120,7 @@ def test_upsert_stage_commit_crash_recover(spark: Any, table_url: str) -> None:
     )  # each checkpoint's commit once
 
     # at the end: a retried task's leftover of ours is deleted, nothing else
-    from checkpointing.delta_files import filesystem
+    from checkpointing.sinks.delta_files import filesystem
 
     filesystem_, root = filesystem(table_url)
     leftover, foreign = (
@@ -333,7 +334,7 @@ def test_refuses_foreign_tables_and_content(spark: Any, tmp_path: Path) -> None:
 
 
 def _load(tmp_path: Path, name: str, sink: str, source: str | None = None, extra: str = "") -> Any:
-    from checkpointing.spec import load_spec
+    from checkpointing.pipeline.spec import load_spec
 
     source = source or f'{{format: parquet, path: "{tmp_path}/in/*.parquet"}}'
     path = tmp_path / f"{name}.yaml"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from checkpointing import datasets
-from checkpointing.spec import PipelineSpec, load_spec
+from checkpointing.pipeline import datasets
+from checkpointing.pipeline.spec import PipelineSpec, load_spec
 from demo.flights import SPEC_PATH, demo_spec, ensure_flights, verify
 
 CKPT = str(Path(sys.executable).with_name("ckpt"))

@@ -28,9 +28,9 @@ import yaml
 from sqlalchemy.engine import make_url
 
 from checkpointing.config import ENV_HOME, ENV_METASTORE_URL, ENV_STORAGE_URL
-from checkpointing.object_store import is_object_url, split_url
-from checkpointing.spec import PipelineSpec, load_spec
-from checkpointing.storage import CheckpointStorage, S3CheckpointStorage
+from checkpointing.pipeline.spec import PipelineSpec, load_spec
+from checkpointing.state.object_store import is_object_url, split_url
+from checkpointing.state.storage import CheckpointStorage, S3CheckpointStorage
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -287,8 +287,8 @@ def test_the_driver_and_the_executors_have_the_s3_settings_the_code_reads() -> N
     """The shared ``x-s3-env`` reaches the driver (Airflow worker) and the executors
     (spark-worker), and gives Arrow (input, Delta data files) and delta-rs (the Delta log) the
     MinIO endpoint over http, the credentials and the region."""
-    from checkpointing.delta_table import storage_options
-    from checkpointing.object_store import s3_options
+    from checkpointing.sinks.delta_log import storage_options
+    from checkpointing.state.object_store import s3_options
 
     shared = {k: str(v) for k, v in COMPOSE["x-s3-env"].items()}
     minio = environment("minio")
@@ -320,8 +320,8 @@ _PREFLIGHT_CHECK = r"""
 import json, os, sys, uuid
 import pyarrow as pa
 from checkpointing.spark.preflight import RunOptions, check_run, input_files
-from checkpointing.spec import load_spec
-from checkpointing.storage import CheckpointStorage
+from checkpointing.pipeline.spec import load_spec
+from checkpointing.state.storage import CheckpointStorage
 
 out = {}
 for path in json.loads(sys.stdin.read()):
@@ -331,8 +331,8 @@ for path in json.loads(sys.stdin.read()):
     out[spec.job] = {"inputs": len(input_files(spec)), "sink": spec.sink.path}
     if spec.sink.format == "delta":  # the driver commits the Delta log with delta-rs
         from deltalake import DeltaTable, write_deltalake
-        from checkpointing.delta_table import open_table, storage_options
-        from checkpointing.object_store import split_url
+        from checkpointing.sinks.delta_log import open_table, storage_options
+        from checkpointing.state.object_store import split_url
 
         assert open_table(spec.sink.path) is None  # reached, and no table yet
         bucket = split_url(spec.sink.path)[0]
@@ -345,7 +345,7 @@ print("@@RESULT@@" + json.dumps(out))
 
 _EXECUTOR_CHECK = r"""
 import json, sys, uuid
-from checkpointing.object_store import filesystem_for, list_objects, read_footer, split_url
+from checkpointing.state.object_store import filesystem_for, list_objects, read_footer, split_url
 
 out = {}
 for job, request in json.loads(sys.stdin.read()).items():

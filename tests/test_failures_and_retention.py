@@ -8,17 +8,17 @@ from datetime import timedelta
 import pytest
 
 from checkpointing.clock import ManualClock
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.errors import StorageError
-from checkpointing.failure import (
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.failure import (
     CheckpointException,
     CheckpointFailureReason,
     TolerableFailuresExceeded,
 )
-from checkpointing.metastore import Metastore
-from checkpointing.restore import find_latest_valid
+from checkpointing.errors import StorageError
+from checkpointing.metastore.engine import Metastore
+from checkpointing.restore.lookup import find_latest_valid
+from checkpointing.state.storage import FileSystemCheckpointStorage, StorageLocation
 from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus
-from checkpointing.storage import FileSystemCheckpointStorage, StorageLocation
 from tests.helpers import (
     JOB,
     Plan,

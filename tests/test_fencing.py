@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from checkpointing.acknowledge import acknowledge
 from checkpointing.clock import ManualClock
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.failure import CoordinatorSuperseded
-from checkpointing.metastore import Metastore
-from checkpointing.pending import PendingCheckpoint
-from checkpointing.recovery import fail_attempt
+from checkpointing.coordination.acknowledge import acknowledge
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.failure import CoordinatorSuperseded
+from checkpointing.coordination.pending import PendingCheckpoint
+from checkpointing.coordination.store import CompletedCheckpoint
+from checkpointing.metastore.engine import Metastore
+from checkpointing.restore.recovery import fail_attempt
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus, RequestStatus
-from checkpointing.storage import FileSystemCheckpointStorage
-from checkpointing.store import CompletedCheckpoint
 from tests.helpers import (
     JOB,
     ack_all,

@@ -12,15 +12,15 @@ from typer.testing import CliRunner
 
 from checkpointing.cli import app
 from checkpointing.clock import ManualClock
-from checkpointing.failure import (
+from checkpointing.coordination.failure import (
     CheckpointException,
     CheckpointFailureReason,
     TolerableFailuresExceeded,
 )
-from checkpointing.metastore import Metastore
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.views import checkpoint_detail, list_checkpoints
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import CheckpointStatus, RequestStatus
-from checkpointing.storage import FileSystemCheckpointStorage
-from checkpointing.views import checkpoint_detail, list_checkpoints
 from tests.helpers import (
     JOB,
     ack_all,

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from checkpointing import datasets
 from checkpointing.cli import app
-from checkpointing.object_store import list_objects, open_object
+from checkpointing.pipeline import datasets
+from checkpointing.state.object_store import list_objects, open_object
 
 EVENTS = ["--events", "1000", "--keys", "10", "--files", "3", "--seed", "4"]
 

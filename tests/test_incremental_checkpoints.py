@@ -14,12 +14,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from checkpointing import restore
-from checkpointing.incremental import MAX_DELTAS, last_per_key, merge_chain, needs_full
-from checkpointing.metadata import ChainedFile, CheckpointMetadata
-from checkpointing.metastore import Metastore
-from checkpointing.state_reader import inspect_state
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.metastore.engine import Metastore
+from checkpointing.restore import lookup as restore
+from checkpointing.restore.state_reader import inspect_state
+from checkpointing.state.incremental import MAX_DELTAS, last_per_key, merge_chain, needs_full
+from checkpointing.state.metadata import ChainedFile, CheckpointMetadata
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.spark_pipeline import (
     assert_matches_pandas,
     completed_ids,

@@ -10,11 +10,11 @@ import pytest
 
 from checkpointing.clock import ManualClock
 from checkpointing.errors import UnknownCheckpointError
-from checkpointing.metastore import Metastore
-from checkpointing.outcome import epochs_done
-from checkpointing.splits import InputSplit, processed_item
-from checkpointing.storage import FileSystemCheckpointStorage
-from checkpointing.views import checkpoint_detail, consumed_input
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.outcome import epochs_done
+from checkpointing.metastore.views import checkpoint_detail, consumed_input
+from checkpointing.pipeline.splits import InputSplit, processed_item
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.helpers import JOB, complete, new_coordinator, snapshot
 
 #: a local CSV (size and mtime), an object read as two row-group splits by two runs, and an

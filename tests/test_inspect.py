@@ -27,15 +27,15 @@ from typer.testing import CliRunner
 
 from checkpointing.cli import app
 from checkpointing.config import CheckpointConfig
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.keygroups import key_group_for, key_group_range
-from checkpointing.metadata import read_metadata
-from checkpointing.metastore import Metastore
-from checkpointing.models import Checkpoint
-from checkpointing.pending import TaskAck, TaskSpec
-from checkpointing.snapshot import read_snapshot_info, write_keyed_snapshot
-from checkpointing.state_reader import KEY_COLUMNS_METADATA, inspect_state
-from checkpointing.storage import FileSystemCheckpointStorage, checksum_of
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.pending import TaskAck, TaskSpec
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Checkpoint
+from checkpointing.restore.state_reader import KEY_COLUMNS_METADATA, inspect_state
+from checkpointing.state.keygroups import key_group_for, key_group_range
+from checkpointing.state.metadata import read_metadata
+from checkpointing.state.snapshot import read_snapshot_info, write_keyed_snapshot
+from checkpointing.state.storage import FileSystemCheckpointStorage, checksum_of
 from tests.spark_pipeline import EPOCHS, completed_ids, events_spec, run, write_events
 
 MAX_P = 16

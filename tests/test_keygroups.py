@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from checkpointing.keygroups import (
+from checkpointing.state.keygroups import (
     KeyGroupRange,
     canonical_key,
     key_group_for,
@@ -36,7 +36,7 @@ def test_key_groups_are_pinned(key: tuple[object, ...], kg128: int, kg32768: int
 
 def test_key_groups_do_not_depend_on_the_process_hash_seed() -> None:
     code = (
-        "from checkpointing.keygroups import key_group_for;"
+        "from checkpointing.state.keygroups import key_group_for;"
         "print([key_group_for(k, 128) for k in [('JFK','LAX'), ('x',), (7, 'y')]])"
     )
     outputs = {

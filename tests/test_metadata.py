@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 from checkpointing.errors import CorruptSnapshotError
-from checkpointing.metadata import (
+from checkpointing.state.metadata import (
     CheckpointMetadata,
     OperatorState,
     SubtaskStateHandle,
     read_metadata,
     verify_handles,
 )
-from checkpointing.storage import (
+from checkpointing.state.storage import (
     CheckpointStorage,
     FileSystemCheckpointStorage,
     S3CheckpointStorage,

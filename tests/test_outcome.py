@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from checkpointing.metastore import Metastore
-from checkpointing.outcome import attempt_outcome, latest_completed
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.outcome import attempt_outcome, latest_completed
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.spark_pipeline import EPOCHS, events_spec, write_events
 
 
@@ -74,7 +74,7 @@ def test_a_sigkilled_driver_is_one_line_with_the_checkpoint_the_retry_restores(
     pytest.importorskip("airflow")
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    from checkpointing.outcome import CheckpointPoint
+    from checkpointing.metastore.outcome import CheckpointPoint
     from checkpointing_airflow.attempts import describe_failed_try
 
     fake = tmp_path / "spark-submit"

@@ -30,10 +30,10 @@ from typer.testing import CliRunner
 
 from checkpointing.cli import app as ckpt_app
 from checkpointing.clock import ManualClock
-from checkpointing.metastore import Metastore
-from checkpointing.restore import ForeignSnapshotError, preview_restore, record_restore
+from checkpointing.metastore.engine import Metastore
+from checkpointing.restore.lookup import ForeignSnapshotError, preview_restore, record_restore
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import JobStatus
-from checkpointing.storage import FileSystemCheckpointStorage
 from tests.airflow_harness import migrate_airflow_db
 from tests.helpers import complete, new_coordinator, restore_rows
 
@@ -411,7 +411,7 @@ def test_a_pipeline_dag_restores_another_jobs_savepoint_only_when_allowed(
     """The operator's own **Restore from** path: checked before anything is submitted."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from checkpointing.spec import load_spec
+    from checkpointing.pipeline.spec import load_spec
     from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
 
     storage, theirs = two_jobs

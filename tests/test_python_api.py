@@ -16,9 +16,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from checkpointing.metastore import Metastore
+from checkpointing.metastore.engine import Metastore
 from checkpointing.spark import ArrowStage, Pipeline
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.state.storage import FileSystemCheckpointStorage
 
 EPOCHS, EVENTS, USERS, MAX_PARALLELISM = 4, 3_000, 120, 16
 
@@ -124,7 +124,7 @@ def pipeline(workdir: Path, events: Path, name: str, calls: Path) -> Pipeline:
 
 
 def tables(spark: Any, p: Pipeline) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from checkpointing.spark.sink import TwoPhaseCommitSink
+    from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
     sink = TwoPhaseCommitSink(p.spec.sink.path)
     final = sink.read_final(spark).toPandas().sort_values("user").reset_index(drop=True)
@@ -307,7 +307,7 @@ def expected_items(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def item_tables(spark: Any, p: Pipeline) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from checkpointing.spark.sink import TwoPhaseCommitSink
+    from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
     sink = TwoPhaseCommitSink(p.spec.sink.path)
     final = sink.read_final(spark).toPandas().sort_values("item").reset_index(drop=True)
@@ -361,8 +361,8 @@ def test_a_chain_of_two_keyed_stages_crashes_and_resumes_rescaled(
 def test_a_chain_needs_keys_and_distinct_operator_ids(
     spark: Any, data: Any, tmp_path: Path, metastore_url: str
 ) -> None:
+    from checkpointing.pipeline.spec import SpecError
     from checkpointing.spark.state import chained_stages
-    from checkpointing.spec import SpecError
 
     unkeyed = ArrowStage(lambda s, b: (s, b), state_schema=STATE, output=OUTPUT, final=len)
     with pytest.raises(SpecError, match=r"stage 2 .* has no key"):

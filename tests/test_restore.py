@@ -1,5 +1,5 @@
 """The restore lookup: latest valid checkpoint, preference for checkpoints, fallback past corrupt
-ones, and the restore record (``checkpointing.restore``)."""
+ones, and the restore record (``checkpointing.restore.lookup``)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,23 @@ from collections.abc import Callable
 import pytest
 
 from checkpointing.clock import ManualClock
+from checkpointing.coordination.store import CompletedCheckpoint
 from checkpointing.errors import (
     CorruptSnapshotError,
     NoCheckpointError,
     UnknownCheckpointError,
     UnknownJobError,
 )
-from checkpointing.metastore import Metastore
-from checkpointing.restore import (
+from checkpointing.metastore.engine import Metastore
+from checkpointing.restore.lookup import (
     SkippedCheckpoint,
     find_latest_valid,
     load_checkpoint,
     load_external,
     record_restore,
 )
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import CheckpointType, RestoreStatus
-from checkpointing.storage import FileSystemCheckpointStorage
-from checkpointing.store import CompletedCheckpoint
 from tests.helpers import JOB, complete, new_coordinator, restore_rows
 
 Corruption = Callable[[FileSystemCheckpointStorage, CompletedCheckpoint], tuple[str, str]]
@@ -248,7 +248,7 @@ def _forge_handle_outside(
 ) -> str:
     """Rewrite ``_metadata`` (with a valid embedded checksum) so one handle names ``outside``,
     a file with the right size and checksum: only the directory check can refuse it."""
-    from checkpointing.metadata import OperatorState, SubtaskStateHandle
+    from checkpointing.state.metadata import OperatorState, SubtaskStateHandle
 
     data = b"not this checkpoint's state"
     info = storage.write_bytes(outside, data)
@@ -276,7 +276,7 @@ def test_a_metadata_handle_outside_its_checkpoint_is_refused(
 ) -> None:
     from sqlalchemy import update
 
-    from checkpointing.models import Checkpoint
+    from checkpointing.metastore.models import Checkpoint
 
     coord = new_coordinator(metastore, storage, clock, retained=3)
     first, second = complete(coord), complete(coord)

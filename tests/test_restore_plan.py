@@ -19,14 +19,14 @@ from typer.testing import CliRunner
 
 from checkpointing.cli import app
 from checkpointing.config import CheckpointConfig
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.metastore import Metastore
-from checkpointing.models import RestoreEvent
-from checkpointing.pending import TaskSpec
-from checkpointing.restore import preview_restore
-from checkpointing.snapshot import read_snapshot_info
-from checkpointing.storage import FileSystemCheckpointStorage
-from checkpointing.views import list_checkpoints
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.pending import TaskSpec
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import RestoreEvent
+from checkpointing.metastore.views import list_checkpoints
+from checkpointing.restore.lookup import preview_restore
+from checkpointing.state.snapshot import read_snapshot_info
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.spark_pipeline import EPOCHS, completed_ids, events_spec, run, write_events
 
 MAX_P = 16  # the helpers' spec: parallelism 3, max_parallelism 16, retained 2

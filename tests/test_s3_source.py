@@ -18,12 +18,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from checkpointing import datasets
-from checkpointing.metastore import Metastore
-from checkpointing.object_store import list_objects
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline import datasets
+from checkpointing.pipeline.spec import SpecError
 from checkpointing.spark.preflight import RunOptions, check_run, input_files
-from checkpointing.spec import SpecError
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.state.object_store import list_objects
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.spark_pipeline import AGGS, assert_matches_pandas, make_spec, run, tables
 
 ROW_GROUP = 500
@@ -132,7 +132,7 @@ def test_three_incremental_runs_over_landing_objects_equal_one_run(
     landed since, so three runs with new objects between them equal one run over all of them;
     the restored checkpoint's consumed objects are the earlier runs' ones. A static table on
     S3, joined in the transform, is recorded (its ETag) and unchanged across the runs."""
-    from checkpointing import restore
+    from checkpointing.restore import lookup as restore
 
     days = [
         {"landing/d1-a.parquet": _frame(700, 11), "landing/d1-b.parquet": _frame(300, 12)},

@@ -16,12 +16,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from checkpointing import savepoints, views
 from checkpointing.cli import app
+from checkpointing.coordination import savepoints
 from checkpointing.errors import UnknownJobError
-from checkpointing.metastore import Metastore
+from checkpointing.metastore import views
+from checkpointing.metastore.engine import Metastore
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import CheckpointType, JobStatus
-from checkpointing.storage import FileSystemCheckpointStorage
 from tests.helpers import ack_all, new_coordinator
 from tests.spark_pipeline import (
     EPOCHS,

@@ -26,14 +26,14 @@ import pytest
 from sqlalchemy import distinct, func, select
 
 from checkpointing.config import CheckpointConfig
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.gateway import AckOutcome
-from checkpointing.metadata import read_metadata, verify_handles
-from checkpointing.metastore import Metastore
-from checkpointing.models import Checkpoint, CheckpointAck
-from checkpointing.pending import AckResult, TaskAck, TaskSpec
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.gateway import AckOutcome
+from checkpointing.coordination.pending import AckResult, TaskAck, TaskSpec
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Checkpoint, CheckpointAck
+from checkpointing.state.metadata import read_metadata, verify_handles
+from checkpointing.state.storage import FileSystemCheckpointStorage, checksum_of
 from checkpointing.status import CheckpointStatus
-from checkpointing.storage import FileSystemCheckpointStorage, checksum_of
 
 pytestmark = pytest.mark.slow
 

@@ -11,14 +11,14 @@ import pytest
 
 from checkpointing.clock import ManualClock
 from checkpointing.config import CheckpointConfig
-from checkpointing.failure import (
+from checkpointing.coordination.failure import (
     CheckpointException,
     CheckpointFailureReason,
     TolerableFailuresExceeded,
 )
-from checkpointing.metastore import Metastore
+from checkpointing.metastore.engine import Metastore
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus, RequestStatus
-from checkpointing.storage import FileSystemCheckpointStorage
 from tests.helpers import (
     ack_all,
     checkpoint_row,

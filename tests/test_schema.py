@@ -11,8 +11,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
 from checkpointing.errors import SchemaOutdated
-from checkpointing.metastore import Metastore, reference_ddl
-from checkpointing.models import Base
+from checkpointing.metastore.engine import Metastore, reference_ddl
+from checkpointing.metastore.models import Base
 
 SQL = Path(__file__).resolve().parent.parent / "sql"
 
@@ -38,7 +38,7 @@ def test_reference_ddl_matches_models(dialect: str) -> None:
 def test_schema_revision_constant_is_the_alembic_head() -> None:
     from alembic.script import ScriptDirectory
 
-    from checkpointing.metastore import _alembic_config
+    from checkpointing.metastore.engine import _alembic_config
 
     assert ScriptDirectory.from_config(_alembic_config(None)).get_current_head() == (
         Metastore.head_revision()
@@ -106,7 +106,7 @@ def test_upgrade_from_0001_keeps_the_data(tmp_path: Path) -> None:
     with pytest.raises(SchemaOutdated, match="is at revision 0001"):
         Metastore(url)
     assert store.upgrade() == ("0001", Metastore.head_revision())
-    from checkpointing.views import list_jobs
+    from checkpointing.metastore.views import list_jobs
 
     [job] = list_jobs(Metastore(url))
     assert (job["job_id"], job["status"]) == ("old-job", "RUNNING")

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from checkpointing import shared_state, store
 from checkpointing.clock import ManualClock
-from checkpointing.coordinator import CheckpointCoordinator
+from checkpointing.coordination import shared_state, store
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.failure import CheckpointFailureReason
+from checkpointing.coordination.pending import AckResult, PendingCheckpoint, TaskAck
+from checkpointing.coordination.store import CompletedCheckpoint
 from checkpointing.errors import OutcomeUnknownError, SharedStateError, StorageError
-from checkpointing.failure import CheckpointFailureReason
-from checkpointing.metastore import Metastore
-from checkpointing.pending import AckResult, PendingCheckpoint, TaskAck
+from checkpointing.metastore.engine import Metastore
+from checkpointing.state.storage import METADATA_FILE, FileInfo, FileSystemCheckpointStorage
 from checkpointing.status import CheckpointStatus, JobStatus
-from checkpointing.storage import METADATA_FILE, FileInfo, FileSystemCheckpointStorage
-from checkpointing.store import CompletedCheckpoint
 from tests.helpers import JOB, checkpoint_row, location_exists, make_plan, new_coordinator
 
 R = CheckpointFailureReason

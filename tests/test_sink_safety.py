@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from checkpointing.errors import CheckpointingError, ConfigError, StorageError
-from checkpointing.metastore import Metastore
-from checkpointing.sink_guard import MARKER_FILE, check_sink_location, read_marker
-from checkpointing.spec import SpecError, load_spec
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline.spec import SpecError, load_spec
+from checkpointing.sinks.guard import MARKER_FILE, check_sink_location, read_marker
+from checkpointing.state.storage import FileSystemCheckpointStorage
 
 SPEC = """
 job: routes
@@ -152,7 +152,7 @@ def test_a_folder_with_foreign_files_is_refused_and_left_untouched(
 ) -> None:
     """The issue's case: ``sink.path: data`` deleted ``final-report.txt`` and ``final-2024/``
     and wrote ``_staging/`` and ``changelog/`` into the input."""
-    from checkpointing.spark.sink import TwoPhaseCommitSink
+    from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
     data = project / "data"
     before = {p: p.read_bytes() for p in data.rglob("*") if p.is_file()}
@@ -173,7 +173,7 @@ def test_a_folder_with_foreign_files_is_refused_and_left_untouched(
 
 
 def test_the_sink_deletes_only_final_tables_it_published(spark: Any, tmp_path: Path) -> None:
-    from checkpointing.spark.sink import TwoPhaseCommitSink
+    from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
     out = tmp_path / "out"
     out.mkdir()  # an empty folder may be claimed
@@ -206,7 +206,7 @@ def test_the_sink_deletes_only_final_tables_it_published(spark: Any, tmp_path: P
 
 
 def test_a_sink_of_another_job_is_refused(spark: Any, tmp_path: Path) -> None:
-    from checkpointing.spark.sink import TwoPhaseCommitSink
+    from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
     out = tmp_path / "out"
     TwoPhaseCommitSink(out, job="first").stage(0, spark.range(2))
@@ -229,14 +229,14 @@ def test_a_refused_run_registers_nothing(project: Path, tmp_path: Path) -> None:
     storage = FileSystemCheckpointStorage(f"file://{project}/ckpt")
     with pytest.raises(CheckpointingError, match="is not empty"):
         PipelineRun(spec, None, metastore, storage)  # type: ignore[arg-type]
-    from checkpointing import views
+    from checkpointing.metastore import views
 
     assert views.list_jobs(metastore) == []
     assert sorted(os.listdir(project / "out")) == ["notes.txt"]
 
 
 def test_the_claim_marker_is_written_once_and_whole(tmp_path: Path) -> None:
-    from checkpointing.sink_guard import claim
+    from checkpointing.sinks.guard import claim
 
     out = tmp_path / f"out-{uuid.uuid4().hex[:6]}"
     claim(out, "routes")

@@ -1,4 +1,4 @@
-from checkpointing.metastore import Metastore
+from checkpointing.metastore.engine import Metastore
 
 
 def test_metastore_fixture_is_migrated(metastore: Metastore) -> None:

@@ -1,4 +1,4 @@
-"""The on-disk format of keyed and operator list state snapshots (``checkpointing.snapshot``).
+"""The on-disk format of keyed and operator list state snapshots (``checkpointing.state.snapshot``).
 
 Expected results are computed independently of the module: from the input rows with Python's
 stable ``sorted`` and plain filters, and corruption is made by editing the written bytes.
@@ -19,15 +19,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from checkpointing.errors import CorruptSnapshotError
-from checkpointing.keygroups import KeyGroupRange, key_group_for, key_group_range
-from checkpointing.snapshot import (
+from checkpointing.state.keygroups import KeyGroupRange, key_group_for, key_group_range
+from checkpointing.state.snapshot import (
     read_keyed_snapshot,
     read_list_state,
     read_snapshot_info,
     write_keyed_snapshot,
     write_list_state,
 )
-from checkpointing.storage import FileSystemCheckpointStorage, checksum_of
+from checkpointing.state.storage import FileSystemCheckpointStorage, checksum_of
 
 OP = "word-count"
 MAX_P = 16

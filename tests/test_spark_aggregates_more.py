@@ -369,15 +369,15 @@ def test_a_crash_and_a_rescaled_restore_give_the_result_over_all_rows(
 ) -> None:
     from typer.testing import CliRunner
 
-    from checkpointing import datasets
     from checkpointing.cli import app
-    from checkpointing.metastore import Metastore
+    from checkpointing.metastore.engine import Metastore
+    from checkpointing.pipeline import datasets
+    from checkpointing.pipeline.spec import load_spec
+    from checkpointing.restore.state_reader import SHOWN_SET_VALUES, describe_value, inspect_state
     from checkpointing.spark.aggregations import AggregationPlan
     from checkpointing.spark.partials import HLL_RELATIVE_STANDARD_ERROR
     from checkpointing.spark.runtime import SimulatedCrash
-    from checkpointing.spec import load_spec
-    from checkpointing.state_reader import SHOWN_SET_VALUES, describe_value, inspect_state
-    from checkpointing.storage import FileSystemCheckpointStorage
+    from checkpointing.state.storage import FileSystemCheckpointStorage
     from tests.spark_pipeline import completed_ids, run, tables
 
     events = tmp_path / "events"

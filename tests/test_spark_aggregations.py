@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from checkpointing import datasets
+from checkpointing.pipeline import datasets
 
 KEY = ["carrier", "origin", "month"]
 SCHEMA_DDL = "carrier string, origin string, month int, dep_delay double, distance int"
@@ -93,7 +93,7 @@ def _sort_key(row: Sequence[Any], width: int) -> tuple[Any, ...]:
 
 
 def _expected(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    from checkpointing.spec import Aggregation
+    from checkpointing.pipeline.spec import Aggregation
 
     frame = pd.DataFrame(
         {

@@ -28,9 +28,9 @@ import boto3
 import pandas as pd
 import pytest
 
-from checkpointing import views
-from checkpointing.metadata import CheckpointMetadata
-from checkpointing.metastore import Metastore
+from checkpointing.metastore import views
+from checkpointing.metastore.engine import Metastore
+from checkpointing.state.metadata import CheckpointMetadata
 from tests.delta_helpers import read_table, txn_counts
 from tests.spark_cluster import (
     CRASH_EXIT,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from checkpointing.keygroups import key_group_for
+from checkpointing.state.keygroups import key_group_for
 
 
 def _random_text(rng: random.Random) -> str:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from checkpointing.metastore import Metastore
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.metastore.engine import Metastore
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.spark_pipeline import (
     assert_equals_reference,
     events_spec,
@@ -66,7 +66,7 @@ def test_rescaled_restores_4_2_7_equal_a_crash_free_run(
 def test_changed_max_parallelism_is_refused(
     spark: Any, events: Path, tmp_path: Path, metastore_url: str
 ) -> None:
-    from checkpointing.assignment import StateAssignmentError
+    from checkpointing.restore.assignment import StateAssignmentError
     from checkpointing.spark.runtime import SimulatedCrash
 
     spec = events_spec(tmp_path, events, "maxp")

@@ -14,13 +14,14 @@ import pandas as pd
 import pytest
 from sqlalchemy import select
 
-from checkpointing import restore, views
-from checkpointing.coordinator import CheckpointCoordinator
-from checkpointing.metastore import Metastore
-from checkpointing.models import Checkpoint, CheckpointRequest
-from checkpointing.spec import SpecError
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.metastore import views
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Checkpoint, CheckpointRequest
+from checkpointing.pipeline.spec import SpecError
+from checkpointing.restore import lookup as restore
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import CheckpointType
-from checkpointing.storage import FileSystemCheckpointStorage
 from tests.spark_pipeline import (
     EPOCHS,
     assert_equals_reference,

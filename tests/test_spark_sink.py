@@ -18,8 +18,8 @@ import pytest
 from pyspark.errors import PySparkException
 
 from checkpointing.errors import ConfigError, InvalidIdError, StorageError
-from checkpointing.sink_guard import write_marker
-from checkpointing.spark.sink import TwoPhaseCommitSink
+from checkpointing.sinks.guard import write_marker
+from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
 
 def _epoch_frame(spark: Any, epoch: int, rows: int, tag: str = "a") -> Any:

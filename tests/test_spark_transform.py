@@ -20,12 +20,14 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from checkpointing import datasets, restore, views
-from checkpointing.metastore import Metastore
-from checkpointing.operator_ids import SOURCE
-from checkpointing.outcome import latest_completed
-from checkpointing.spec import SpecError, load_spec
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.metastore import views
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.outcome import latest_completed
+from checkpointing.pipeline import datasets
+from checkpointing.pipeline.operator_ids import SOURCE
+from checkpointing.pipeline.spec import SpecError, load_spec
+from checkpointing.restore import lookup as restore
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.aggregate_expectations import (
     approx_within_bound,
     best,

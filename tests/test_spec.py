@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpointing.spec import Aggregation, SpecError, load_spec
+from checkpointing.pipeline.spec import Aggregation, SpecError, load_spec
 
 VALID = """
 job: routes

@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from checkpointing.metastore import Metastore
-from checkpointing.spec import SpecError
-from checkpointing.splits import InputSplit, SplitError, epochs_of, plan_splits
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline.spec import SpecError
+from checkpointing.pipeline.splits import InputSplit, SplitError, epochs_of, plan_splits
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.spark_pipeline import assert_matches_pandas, make_spec, run, tables
 
 ROWS, ROW_GROUP = 6_000, 500  # 12 row groups in the big file

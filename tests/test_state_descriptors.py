@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from checkpointing.assignment import plan_restore, snapshots_from_metadata
 from checkpointing.clock import ManualClock
-from checkpointing.keygroups import KeyGroupRange, key_group_range
-from checkpointing.metadata import CheckpointMetadata, read_metadata
-from checkpointing.metastore import Metastore
-from checkpointing.pending import TaskAck
-from checkpointing.restore import find_latest_valid
-from checkpointing.storage import FileSystemCheckpointStorage
+from checkpointing.coordination.pending import TaskAck
+from checkpointing.metastore.engine import Metastore
+from checkpointing.restore.assignment import plan_restore, snapshots_from_metadata
+from checkpointing.restore.lookup import find_latest_valid
+from checkpointing.state.keygroups import KeyGroupRange, key_group_range
+from checkpointing.state.metadata import CheckpointMetadata, read_metadata
+from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.helpers import make_plan, new_coordinator, snapshot
 
 MAX_P = 16
@@ -87,7 +87,7 @@ def test_bad_state_descriptors_are_refused_when_acking(meta: dict, message: str)
 
 
 def test_version_1_metadata_is_still_readable() -> None:
-    from checkpointing.metadata import _digest
+    from checkpointing.state.metadata import _digest
 
     body = {
         "job_id": "j",

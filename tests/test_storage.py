@@ -20,7 +20,7 @@ import pytest
 
 from checkpointing.errors import ConfigError, CorruptSnapshotError, InvalidIdError, StorageError
 from checkpointing.ids import validate_checkpoint_id, validate_id
-from checkpointing.storage import (
+from checkpointing.state.storage import (
     METADATA_FILE,
     CheckpointStorage,
     FileInfo,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from checkpointing.spec import SpecError, load_spec
-from checkpointing.splits import InputSplit, is_table_item, processed_item, resume_epochs
-from checkpointing.tables import (
+from checkpointing.pipeline.spec import SpecError, load_spec
+from checkpointing.pipeline.splits import InputSplit, is_table_item, processed_item, resume_epochs
+from checkpointing.pipeline.tables import (
     TableChangedError,
     check_tables,
     table_changes,

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from checkpointing.config import Settings
-    from checkpointing.metastore import Metastore
+    from checkpointing.metastore.engine import Metastore
 
 #: the distribution ``ckpt --version`` reports
 DISTRIBUTION = "airflow-spark-checkpointing"
@@ -158,7 +158,7 @@ class State:
         return Settings.resolve(self.metastore_url, self.storage_url)
 
     def metastore(self, *, check_schema: bool = True, create: bool | None = None) -> Metastore:
-        from checkpointing.metastore import Metastore
+        from checkpointing.metastore.engine import Metastore
 
         return Metastore(self.settings.metastore_url, check_schema=check_schema, create=create)
 

@@ -1,5 +1,5 @@
 """``ckpt generate-data``: input data for pipelines and benchmarks
-(:mod:`checkpointing.datasets`)."""
+(:mod:`checkpointing.pipeline.datasets`)."""
 
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def generate_data(
     seed: Annotated[int, typer.Option(min=0, help="synthetic: random seed")] = 0,
 ) -> None:
     """Write input data for pipelines and benchmarks, into a directory or an S3 prefix."""
-    from checkpointing import datasets
     from checkpointing.cli.render import human_bytes
-    from checkpointing.object_store import is_object_url
+    from checkpointing.pipeline import datasets
+    from checkpointing.state.object_store import is_object_url
 
     if is_object_url(dest):
         datasets.check_object_prefix(dest)  # the form and the bucket, before reading the dataset

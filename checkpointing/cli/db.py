@@ -1,4 +1,5 @@
-"""``ckpt db upgrade | current | ddl``: the metastore's schema (:class:`~checkpointing.metastore.
+"""``ckpt db upgrade | current | ddl``: the metastore's schema
+(:class:`~checkpointing.metastore.engine.
 Metastore`'s Alembic migrations)."""
 
 from __future__ import annotations
@@ -44,6 +45,6 @@ def ddl(
     ),
 ) -> None:
     """Print the reference DDL (as in sql/) for a dialect."""
-    from checkpointing.metastore import reference_ddl
+    from checkpointing.metastore.engine import reference_ddl
 
     sys.stdout.write(reference_ddl(dialect))

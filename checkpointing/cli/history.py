@@ -1,6 +1,6 @@
 """``ckpt jobs | list | show | restores | summary | requests | discard``: a job's checkpoint
-history, read through :mod:`checkpointing.views`; discarding a savepoint through
-:mod:`checkpointing.savepoints`."""
+history, read through :mod:`checkpointing.metastore.views`; discarding a savepoint through
+:mod:`checkpointing.coordination.savepoints`."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from checkpointing.status import CheckpointStatus, CheckpointType
 @handles_errors
 def jobs(as_json: AsJson = False) -> None:
     """List the jobs in the metastore."""
-    from checkpointing.views import list_jobs
+    from checkpointing.metastore.views import list_jobs
 
     rows = list_jobs(state.metastore())
     if as_json:
@@ -52,7 +52,7 @@ def list_checkpoints(
     as_json: AsJson = False,
 ) -> None:
     """List a job's checkpoints and savepoints, newest first."""
-    from checkpointing import views
+    from checkpointing.metastore import views
 
     rows = views.list_checkpoints(
         state.metastore(), job, status=status, checkpoint_type=checkpoint_type, limit=limit
@@ -79,7 +79,7 @@ def show(
     from rich.text import Text
 
     from checkpointing.ids import validate_checkpoint_id
-    from checkpointing.views import checkpoint_detail
+    from checkpointing.metastore.views import checkpoint_detail
 
     detail = checkpoint_detail(state.metastore(), job, validate_checkpoint_id(checkpoint_id))
     if as_json:
@@ -112,7 +112,7 @@ def show(
 @handles_errors
 def restores(job: JobArg, as_json: AsJson = False) -> None:
     """List a job's restores: which checkpoint, for which attempt, and any fallback."""
-    from checkpointing.views import list_restores
+    from checkpointing.metastore.views import list_restores
 
     rows = list_restores(state.metastore(), job)
     if as_json:
@@ -127,7 +127,7 @@ def restores(job: JobArg, as_json: AsJson = False) -> None:
 def summary(job: JobArg, as_json: AsJson = False) -> None:
     """A job's checkpoints at a glance (the UI's summary): counts by status, min/avg/max
     duration and state size, the latest completed, failed and savepoint, the latest restore."""
-    from checkpointing.views import checkpoint_stats
+    from checkpointing.metastore.views import checkpoint_stats
 
     stats = checkpoint_stats(state.metastore(), job)
     if as_json:
@@ -147,7 +147,7 @@ def requests(
     as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """Savepoint and checkpoint requests of a job (from the CLI, the UI, DAGs) and their fate."""
-    from checkpointing.views import list_requests
+    from checkpointing.metastore.views import list_requests
 
     rows = list_requests(state.metastore(), job, limit=limit)
     if as_json:
@@ -166,9 +166,9 @@ def discard(
 ) -> None:
     """Discard a completed savepoint: marked DISCARDED (no restore picks it), then its files
     are deleted. Refuses anything but a completed savepoint."""
+    from checkpointing.coordination.savepoints import discard_savepoint
     from checkpointing.ids import validate_checkpoint_id
-    from checkpointing.jobs import job_storage
-    from checkpointing.savepoints import discard_savepoint
+    from checkpointing.metastore.jobs import job_storage
 
     cid = validate_checkpoint_id(checkpoint_id)
     if not yes and not typer.confirm(f"Discard savepoint {cid} of {job} and delete its files?"):

@@ -1,6 +1,6 @@
 """``ckpt restore-plan`` and ``ckpt inspect``: looking inside checkpoints without changing
-anything, through :func:`checkpointing.restore.preview_restore` and
-:class:`checkpointing.state_reader.CheckpointReader`."""
+anything, through :func:`checkpointing.restore.lookup.preview_restore` and
+:class:`checkpointing.restore.state_reader.CheckpointReader`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from checkpointing.cli.common import (
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from checkpointing.state_reader import StateView
+    from checkpointing.restore.state_reader import StateView
 
 
 @handles_errors
@@ -46,8 +46,8 @@ def restore_plan(
     from rich.text import Text
 
     from checkpointing.cli.render import human_bytes
-    from checkpointing.jobs import job_storage
-    from checkpointing.restore import preview_restore
+    from checkpointing.metastore.jobs import job_storage
+    from checkpointing.restore.lookup import preview_restore
 
     metastore = state.metastore()
     preview = preview_restore(
@@ -106,8 +106,8 @@ def inspect(
     """Read the state in a checkpoint (Flink's State Processor API): keyed rows, one key, or
     operator list state items; every file read is verified against its checksum."""
     from checkpointing.ids import validate_checkpoint_id
-    from checkpointing.jobs import job_storage
-    from checkpointing.state_reader import CheckpointReader
+    from checkpointing.metastore.jobs import job_storage
+    from checkpointing.restore.state_reader import CheckpointReader
 
     if operator is None and (key or key_columns):
         raise typer.BadParameter("needs --operator", param_hint="--key/--key-columns")
@@ -184,7 +184,7 @@ def _file_name(url: str) -> str:
 
 def _short_items(items: list[dict[str, Any]], shown: int = 3) -> str:
     """List state items for a table cell: a split as its file name, others as key=value."""
-    from checkpointing.splits import InputSplit
+    from checkpointing.pipeline.splits import InputSplit
 
     if not items:
         return "-"
@@ -233,7 +233,7 @@ def _state_table(view: StateView, data: dict[str, Any], title: str) -> Table:
     where = (
         f", key {tuple(data['key'])} (key group {view.key_group})" if view.key is not None else ""
     )
-    from checkpointing.state_reader import describe_value
+    from checkpointing.restore.state_reader import describe_value
 
     table = Table(title=f"{view.operator_id} keyed state of {title}{where}", title_justify="left")
     for col in data["columns"]:

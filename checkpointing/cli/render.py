@@ -1,4 +1,5 @@
-"""Tables for people: the read models of :mod:`checkpointing.views` (plain dicts) as Rich tables.
+"""Tables for people: the read models of :mod:`checkpointing.metastore.views` (plain dicts) as Rich
+tables.
 
 Shared by the ``ckpt`` commands and the demos (``demo/``), so that a checkpoint history or a list
 of restores looks the same wherever it is printed. Values are given as text or
@@ -113,7 +114,7 @@ RESTORE_DECISIONS = ("#", "Attempt", "Status", "From", "Parallelism", "Fallbacks
 
 
 def restores_table(rows: list[Row], title: str, columns: Sequence[str] = RESTORES) -> Table:
-    """A job's restores (:func:`checkpointing.views.list_restores`), newest first."""
+    """A job's restores (:func:`checkpointing.metastore.views.list_restores`), newest first."""
     table = Table(title=title, title_justify="left")
     for col in columns:
         table.add_column(col, overflow="fold")
@@ -141,7 +142,8 @@ def jobs_table(rows: list[Row]) -> Table:
 
 
 def tasks_table(tasks: list[Row]) -> Table:
-    """Every task of one checkpoint (:func:`checkpointing.views.checkpoint_detail`) and its ack."""
+    """Every task of one checkpoint (:func:`checkpointing.metastore.views.checkpoint_detail`) and
+    its ack."""
     table = Table(title="Tasks", title_justify="left")
     for col in ("Operator", "Subtask", "Attempt", "Acked", "Size", "Sync", "Async", "Handle"):
         table.add_column(col, overflow="fold")
@@ -160,7 +162,7 @@ def tasks_table(tasks: list[Row]) -> Table:
 
 
 def summary_table(stats: dict[str, Any], title: str) -> Table:
-    """:func:`checkpointing.views.checkpoint_stats` as a two-column table."""
+    """:func:`checkpointing.metastore.views.checkpoint_stats` as a two-column table."""
 
     def spread(values: dict[str, Any] | None, unit: str) -> str:
         if not values:
@@ -195,7 +197,7 @@ def summary_table(stats: dict[str, Any], title: str) -> Table:
 
 
 def requests_table(rows: list[Row], title: str) -> Table:
-    """Savepoint and checkpoint requests (:func:`checkpointing.views.list_requests`)."""
+    """Savepoint and checkpoint requests (:func:`checkpointing.metastore.views.list_requests`)."""
     table = Table(title=title, title_justify="left")
     for col in ("id", "type", "status", "checkpoint", "requested by", "requested at", "message"):
         table.add_column(col, justify="right" if col in ("id", "checkpoint") else "left")
@@ -223,7 +225,8 @@ def _count(n: int, what: str) -> str:
 
 
 def input_table(section: Row) -> Table:
-    """The runs that read a checkpoint's input (:func:`checkpointing.views.consumed_input`), in
+    """The runs that read a checkpoint's input
+    (:func:`checkpointing.metastore.views.consumed_input`), in
     epoch order."""
     table = Table(title="Input", title_justify="left")
     for col, kw in (

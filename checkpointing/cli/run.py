@@ -22,10 +22,10 @@ from checkpointing.errors import CheckpointingError, ConfigError
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from checkpointing.metastore import Metastore
+    from checkpointing.metastore.engine import Metastore
+    from checkpointing.pipeline.spec import PipelineSpec
     from checkpointing.spark.preflight import RunOptions
-    from checkpointing.spec import PipelineSpec
-    from checkpointing.storage import CheckpointStorage
+    from checkpointing.state.storage import CheckpointStorage
 
 
 @handles_errors
@@ -82,9 +82,9 @@ def run(
 ) -> None:
     """Run a pipeline: epochs with checkpoints, resuming from the latest checkpoint."""
     from checkpointing.ids import validate_id
-    from checkpointing.jobs import storage_url_for_run
-    from checkpointing.spec import load_spec
-    from checkpointing.storage import CheckpointStorage
+    from checkpointing.metastore.jobs import storage_url_for_run
+    from checkpointing.pipeline.spec import load_spec
+    from checkpointing.state.storage import CheckpointStorage
 
     spec = load_spec(pipeline)
     for value, name in ((attempt, "attempt"), (coordinator_id, "coordinator id")):

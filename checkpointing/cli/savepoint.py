@@ -1,4 +1,5 @@
-"""``ckpt savepoint``: request a savepoint from a running job (:mod:`checkpointing.savepoints`),
+"""``ckpt savepoint``: request a savepoint from a running job
+(:mod:`checkpointing.coordination.savepoints`),
 and optionally wait for it."""
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import typer
 from checkpointing.cli.common import err, handles_errors, out, print_json, state, waiting
 
 if TYPE_CHECKING:
-    from checkpointing.metastore import Metastore
-    from checkpointing.savepoints import RequestState
+    from checkpointing.coordination.savepoints import RequestState
+    from checkpointing.metastore.engine import Metastore
 
 
 @handles_errors
@@ -28,8 +29,8 @@ def savepoint(
     """Request a savepoint from a running job (taken at its next epoch boundary)."""
     import getpass
 
-    from checkpointing import savepoints
     from checkpointing.config import parse_duration
+    from checkpointing.coordination import savepoints
 
     try:
         limit = parse_duration(timeout).total_seconds()
@@ -63,8 +64,9 @@ def _wait(
     metastore: Metastore, job: str, request_id: int, timeout: float, *, quiet: bool
 ) -> RequestState:
     """Until the request is done, saying where it stands (a spinner on a terminal); raise as
-    :func:`checkpointing.savepoints.wait_for_request` does if it failed or time ran out."""
-    from checkpointing import savepoints
+    :func:`checkpointing.coordination.savepoints.wait_for_request` does if it failed or time ran
+    out."""
+    from checkpointing.coordination import savepoints
 
     deadline = time.monotonic() + timeout
     with waiting(err, quiet=quiet) as say:

@@ -43,8 +43,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from checkpointing.pipeline.spec import Aggregation
 from checkpointing.spark import partials as states
-from checkpointing.spec import Aggregation
 
 _MAX_DECIMAL_PRECISION = 38
 
@@ -85,9 +85,9 @@ class _Partial:
 class AggregationPlan:
     """The partial-aggregate form of a keyed aggregation stage (see the module docstring).
 
-    ``aggregations`` maps output column names to :class:`~checkpointing.spec.Aggregation` (or its
-    text, ``"avg(dep_delay)"``). Given ``input_schema``, the plan is checked against it here;
-    otherwise when :meth:`partials`, :meth:`state_schema` or :meth:`empty_state` get a schema.
+    ``aggregations`` maps output column names to :class:`~checkpointing.pipeline.spec.Aggregation`
+    (or its text, ``"avg(dep_delay)"``). Given ``input_schema``, the plan is checked against it
+    here; otherwise when :meth:`partials`, :meth:`state_schema` or :meth:`empty_state` get a schema.
     """
 
     def __init__(

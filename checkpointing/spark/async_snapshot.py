@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from checkpointing.pending import TaskAck
+from checkpointing.coordination.pending import TaskAck
 
 log = logging.getLogger(__name__)
 

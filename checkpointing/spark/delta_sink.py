@@ -6,7 +6,7 @@ local or on S3, written with delta-rs and Arrow: no Spark Delta jars.
   collects rows). Readers do not see them: a Delta reader reads the files the log adds.
 
   - ``upsert`` (one row per key): the key groups fall into at most
-    :data:`~checkpointing.delta_files.MAX_BUCKETS` buckets of contiguous key groups, one file
+    :data:`~checkpointing.sinks.delta_files.MAX_BUCKETS` buckets of contiguous key groups, one file
     each. An epoch's changed rows of a bucket are merged on an executor with the bucket's newest
     file (its rows of other keys kept) into a new file, copy-on-write.
   - ``changelog``: each Spark partition's changed rows of the epoch become one file, with the
@@ -42,7 +42,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from checkpointing.delta_files import (
+from checkpointing.errors import StorageError
+from checkpointing.sinks.delta_files import (
     WRITTEN,
     DataFile,
     bucket_count,
@@ -52,7 +53,7 @@ from checkpointing.delta_files import (
     write_bucket,
     write_partition,
 )
-from checkpointing.delta_table import (
+from checkpointing.sinks.delta_log import (
     FIELD,
     NO_CHECKPOINT,
     check_location,
@@ -69,9 +70,8 @@ from checkpointing.delta_table import (
     table_buckets,
     table_url,
 )
-from checkpointing.errors import StorageError
 from checkpointing.spark.keys import key_group_column
-from checkpointing.spark.sink import validate_epoch
+from checkpointing.spark.parquet_sink import validate_epoch
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -95,7 +95,7 @@ class DeltaSink:
         max_parallelism: int = 128,
     ) -> None:
         """Reads only: refuses a location ``job`` may not write to (see
-        :func:`checkpointing.delta_table.check_location`)."""
+        :func:`checkpointing.sinks.delta_log.check_location`)."""
         if mode not in ("upsert", "changelog"):
             raise ValueError(f"sink.mode: {mode!r} is not upsert or changelog")
         self.path = table_url(path)

@@ -16,15 +16,19 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from checkpointing.incremental import last_per_key, merge_chain
-from checkpointing.keygroups import KeyGroupRange, key_group_range
-from checkpointing.snapshot import read_keyed_snapshot, read_snapshot_info, write_keyed_snapshot
 from checkpointing.spark.keys import KEY_GROUP, SUBTASK
+from checkpointing.state.incremental import last_per_key, merge_chain
+from checkpointing.state.keygroups import KeyGroupRange, key_group_range
+from checkpointing.state.snapshot import (
+    read_keyed_snapshot,
+    read_snapshot_info,
+    write_keyed_snapshot,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import types as T
 
-    from checkpointing.storage import CheckpointStorage
+    from checkpointing.state.storage import CheckpointStorage
 
 #: the epoch of an incremental snapshot's changed rows (the last of a key wins)
 SEQ = "__ckpt_seq"
@@ -129,12 +133,12 @@ def read_row_groups(
 ) -> Iterator[pa.RecordBatch]:
     """The rows of each ``(path, start, end)`` row-group range, as the input schema's Arrow
     types (the same rows Spark's reader gives for the whole file). ``path`` may be an object's
-    URL (read through :mod:`checkpointing.object_store`: no Hadoop filesystem needed), and a
+    URL (read through :mod:`checkpointing.state.object_store`: no Hadoop filesystem needed), and a
     null ``start`` is the whole file."""
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from checkpointing.object_store import is_object_url, open_object
+    from checkpointing.state.object_store import is_object_url, open_object
 
     target = to_arrow_schema(schema)
     for batch in batches:

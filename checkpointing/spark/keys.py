@@ -1,9 +1,9 @@
-"""Key groups as a Spark column expression — the JVM twin of :mod:`checkpointing.keygroups`.
+"""Key groups as a Spark column expression — the JVM twin of :mod:`checkpointing.state.keygroups`.
 
 Computed with Spark SQL functions (no Python per record): each key column's canonical text
 ``<length>:<text>`` (``N`` for null), concatenated, then ``pmod(xxhash64(…), max_parallelism)``.
 Spark's ``xxhash64`` is XXH64 of the UTF-8 bytes with seed 42, so the result equals
-:func:`checkpointing.keygroups.key_group_for` for the same key — a test holds them together.
+:func:`checkpointing.state.keygroups.key_group_for` for the same key — a test holds them together.
 """
 
 from __future__ import annotations

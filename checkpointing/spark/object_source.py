@@ -11,9 +11,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from checkpointing.object_store import read_schema
+from checkpointing.pipeline.splits import InputSplit
 from checkpointing.spark.executor import read_row_groups
-from checkpointing.splits import InputSplit
+from checkpointing.state.object_store import read_schema
 
 
 def object_schema(split: InputSplit) -> T.StructType:

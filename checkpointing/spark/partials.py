@@ -32,7 +32,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from checkpointing.spec import Aggregation
+from checkpointing.pipeline.spec import Aggregation
 
 #: log2 of the HLL sketches' register count: Spark's default; relative standard error
 #: ~1.04/sqrt(2^12) = 1.6 % (DataSketches HLL_8, after unions)

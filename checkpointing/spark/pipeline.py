@@ -14,16 +14,22 @@ from pydantic import ValidationError
 
 from checkpointing.config import describe_validation_error
 from checkpointing.errors import ConfigError
-from checkpointing.sink_guard import check_pipeline_sink
+from checkpointing.pipeline.spec import (
+    CheckpointSpec,
+    PipelineSpec,
+    SinkSpec,
+    SourceSpec,
+    SpecError,
+)
+from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.spark.stages import Stage
-from checkpointing.spec import CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec, SpecError
 
 if TYPE_CHECKING:
-    from checkpointing.metastore import Metastore
+    from checkpointing.metastore.engine import Metastore
     from checkpointing.spark.preflight import RunOptions
     from checkpointing.spark.runtime import RunResult
     from checkpointing.spark.transform import TransformFn
-    from checkpointing.storage import CheckpointStorage
+    from checkpointing.state.storage import CheckpointStorage
 
 
 class Pipeline:

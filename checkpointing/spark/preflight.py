@@ -7,23 +7,28 @@ from __future__ import annotations
 import glob
 from dataclasses import dataclass
 
-from checkpointing import restore
 from checkpointing.errors import (
     CheckpointingError,
     NoCheckpointError,
     UnknownCheckpointError,
     UnknownJobError,
 )
-from checkpointing.metadata import CheckpointMetadata
-from checkpointing.metastore import Metastore
-from checkpointing.object_store import ObjectInfo, ObjectStoreError, is_object_url, list_objects
-from checkpointing.operator_ids import SOURCE
-from checkpointing.sink_guard import check_pipeline_sink
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline.operator_ids import SOURCE
+from checkpointing.pipeline.spec import PipelineSpec, SpecError
+from checkpointing.pipeline.splits import is_processed, resume_epochs
+from checkpointing.pipeline.tables import check_tables, table_files, table_items
+from checkpointing.restore import lookup as restore
+from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.spark.sinks import Sink, open_sink
-from checkpointing.spec import PipelineSpec, SpecError
-from checkpointing.splits import is_processed, resume_epochs
-from checkpointing.storage import CheckpointStorage
-from checkpointing.tables import check_tables, table_files, table_items
+from checkpointing.state.metadata import CheckpointMetadata
+from checkpointing.state.object_store import (
+    ObjectInfo,
+    ObjectStoreError,
+    is_object_url,
+    list_objects,
+)
+from checkpointing.state.storage import CheckpointStorage
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,8 @@ def check_input(
     spec: PipelineSpec, files: list[str] | list[ObjectInfo], metadata: CheckpointMetadata
 ) -> None:
     """The input the checkpoint read or still has to read is unchanged (a gone or replaced file
-    is a :class:`~checkpointing.splits.SplitError` naming it); new files are fine: they are the
+    is a :class:`~checkpointing.pipeline.splits.SplitError` naming it); new files are fine: they are
+    the
     next epochs. A checkpoint without processed splits is checked by the runtime, as before."""
     items = metadata.list_items(SOURCE)
     if any(is_processed(i) for i in items):

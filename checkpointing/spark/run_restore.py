@@ -14,11 +14,12 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from checkpointing import restore
-from checkpointing.assignment import plan_restore, snapshots_from_metadata
-from checkpointing.metadata import CheckpointMetadata
-from checkpointing.metastore import Metastore
-from checkpointing.operator_ids import SINK, SOURCE
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline.operator_ids import SINK, SOURCE
+from checkpointing.pipeline.spec import PipelineSpec
+from checkpointing.pipeline.splits import InputSplit, is_processed, resume_epochs
+from checkpointing.restore import lookup as restore
+from checkpointing.restore.assignment import plan_restore, snapshots_from_metadata
 from checkpointing.spark.preflight import RunOptions, refuse_empty_start
 from checkpointing.spark.sinks import Sink
 from checkpointing.spark.state import (
@@ -29,10 +30,9 @@ from checkpointing.spark.state import (
     through_epoch,
 )
 from checkpointing.spark.transform import InputTransform
-from checkpointing.spec import PipelineSpec
-from checkpointing.splits import InputSplit, is_processed, resume_epochs
+from checkpointing.state.metadata import CheckpointMetadata
+from checkpointing.state.storage import CheckpointStorage
 from checkpointing.status import RestoreStatus
-from checkpointing.storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
-"""The Spark runtime: runs a :class:`~checkpointing.spec.PipelineSpec` in epochs, checkpointing at
-epoch boundaries, and resumes from the latest checkpoint with the same or another parallelism.
+"""The Spark runtime: runs a :class:`~checkpointing.pipeline.spec.PipelineSpec` in epochs,
+checkpointing at epoch boundaries, and resumes from the latest checkpoint with the same or another
+parallelism.
 
 Operators (Flink's words): ``source`` — the input splits still to read (operator list state, dealt
 round-robin over its subtasks on restore); ``aggregate`` — per-key partial aggregates (keyed state,
@@ -34,15 +35,23 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from sqlalchemy import select
 
-from checkpointing.coordinator import CheckpointCoordinator
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.failure import CheckpointException
+from checkpointing.coordination.store import CompletedCheckpoint
 from checkpointing.errors import CheckpointingError, SharedStateError
-from checkpointing.failure import CheckpointException
-from checkpointing.metastore import Metastore
-from checkpointing.models import Checkpoint, CheckpointTask
-from checkpointing.object_store import is_object_url
-from checkpointing.operator_ids import SINK, SOURCE
-from checkpointing.recovery import pipeline_plan
-from checkpointing.sink_guard import check_pipeline_sink
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Checkpoint, CheckpointTask
+from checkpointing.pipeline.operator_ids import SINK, SOURCE
+from checkpointing.pipeline.spec import PipelineSpec, SpecError
+from checkpointing.pipeline.splits import (
+    InputSplit,
+    epochs_of,
+    parquet_rows,
+    plan_splits,
+    processed_item,
+)
+from checkpointing.restore.recovery import pipeline_plan
+from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.spark.aggregations import AggregationPlan
 from checkpointing.spark.async_snapshot import AsyncSnapshots, StageWrite
 from checkpointing.spark.executor import read_row_groups
@@ -74,17 +83,9 @@ from checkpointing.spark.state import (
     through_epoch,
 )
 from checkpointing.spark.transform import InputTransform, TransformFn
-from checkpointing.spec import PipelineSpec, SpecError
-from checkpointing.splits import (
-    InputSplit,
-    epochs_of,
-    parquet_rows,
-    plan_splits,
-    processed_item,
-)
+from checkpointing.state.object_store import is_object_url
+from checkpointing.state.storage import CheckpointStorage
 from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus
-from checkpointing.storage import CheckpointStorage
-from checkpointing.store import CompletedCheckpoint
 
 #: re-exported from preflight (not spark_session: a test patching it in session must not leave a
 #: stale copy here)

@@ -4,7 +4,7 @@ uncommitted epochs as the sink's list state, commits them when a checkpoint cove
 completes, and on restore brings the sink in line with the restored checkpoint.
 
 Which sink a spec gets is :func:`open_sink`'s choice (``sink.format``): the Parquet directory
-sink (:mod:`checkpointing.spark.sink`, local) or a Delta Lake table
+sink (:mod:`checkpointing.spark.parquet_sink`, local) or a Delta Lake table
 (:mod:`checkpointing.spark.delta_sink`, local or on an object store).
 """
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from checkpointing.spec import PipelineSpec
+    from checkpointing.pipeline.spec import PipelineSpec
 
 
 class Sink(Protocol):
@@ -87,7 +87,7 @@ def open_sink(
             mode=spec.sink.table_mode,
             max_parallelism=spec.max_parallelism,
         )
-    from checkpointing.spark.sink import TwoPhaseCommitSink
+    from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
     return TwoPhaseCommitSink(path, job=job)
 

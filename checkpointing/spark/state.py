@@ -20,13 +20,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from checkpointing.assignment import OperatorRestore
+from checkpointing.coordination.pending import TaskAck, TaskSpec
 from checkpointing.ids import validate_id
-from checkpointing.incremental import needs_full
-from checkpointing.keygroups import KeyGroupRange, key_group_range
-from checkpointing.metadata import ChainedFile, CheckpointMetadata
-from checkpointing.operator_ids import AGGREGATE, SINK, SOURCE
-from checkpointing.pending import TaskAck, TaskSpec
+from checkpointing.pipeline.operator_ids import AGGREGATE, SINK, SOURCE
+from checkpointing.pipeline.spec import SpecError
+from checkpointing.pipeline.splits import InputSplit, is_processed, split_items
+from checkpointing.restore.assignment import OperatorRestore
 from checkpointing.spark.executor import (
     SEQ,
     WRITTEN,
@@ -35,9 +34,10 @@ from checkpointing.spark.executor import (
 )
 from checkpointing.spark.keys import KEY_GROUP, SUBTASK
 from checkpointing.spark.stages import Stage
-from checkpointing.spec import SpecError
-from checkpointing.splits import InputSplit, is_processed, split_items
-from checkpointing.storage import CheckpointStorage
+from checkpointing.state.incremental import needs_full
+from checkpointing.state.keygroups import KeyGroupRange, key_group_range
+from checkpointing.state.metadata import ChainedFile, CheckpointMetadata
+from checkpointing.state.storage import CheckpointStorage
 
 
 @dataclass
@@ -283,7 +283,7 @@ def check_source(
     recorded): the splits it says remain must be the ones this run would read next
     (``planned``), otherwise the input (or ``splits_per_epoch``, ``max_split_bytes``) changed
     since, and resuming would skip or repeat input. Newer checkpoints are resumed by
-    :func:`checkpointing.splits.resume_epochs`."""
+    :func:`checkpointing.pipeline.splits.resume_epochs`."""
 
     def key(item: dict[str, Any]) -> str:
         return json.dumps(InputSplit.from_state(item).to_state(int(item["epoch"])))

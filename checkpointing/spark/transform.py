@@ -4,7 +4,7 @@
 into the keyed stage's input: the epoch's rows are the view ``input``, each static table of
 ``tables:`` the view of its name. The tables are read once per attempt (cached; a small one is
 broadcast to the join) and their files' identity goes into every checkpoint
-(:mod:`checkpointing.tables`).
+(:mod:`checkpointing.pipeline.tables`).
 
 The transform runs again on every replayed epoch (after a restore, a retried Spark task), so it
 must be **deterministic**: ``rand()``, ``uuid()``, ``current_timestamp()``,
@@ -28,11 +28,11 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from checkpointing.object_store import ObjectInfo
+from checkpointing.pipeline.spec import PipelineSpec, SpecError
+from checkpointing.pipeline.splits import InputSplit
+from checkpointing.pipeline.tables import TableFiles, check_tables, table_files, table_items
 from checkpointing.spark.object_source import object_schema, read_object_splits
-from checkpointing.spec import PipelineSpec, SpecError
-from checkpointing.splits import InputSplit
-from checkpointing.tables import TableFiles, check_tables, table_files, table_items
+from checkpointing.state.object_store import ObjectInfo
 
 if TYPE_CHECKING:
     from checkpointing.spark.preflight import RunOptions

@@ -69,7 +69,8 @@ def describe_failed_try(
     retry_parallelism: int,
 ) -> str:
     """The one line a failed try logs: how its driver ended, the job's last completed
-    checkpoint (a :class:`checkpointing.outcome.CheckpointPoint`, None, or why it is unknown),
+    checkpoint (a :class:`checkpointing.metastore.outcome.CheckpointPoint`, None, or why it is
+    unknown),
     and what the retry restores; epochs are counted as in the XCom (``epochs done``)."""
     if isinstance(latest, str):  # the metastore could not say
         last = latest

@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 def restore_from_latest(context: Any) -> None:
     """``on_retry_callback``: plan the next try's restore."""
-    from checkpointing.recovery import fail_attempt, plan_recovery
-    from checkpointing.storage import CheckpointStorage
+    from checkpointing.restore.recovery import fail_attempt, plan_recovery
+    from checkpointing.state.storage import CheckpointStorage
     from checkpointing_airflow.attempts import attempt_id, run_started
 
     task, ti = context["task"], context["ti"]
@@ -65,7 +65,7 @@ def restore_from_latest(context: Any) -> None:
 
 def job_failed(context: Any) -> None:
     """``on_failure_callback``: the last try failed; say where to resume from."""
-    from checkpointing.recovery import fail_attempt
+    from checkpointing.restore.recovery import fail_attempt
     from checkpointing_airflow.attempts import attempt_id
 
     task, ti = context["task"], context["ti"]
@@ -106,7 +106,7 @@ def job_failed(context: Any) -> None:
 def newer_coordinator(metastore: Any, job_id: str, failed: str, try_number: int) -> str | None:
     """The coordinator id of a later try of the same DAG run that already coordinates the job
     (``failed`` is the failed try's attempt id, ``<run>-<hash>-t<try>``), else None."""
-    from checkpointing.jobs import get_job
+    from checkpointing.metastore.jobs import get_job
     from checkpointing_airflow.attempts import later_try
 
     job = get_job(metastore, job_id)

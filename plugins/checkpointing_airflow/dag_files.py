@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from checkpointing.errors import ConfigError
-from checkpointing.spec import SpecError, load_spec
+from checkpointing.pipeline.spec import SpecError, load_spec
 
 SPEC_SUFFIX = ".yaml"
 

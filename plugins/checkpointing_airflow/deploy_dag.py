@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from checkpointing.errors import CheckpointingError
-from checkpointing.spec import PipelineSpec, load_spec
+from checkpointing.pipeline.spec import PipelineSpec, load_spec
 from checkpointing_airflow.dag_defaults import (
     DEPLOY_DAG_ID,
     JOB_ID_PATTERN,
@@ -28,7 +28,7 @@ from checkpointing_airflow.permissions import authorize_run
 if TYPE_CHECKING:
     from airflow.sdk import DAG
 
-    from checkpointing.metastore import Metastore
+    from checkpointing.metastore.engine import Metastore
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +168,10 @@ def plan_deploy(
 
     ``storage_url`` defaults as for the operator: the spec's ``storage``, else
     ``CKPT_STORAGE_URL``, else the embedded default."""
-    from checkpointing import restore
-    from checkpointing.jobs import job_status, storage_url_for_run
+    from checkpointing.metastore.jobs import job_status, storage_url_for_run
+    from checkpointing.restore import lookup as restore
+    from checkpointing.state.storage import CheckpointStorage
     from checkpointing.status import JobStatus
-    from checkpointing.storage import CheckpointStorage
 
     path = pipelines.get(pipeline)
     if path is None:

@@ -8,7 +8,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from checkpointing.config import Settings
-from checkpointing.metastore import Metastore
+from checkpointing.metastore.engine import Metastore
 
 #: Airflow URI schemes → SQLAlchemy drivers the project ships
 _SCHEMES = {

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from checkpointing.jobs import job_status, storage_url_for_run
+from checkpointing.metastore.jobs import job_status, storage_url_for_run
 from checkpointing_airflow.attempts import attempt_id, run_started
 from checkpointing_airflow.aws_credentials import aws_environment
 from checkpointing_airflow.hooks import CheckpointMetastoreHook, open_metastore
@@ -24,9 +24,9 @@ from checkpointing_airflow.links import CheckpointsLink
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from checkpointing.metastore import Metastore
-    from checkpointing.recovery import RecoveryPlan
-    from checkpointing.spec import PipelineSpec
+    from checkpointing.metastore.engine import Metastore
+    from checkpointing.pipeline.spec import PipelineSpec
+    from checkpointing.restore.recovery import RecoveryPlan
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     # ------------------------------------------------------------------ what this try runs
 
     def load_spec(self) -> PipelineSpec:
-        from checkpointing.spec import load_spec
+        from checkpointing.pipeline.spec import load_spec
 
         return load_spec(self.pipeline)
 
@@ -181,8 +181,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     ) -> RecoveryPlan | None:
         """A retry's restore: the plan the failure callback recorded, else the same computed
         now (Airflow runs callbacks best-effort). None on the first try."""
-        from checkpointing.recovery import plan_recovery, planned_recovery
-        from checkpointing.storage import CheckpointStorage
+        from checkpointing.restore.recovery import plan_recovery, planned_recovery
+        from checkpointing.state.storage import CheckpointStorage
 
         ti = context["ti"]
         if ti.try_number <= 1:
@@ -210,9 +210,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.log import mask_secret
 
-        from checkpointing.coordinator import CheckpointCoordinator
-        from checkpointing.recovery import pipeline_plan
-        from checkpointing.storage import CheckpointStorage
+        from checkpointing.coordination.coordinator import CheckpointCoordinator
+        from checkpointing.restore.recovery import pipeline_plan
+        from checkpointing.state.storage import CheckpointStorage
 
         spec = self.load_spec()
         ti = context["ti"]
@@ -269,7 +269,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
         secrets = self.prepare_submit(self._driver_env(url, storage_url))
 
-        from checkpointing.deactivator import CheckpointCoordinatorDeActivator
+        from checkpointing.coordination.coordinator_loop import CheckpointCoordinatorDeActivator
 
         deactivator = CheckpointCoordinatorDeActivator(
             coordinator, self.coordinator_poll, follow_job_status=True, name=f"ckpt-{spec.job}"
@@ -322,8 +322,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         from checkpointing.errors import CheckpointingError
-        from checkpointing.restore import ForeignSnapshotError, load_external
-        from checkpointing.storage import CheckpointStorage
+        from checkpointing.restore.lookup import ForeignSnapshotError, load_external
+        from checkpointing.state.storage import CheckpointStorage
 
         if "/" not in source:
             return
@@ -363,7 +363,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
 
     def _outcome(self, spec: PipelineSpec, metastore: Metastore, attempt: str) -> dict[str, Any]:
         """The try's outcome (its XCom), from the metastore: the driver may have run elsewhere."""
-        from checkpointing.outcome import attempt_outcome
+        from checkpointing.metastore.outcome import attempt_outcome
 
         outcome = attempt_outcome(metastore, spec.job, attempt).to_dict()
         from checkpointing.spark.sinks import final_location
@@ -386,7 +386,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     ) -> str:
         """One line for a failed try: how the driver ended, the last completed checkpoint, and
         what the retry restores (the lines above it are Spark's)."""
-        from checkpointing.outcome import latest_completed
+        from checkpointing.metastore.outcome import latest_completed
         from checkpointing_airflow.attempts import describe_failed_try
 
         try:

@@ -1,8 +1,9 @@
 """The DAG of one pipeline spec: ``<job>`` with the task ``run``, a
 :class:`~checkpointing_airflow.operators.CheckpointedSparkSubmitOperator`.
 
-Every ``dags/pipelines/<name>.yaml`` (the spec of :mod:`checkpointing.spec`, with its deployment
-fields ``schedule``, ``retries``, ``retry_delay``, ``parallelism_on_retry``, ``owner`` and
+Every ``dags/pipelines/<name>.yaml`` (the spec of :mod:`checkpointing.pipeline.spec`, with its
+deployment fields ``schedule``, ``retries``, ``retry_delay``, ``parallelism_on_retry``, ``owner``
+and
 ``tags``) becomes the DAG ``<job>``, built by its own DAG file calling :func:`pipeline_dag`
 (:mod:`checkpointing_airflow.dag_files` says why).
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from checkpointing.config import format_duration
-from checkpointing.spec import PipelineSpec, SpecError, load_spec
+from checkpointing.pipeline.spec import PipelineSpec, SpecError, load_spec
 from checkpointing_airflow.dag_defaults import (
     DEPLOY_DAG_ID,
     METASTORE_CONN_ID,
@@ -44,7 +45,8 @@ def pipeline_dag(
 ) -> DAG:
     """The DAG of the spec next to ``dag_file`` (call it with ``__file__``).
 
-    A broken spec raises :class:`~checkpointing.spec.SpecError` naming the file and the field,
+    A broken spec raises :class:`~checkpointing.pipeline.spec.SpecError` naming the file and the
+    field,
     and Airflow records it as this DAG file's import error."""
     spec = load_spec(spec_file_for(dag_file))
     return build_pipeline_dag(

@@ -24,8 +24,8 @@ from checkpointing_airflow.permissions import authorize_run
 if TYPE_CHECKING:
     from airflow.sdk import DAG
 
-    from checkpointing.metastore import Metastore
-    from checkpointing.savepoints import RequestState
+    from checkpointing.coordination.savepoints import RequestState
+    from checkpointing.metastore.engine import Metastore
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def take_savepoint(
     poll: float = 2.0,
 ) -> RequestState:
     """Request a savepoint of a running job and wait until it completes."""
-    from checkpointing import savepoints
+    from checkpointing.coordination import savepoints
 
     request_id = savepoints.request_savepoint(
         metastore, job_id, stop=stop, requested_by=requested_by[:256]

@@ -9,8 +9,9 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Path, Request, Response, status
 
-from checkpointing import savepoints, views
+from checkpointing.coordination import savepoints
 from checkpointing.errors import StorageError
+from checkpointing.metastore import views
 from checkpointing.status import CheckpointStatus
 from checkpointing_airflow.api import airflow_internals
 from checkpointing_airflow.api.auth import Caller, CallerDep, EditablePipeline, may_trigger
@@ -50,7 +51,7 @@ def discard_savepoint(
     """Marks the savepoint DISCARDED, so that no restore picks it, then deletes its files.
     Checkpoints are not user-owned (retention discards them): 409, as for any savepoint that is
     not COMPLETED."""
-    from checkpointing.storage import CheckpointStorage
+    from checkpointing.state.storage import CheckpointStorage
 
     storage_url = pipeline_job(store, pipeline_id).storage_url
     savepoints.discard_savepoint(
@@ -91,8 +92,8 @@ def restore_from_checkpoint(
     ``_metadata`` path, once the checkpoint is COMPLETED, its ``_metadata`` and file sizes verify
     (as the deploy's ``check`` does) and, given a parallelism, its state can be assigned to it.
     Needs edit access to the pipeline's DAG and the permission to trigger the deploy DAG."""
-    from checkpointing.restore import load_checkpoint, preview_restore
-    from checkpointing.storage import CheckpointStorage
+    from checkpointing.restore.lookup import load_checkpoint, preview_restore
+    from checkpointing.state.storage import CheckpointStorage
 
     if not may_trigger(caller, DEPLOY_DAG_ID):
         raise HTTPException(

@@ -12,8 +12,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.responses import JSONResponse
 
-from checkpointing import jobs, savepoints
-from checkpointing.assignment import StateAssignmentError
+from checkpointing.coordination import savepoints
 from checkpointing.errors import (
     CheckpointingError,
     InvalidIdError,
@@ -24,8 +23,10 @@ from checkpointing.errors import (
     UnknownCheckpointError,
     UnknownJobError,
 )
-from checkpointing.jobs import JobInfo
-from checkpointing.metastore import Metastore
+from checkpointing.metastore import jobs
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.jobs import JobInfo
+from checkpointing.restore.assignment import StateAssignmentError
 from checkpointing_airflow.api.auth import UNPROCESSABLE
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ MetastoreDep = Annotated[Metastore, Depends(metastore)]
 
 
 def pipeline_job(store: Metastore, pipeline_id: str) -> JobInfo:
-    """The pipeline's job (:mod:`checkpointing.jobs`), else 404 naming the pipeline."""
+    """The pipeline's job (:mod:`checkpointing.metastore.jobs`), else 404 naming the pipeline."""
     job = jobs.get_job(store, pipeline_id)
     if job is None:
         raise UnknownJobError(f"unknown pipeline {pipeline_id!r}")

@@ -1,6 +1,7 @@
 """The checkpoint API's reads: pipelines, their checkpoints (filtered, paged), one checkpoint's
 acks, restores, savepoint requests and restore plans. Every read is a query of
-:mod:`checkpointing.views` (the same data as ``ckpt … --json``) for a caller who may read the
+:mod:`checkpointing.metastore.views` (the same data as ``ckpt … --json``) for a caller who may read
+the
 pipeline's DAG (:mod:`checkpointing_airflow.api.auth`)."""
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
-from checkpointing import jobs, savepoints, views
+from checkpointing.coordination import savepoints
 from checkpointing.errors import UnknownJobError
+from checkpointing.metastore import jobs, views
 from checkpointing_airflow.api.auth import CallerDep, ReadablePipeline, may_access
 from checkpointing_airflow.api.metastore import MetastoreDep, pipeline_job
 from checkpointing_airflow.api.schemas import (
@@ -153,7 +155,7 @@ def list_restores(
     """A page of the pipeline's restores; only that page is read from the metastore."""
     from sqlalchemy import func, select
 
-    from checkpointing.models import RestoreEvent
+    from checkpointing.metastore.models import RestoreEvent
 
     jobs.require_job(store, pipeline_id)
     with store.transaction() as s:
@@ -240,8 +242,8 @@ def restore_plan(
     """Which checkpoint a restore would read and what each new subtask would get; nothing is
     recorded. Files are checked by size (not checksum), as the deploy DAG's check does, so that
     a preview stays cheap on big state."""
-    from checkpointing.restore import preview_restore
-    from checkpointing.storage import CheckpointStorage
+    from checkpointing.restore.lookup import preview_restore
+    from checkpointing.state.storage import CheckpointStorage
 
     preview = preview_restore(
         store,

@@ -1,6 +1,6 @@
 """The checkpoint API's JSON shapes: responses, request bodies and query filters.
 
-The rows come from :mod:`checkpointing.views` and the core library's results. Where a core
+The rows come from :mod:`checkpointing.metastore.views` and the core library's results. Where a core
 dataclass already is the shape (a savepoint request's state, a key-group range, a checkpoint a
 restore skipped), the model is derived from it (:func:`from_core`), so that the two cannot drift.
 """
@@ -14,9 +14,9 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from checkpointing import savepoints
-from checkpointing.keygroups import KeyGroupRange as CoreKeyGroupRange
-from checkpointing.restore import SkippedCheckpoint as CoreSkippedCheckpoint
+from checkpointing.coordination import savepoints
+from checkpointing.restore.lookup import SkippedCheckpoint as CoreSkippedCheckpoint
+from checkpointing.state.keygroups import KeyGroupRange as CoreKeyGroupRange
 from checkpointing.status import CheckpointStatus, CheckpointType
 
 #: where the api-server mounts the app (not under Airflow's reserved /api/v2, /ui, /auth …)
@@ -52,11 +52,11 @@ def from_core(
 
 KeyGroupRange = from_core(CoreKeyGroupRange)
 SkippedCheckpoint = from_core(CoreSkippedCheckpoint)
-#: where a savepoint request stands: :class:`checkpointing.savepoints.RequestState` with its
-#: ``done`` and ``succeeded`` properties as fields
+#: where a savepoint request stands: :class:`checkpointing.coordination.savepoints.RequestState`
+#: with its ``done`` and ``succeeded`` properties as fields
 RequestState = from_core(
     savepoints.RequestState,
-    "Where a savepoint request stands (``checkpointing.savepoints.RequestState``).",
+    "Where a savepoint request stands (``checkpointing.coordination.savepoints.RequestState``).",
     descriptions={
         "status": "QUEUED, TRIGGERED, COMPLETED, FAILED or DROPPED",
         "savepoint_path": "set once the savepoint completed",

@@ -1,0 +1,76 @@
+"""Fencing of a superseded coordinator (the fencing token of Flink's leading ``JobMaster``).
+
+The job row names the job's coordinator. Only it changes the job (trigger, status, stop,
+failover, shutdown, requests, notifications); a coordinator superseded by a newer one changes
+nothing of its successor's (acks, declines, expiry, completion), each checked in the transaction
+that makes the change, with the job row locked so that a takeover waits for it. Processes that
+only ack, decline or request (executors, the CLI) never activate and are not fenced: what they
+touch is fenced by the checkpoint's owner instead.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.orm import Session
+
+from checkpointing.coordination.failure import CoordinatorSuperseded
+from checkpointing.metastore import jobs
+from checkpointing.metastore.models import Job
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorFencing:
+    """One coordinator's view of who leads its job; ``active`` once it activated (or joined)."""
+
+    def __init__(self, job_id: str, coordinator_id: str) -> None:
+        self.job_id = job_id
+        self.coordinator_id = coordinator_id
+        self.active = False
+
+    def lock_job(self, s: Session) -> Job | None:
+        """The job row, locked until commit: a takeover (``activate``) waits for the caller's
+        transaction, so a check made on the row holds for the change made after it."""
+        return jobs.lock_job(s, self.job_id)
+
+    def successor(self, job: Job | None) -> str | None:
+        """The coordinator the job row names when it is not this one (an attempt that outlived
+        its task, e.g. a Spark driver orphaned by a killed Airflow worker, was superseded by
+        it), else None. A job that never had a coordinator fences nobody."""
+        current = job.coordinator_id if job is not None else None
+        return current if current is not None and current != self.coordinator_id else None
+
+    def superseded(self, s: Session) -> CoordinatorSuperseded | None:
+        """Lock the job row; the refusal to raise when another coordinator leads."""
+        successor = self.successor(self.lock_job(s))
+        if successor is None:
+            return None
+        return CoordinatorSuperseded(self.coordinator_id, self.job_id, successor)
+
+    def fenced(self, s: Session, what: str, *, shared: bool = False) -> bool:
+        """Lock the job row and tell whether this coordinator must leave the job alone.
+        ``shared``: work any process may do for the current coordinator (expiry): refused only
+        to a coordinator that activated and was superseded since."""
+        successor = self.successor(self.lock_job(s))
+        if successor is None or (shared and not self.active):
+            return False
+        log.warning(
+            "job %s: %s refused: coordinator %s was superseded by %s",
+            self.job_id,
+            what,
+            self.coordinator_id,
+            successor,
+        )
+        return True
+
+    def foreign(self, job: Job | None, owner: str | None) -> str | None:
+        """Why this coordinator must not touch a checkpoint owned by ``owner`` (acks, declines,
+        completion), else None: its owner is no longer the job's coordinator, or this one
+        activated and then was superseded (its listeners and config are not the job's)."""
+        current = job.coordinator_id if job is not None else None
+        if current is not None and owner != current:
+            return f"its coordinator {owner} was superseded by {current}"
+        if self.active and owner != self.coordinator_id:
+            return f"coordinator {self.coordinator_id} was superseded by {current or owner}"
+        return None

@@ -1,0 +1,197 @@
+"""The queue of checkpoint and savepoint requests, and the decision whether one may be triggered
+now (Flink's ``CheckpointRequestDecider``).
+
+Requests live in the metastore so that the UI, a DAG or the CLI in another process can ask the
+running job's coordinator for a savepoint. Order: savepoint > forced > manual > periodic, then by
+time. At most one non-forced request waits at a time (Flink's ``ALREADY_QUEUED``); the queue is
+bounded, and periodic requests are dropped first when it overflows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from checkpointing.coordination import pending
+from checkpointing.coordination.failure import CheckpointException, CheckpointFailureReason
+from checkpointing.metastore.models import CheckpointRequest, Job
+from checkpointing.status import CheckpointProperties, CheckpointType, RequestStatus
+
+if TYPE_CHECKING:
+    from checkpointing.coordination.scheduler import PeriodicScheduler
+
+MAX_QUEUED_REQUESTS = 1000
+
+PRIORITY_PERIODIC, PRIORITY_MANUAL, PRIORITY_FORCED, PRIORITY_SAVEPOINT = 0, 1, 2, 3
+
+
+def priority(checkpoint_type: CheckpointType, *, forced: bool, periodic: bool) -> int:
+    if checkpoint_type.is_savepoint:
+        return PRIORITY_SAVEPOINT
+    if forced:
+        return PRIORITY_FORCED
+    return PRIORITY_PERIODIC if periodic else PRIORITY_MANUAL
+
+
+def queued_non_forced(session: Session, job_id: str, exclude: int | None = None) -> int | None:
+    query = select(CheckpointRequest.request_id).where(
+        CheckpointRequest.job_id == job_id,
+        CheckpointRequest.status == RequestStatus.QUEUED,
+        CheckpointRequest.forced.is_(False),
+    )
+    if exclude is not None:
+        query = query.where(CheckpointRequest.request_id != exclude)
+    return session.scalars(query.limit(1)).first()
+
+
+def enqueue(
+    session: Session,
+    job_id: str,
+    checkpoint_type: CheckpointType,
+    *,
+    requested_by: str,
+    now: datetime,
+    forced: bool = False,
+    periodic: bool = False,
+    target: str | None = None,
+) -> CheckpointRequest:
+    forced = forced or checkpoint_type.is_savepoint
+    if not forced and queued_non_forced(session, job_id) is not None:
+        raise CheckpointException(
+            CheckpointFailureReason.ALREADY_QUEUED, "a checkpoint request is already queued"
+        )
+    queued = session.scalar(
+        select(func.count()).where(
+            CheckpointRequest.job_id == job_id, CheckpointRequest.status == RequestStatus.QUEUED
+        )
+    )
+    if queued and queued >= MAX_QUEUED_REQUESTS:
+        victim = session.scalars(
+            select(CheckpointRequest)
+            .where(
+                CheckpointRequest.job_id == job_id,
+                CheckpointRequest.status == RequestStatus.QUEUED,
+                CheckpointRequest.periodic.is_(True),
+            )
+            .order_by(CheckpointRequest.request_id)
+            .limit(1)
+        ).first()
+        if victim is None or periodic:
+            raise CheckpointException(
+                CheckpointFailureReason.TOO_MANY_CHECKPOINT_REQUESTS,
+                f"{queued} requests are queued already",
+            )
+        victim.status = RequestStatus.DROPPED
+        victim.message = CheckpointFailureReason.TOO_MANY_CHECKPOINT_REQUESTS.value
+        victim.finished_at = now
+    request = CheckpointRequest(
+        job_id=job_id,
+        checkpoint_type=checkpoint_type.value,
+        forced=forced,
+        periodic=periodic,
+        priority=priority(checkpoint_type, forced=forced, periodic=periodic),
+        requested_by=requested_by,
+        requested_at=now,
+        target_location=target,
+        status=RequestStatus.QUEUED,
+    )
+    session.add(request)
+    session.flush()
+    return request
+
+
+def next_requests(session: Session, job_id: str) -> Sequence[CheckpointRequest]:
+    return session.scalars(
+        select(CheckpointRequest)
+        .where(CheckpointRequest.job_id == job_id, CheckpointRequest.status == RequestStatus.QUEUED)
+        .order_by(
+            CheckpointRequest.priority.desc(),
+            CheckpointRequest.requested_at,
+            CheckpointRequest.request_id,
+        )
+    ).all()
+
+
+def finish(
+    session: Session,
+    request_id: int,
+    status: RequestStatus,
+    now: datetime,
+    *,
+    checkpoint_id: int | None = None,
+    message: str | None = None,
+) -> None:
+    values: dict[str, object] = {"status": status, "message": message}
+    if checkpoint_id is not None:
+        values["checkpoint_id"] = checkpoint_id
+    if status is not RequestStatus.TRIGGERED:
+        values["finished_at"] = now
+    session.execute(
+        update(CheckpointRequest).where(CheckpointRequest.request_id == request_id).values(**values)
+    )
+
+
+def drop_queued(session: Session, job_id: str, reason: str, now: datetime) -> int:
+    result = session.execute(
+        update(CheckpointRequest)
+        .where(CheckpointRequest.job_id == job_id, CheckpointRequest.status == RequestStatus.QUEUED)
+        .values(status=RequestStatus.DROPPED, message=reason, finished_at=now)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def precheck(
+    s: Session,
+    job_id: str,
+    props: CheckpointProperties,
+    *,
+    periodic: bool,
+    request_id: int | None,
+    max_concurrent: int,
+    min_pause: timedelta,
+    now: datetime,
+    requested_by: str,
+    scheduler: PeriodicScheduler | None = None,
+) -> CheckpointException | None:
+    """Flink's ``preCheckBeforeTriggeringCheckpoint``: forced requests bypass the limits, and
+    the min pause holds back periodic ones only (a manual checkpoint is triggered at once).
+
+    Returns the refusal instead of raising it, so that the caller's transaction commits what
+    the check recorded (a request queued behind the pending checkpoints). A periodic trigger
+    held back by the min pause moves ``scheduler``'s next trigger to the end of the pause."""
+    if props.forced:
+        return None
+    if queued_non_forced(s, job_id, exclude=request_id) is not None:
+        return CheckpointException(
+            CheckpointFailureReason.ALREADY_QUEUED, "another checkpoint request is queued already"
+        )
+    num_pending = pending.count_pending(s, job_id)
+    if num_pending >= max_concurrent:
+        if request_id is None:
+            enqueue(
+                s,
+                job_id,
+                props.checkpoint_type,
+                requested_by=requested_by,
+                now=now,
+                periodic=periodic,
+            )
+        return CheckpointException(
+            CheckpointFailureReason.TOO_MANY_CONCURRENT_CHECKPOINTS,
+            f"{num_pending} pending, max_concurrent={max_concurrent}; request queued",
+        )
+    job = s.get(Job, job_id)
+    if periodic and job is not None and job.last_completion_at is not None:
+        earliest = job.last_completion_at + min_pause
+        if now < earliest:
+            if scheduler is not None:
+                scheduler.reschedule_at(earliest)
+            return CheckpointException(
+                CheckpointFailureReason.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
+                f"min pause not over until {earliest.isoformat()}",
+            )
+    return None

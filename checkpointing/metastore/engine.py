@@ -1,0 +1,290 @@
+"""Connection to the SQL metastore: SQLite (embedded default) or PostgreSQL.
+
+SQLite runs in WAL mode with a busy timeout, and every transaction starts with
+``BEGIN IMMEDIATE``: writers queue for the lock up front instead of failing with
+"database is locked" when a reader tries to upgrade. PostgreSQL uses psycopg 3.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, inspect, make_url, text
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from checkpointing.errors import ConfigError, MetastoreUnavailable, SchemaOutdated
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+#: The Alembic head this code needs; a test checks it against the migrations directory. Kept as a
+#: constant so that everyday commands check the schema without importing Alembic.
+SCHEMA_REVISION = "0003"
+SQLITE_BUSY_TIMEOUT_S = 60
+
+
+#: query parameters that may carry a credential (libpq's ``password``, ``sslpassword``, …)
+_SECRET_PARAM = re.compile(r"pass|secret|token|key|auth", re.IGNORECASE)
+
+
+def safe_url(url: URL) -> str:
+    """``url`` for messages and logs: the password and any credential-like query parameter
+    masked. Never quote a metastore URL any other way."""
+    query = {k: ("***" if _SECRET_PARAM.search(k) else v) for k, v in url.query.items()}
+    return url.set(query=query).render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Parse ``url``; plain ``postgresql://`` means psycopg 3, the driver this project ships.
+
+    A URL that cannot be parsed is never quoted back (it may hold a password): the message says
+    what is wrong and shows the scheme only."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # ValueError: e.g. a port that is not a number
+        raise ConfigError(
+            f"the metastore URL ({_scheme(url)}) is not a valid SQLAlchemy URL: expected "
+            "dialect://user:password@host:port/database, with special characters in the user "
+            "and password percent-encoded (the URL is not shown: it may contain a password)"
+        ) from None
+    if "@" in (parsed.host or ""):  # user:p@ss@host parses as password "p", host "ss@host"
+        raise ConfigError(
+            f"the metastore URL ({_scheme(url)}) has an '@' in its password: percent-encode it "
+            "as %40 (the URL is not shown: it contains a password)"
+        )
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise ConfigError(
+            f"metastore URL {safe_url(parsed)!r}: only sqlite:// and postgresql:// are supported"
+        )
+    return parsed
+
+
+def _scheme(url: str | URL) -> str:
+    """What precedes ``://``, when it looks like a scheme: safe to show."""
+    scheme = str(url).split("://", 1)[0] if "://" in str(url) else ""
+    return f"{scheme}://…" if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,40}", scheme) else "…"
+
+
+class Metastore:
+    """An engine plus transaction helpers and schema checks."""
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        check_schema: bool = True,
+        create: bool | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        """``create``: may an embedded (SQLite) metastore's file and directories be created
+        (default: only when the schema is not checked, i.e. to create or migrate it). A read
+        against a SQLite file that does not exist creates nothing: the schema check says so."""
+        self.url = normalize_url(url)
+        self.create = not check_schema if create is None else create
+        self.engine = _create_engine(self.url, create=self.create, **engine_kwargs)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        if check_schema:
+            self.check_schema()
+
+    @property
+    def display_url(self) -> str:
+        """The URL with any password masked: safe for logs and messages."""
+        return safe_url(self.url)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """One transaction: commit on success, roll back on error."""
+        with self._unavailable_is_clear(), self._sessions.begin() as session:
+            yield session
+
+    @contextmanager
+    def session(self, *, autocommit: bool = False) -> Iterator[Session]:
+        """A session on one pooled connection, for several short transactions in a row
+        (``with session.begin(): …``): one checkout and one liveness check instead of one each.
+
+        ``autocommit`` (PostgreSQL only; ignored on SQLite, whose writers need ``BEGIN
+        IMMEDIATE``): each statement is its own transaction, saving the BEGIN and COMMIT round
+        trips — only for callers whose every transaction is a single statement."""
+        with self._unavailable_is_clear(), self.engine.connect() as conn:
+            if autocommit and self.dialect == "postgresql":
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            with Session(bind=conn, expire_on_commit=False) as s:
+                yield s
+
+    @contextmanager
+    def _unavailable_is_clear(self) -> Iterator[None]:
+        """A lost or refused connection becomes :class:`MetastoreUnavailable` (URL masked)."""
+        try:
+            yield
+        except OperationalError as exc:
+            if _is_connection_error(exc):
+                raise MetastoreUnavailable(
+                    f"cannot reach the metastore at {self.display_url}: {_first_line(exc)}"
+                ) from exc
+            raise
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # ---------------------------------------------------------------- schema
+
+    @property
+    def missing(self) -> bool:
+        """An embedded (SQLite) metastore whose file does not exist (yet)."""
+        db = self.url.database
+        return (
+            self.url.get_backend_name() == "sqlite"
+            and bool(db)
+            and db != ":memory:"
+            and not self.url.query.get("uri")
+            and not Path(db).exists()
+        )
+
+    def current_revision(self) -> str | None:
+        if self.missing and not self.create:  # connecting would create the file
+            return None
+        try:
+            with self.engine.connect() as conn:
+                if not inspect(conn).has_table("alembic_version"):
+                    return None
+                return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        except (OperationalError, DBAPIError) as exc:
+            raise MetastoreUnavailable(
+                f"cannot reach the metastore at {self.display_url}: {_first_line(exc)}"
+            ) from exc
+
+    @staticmethod
+    def head_revision() -> str:
+        return SCHEMA_REVISION
+
+    def check_schema(self) -> None:
+        """Refuse to work against a missing or older schema (``ckpt db upgrade`` fixes it)."""
+        current, head = self.current_revision(), self.head_revision()
+        if current != head:
+            if self.missing and not self.create:
+                raise SchemaOutdated(
+                    f"there is no metastore at {self.display_url} (is CKPT_HOME or the metastore "
+                    "URL mistyped?): run `ckpt db upgrade` to create one"
+                )
+            state = (
+                "has no checkpointing schema" if current is None else f"is at revision {current}"
+            )
+            raise SchemaOutdated(
+                f"the metastore at {self.display_url} {state}, this version needs {head}: "
+                "run `ckpt db upgrade`"
+            )
+
+    def upgrade(self, revision: str = "head") -> tuple[str | None, str]:
+        """Create or migrate the schema; returns (before, after) revisions."""
+        if self.missing:  # creating it is what an upgrade is for
+            Path(str(self.url.database)).parent.mkdir(parents=True, exist_ok=True)
+        self.create = True
+        before = self.current_revision()
+        with _quiet_alembic(), self.engine.begin() as conn:
+            from alembic import command  # its import logs too (plugin set-up)
+
+            command.upgrade(_alembic_config(conn), revision)
+        return before, self.current_revision() or ""
+
+
+@contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    """Alembic's INFO lines (``Context impl``, ``Running upgrade …``) kept out of callers' logs
+    (an Airflow task's, a Spark driver's): its warnings and errors still show, and a failed
+    migration raises. ``ckpt db upgrade`` reports the revisions itself."""
+    logger = logging.getLogger("alembic")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _alembic_config(connection: Any) -> Any:
+    from alembic.config import Config as AlembicConfig
+
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def _create_engine(url: URL, *, create: bool = True, **kwargs: Any) -> Engine:
+    if url.get_backend_name() == "sqlite":
+        if create and url.database and url.database != ":memory:":
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}
+        engine = create_engine(url, connect_args=connect_args, **kwargs)
+        _configure_sqlite(engine)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("connect_args", {"connect_timeout": 10})
+    return create_engine(url, **kwargs)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _is_connection_error(exc: DBAPIError) -> bool:
+    return bool(exc.connection_invalidated) or "connect" in str(exc.orig).lower()
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    return str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+
+
+def reference_ddl(dialect_name: str) -> str:
+    """The schema as plain DDL for ``dialect_name`` (what ``sql/<dialect>.sql`` holds), compiled
+    from the models; a test keeps it, the models and the migrations in step."""
+    from sqlalchemy.dialects import postgresql, sqlite
+    from sqlalchemy.schema import CreateIndex, CreateTable
+
+    from checkpointing.metastore.models import Base
+
+    dialect = {"postgresql": postgresql.dialect(), "sqlite": sqlite.dialect()}[dialect_name]
+    head = Metastore.head_revision()
+    parts = [
+        f"-- Reference DDL of the checkpoint metastore for {dialect_name}, revision {head}.\n"
+        "-- Generated from checkpointing/metastore/models.py by `make ddl`; `ckpt db upgrade`\n"
+        "-- (Alembic) is the supported way to create or migrate a metastore. A test fails when\n"
+        "-- they drift.\n"
+    ]
+    for table in Base.metadata.sorted_tables:
+        parts.append(str(CreateTable(table).compile(dialect=dialect)).strip() + ";\n")
+        for index in sorted(table.indexes, key=lambda i: i.name or ""):
+            parts.append(str(CreateIndex(index).compile(dialect=dialect)).strip() + ";\n")
+    parts.append(
+        "CREATE TABLE alembic_version (\n\tversion_num VARCHAR(32) NOT NULL,\n"
+        "\tCONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)\n);\n"
+        f"INSERT INTO alembic_version (version_num) VALUES ('{head}');\n"
+    )
+    text = "\n".join(parts)
+    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"

@@ -1,0 +1,518 @@
+"""The declarative pipeline spec (``PIPELINE.yaml``) run by ``ckpt run``.
+
+A source → one keyed aggregation stage → a sink, with the job's checkpoint configuration. The
+format is documented in ``docs/pipeline-spec.md``. Every problem is reported with the file and
+the field (``routes.yaml: checkpoint.retained: …``); unknown or mistyped fields are errors, with
+a suggestion when a known field is close.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from datetime import timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from checkpointing.config import (
+    CheckpointConfig,
+    ckpt_home,
+    describe_validation_error,
+    parse_duration,
+)
+from checkpointing.errors import ConfigError
+from checkpointing.ids import validate_id
+from checkpointing.sinks.guard import check_pipeline_sink
+from checkpointing.state.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
+from checkpointing.state.object_store import ObjectStoreError, is_object_url, split_url
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: ``${NAME}`` in a path field; ``$`` otherwise is a plain character
+_VARIABLE = re.compile(r"\$\{([^}]*)\}")
+#: the fields where ``${CKPT_HOME}`` may be used: the paths
+PATH_FIELDS = (("source", "path"), ("sink", "path"), ("storage",))
+_AGG = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)\s*$", re.DOTALL)
+#: the aggregation functions by the number of columns they take (``count`` takes 0 or 1)
+AGGREGATE_FUNCTIONS: dict[str, tuple[int, ...]] = {
+    "count": (0, 1),
+    "sum": (1,),
+    "min": (1,),
+    "max": (1,),
+    "avg": (1,),
+    "count_distinct": (1,),
+    "approx_count_distinct": (1,),
+    "max_by": (2,),
+    "min_by": (2,),
+    "stddev": (1,),
+    "variance": (1,),
+}
+_AGG_USAGE = (
+    "use count(), count(col), sum(col), min(col), max(col), avg(col), count_distinct(col), "
+    "approx_count_distinct(col), max_by(value, order), min_by(value, order), stddev(col) or "
+    "variance(col)"
+)
+
+
+class SpecError(ConfigError):
+    """A pipeline spec is invalid; the message names the file and the field."""
+
+
+class SourceFormat(StrEnum):
+    PARQUET = "parquet"
+    CSV = "csv"
+    JSON = "json"
+
+
+class Aggregation(BaseModel):
+    """``count()``, ``count(col)``, ``sum(col)``, ``min(col)``, ``max(col)``, ``avg(col)``,
+    ``count_distinct(col)``, ``approx_count_distinct(col)``, ``max_by(value, order)``,
+    ``min_by(value, order)``, ``stddev(col)``, ``variance(col)`` — SQL semantics: nulls are
+    ignored, and an aggregate over only nulls is null (counts: 0). ``order`` is the second column
+    of ``max_by``/``min_by`` (the one compared); ``column`` is the first (the one returned)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    function: Literal[
+        "count",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "count_distinct",
+        "approx_count_distinct",
+        "max_by",
+        "min_by",
+        "stddev",
+        "variance",
+    ]
+    column: str | None
+    order: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Aggregation:
+        """``fn(a)`` or ``fn(a, b)``; an unknown function or a wrong number of columns is a
+        :class:`ValueError` saying what the function takes."""
+        match = _AGG.match(text) if isinstance(text, str) else None
+        function = match.group(1) if match else None
+        if match is None or function not in AGGREGATE_FUNCTIONS:
+            raise ValueError(f"{text!r} is not an aggregation: {_AGG_USAGE}")
+        inner = match.group(2).strip()
+        columns = [c.strip() for c in inner.split(",")] if inner else []
+        for column in columns:
+            if not _IDENT.match(column):
+                raise ValueError(f"{text.strip()}: {column!r} is not a column name")
+        arity = AGGREGATE_FUNCTIONS[function]
+        if len(columns) not in arity:
+            if arity == (2,):
+                raise ValueError(
+                    f"{text.strip()}: {function} needs two columns, {function}(value, order) "
+                    f"(the value of the row with the {function[:3]}imum order), e.g. "
+                    f"{function}(carrier, dep_delay)"
+                )
+            if not columns:
+                raise ValueError(f"{function}() needs a column, e.g. {function}(amount)")
+            raise ValueError(f"{text.strip()}: {function} takes one column, not {len(columns)}")
+        column = columns[0] if columns else None
+        order = columns[1] if len(columns) > 1 else None
+        return cls(function=function, column=column, order=order)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        columns = [c for c in (self.column, self.order) if c is not None]
+        return f"{self.function}({', '.join(columns)})"
+
+    @property
+    def columns(self) -> list[str]:
+        """The input columns it reads (none for ``count()``)."""
+        return [c for c in (self.column, self.order) if c is not None]
+
+
+class SourceSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: SourceFormat
+    #: a glob of input files, relative to the spec file's directory unless absolute or a URL
+    path: str
+    splits_per_epoch: int = Field(default=1, ge=1, strict=True)
+    #: parquet only: split files larger than this into runs of row groups (e.g. ``128MiB``);
+    #: unset, every file is one split
+    max_split_bytes: ByteSize | None = Field(default=None, gt=0)
+    #: CSV only: does the first line hold column names
+    header: bool = True
+
+    @field_validator("path")
+    @classmethod
+    def _object_store_path(cls, v: str, info: ValidationInfo) -> str:
+        """``s3://`` input is read by Arrow on the executors (no Hadoop S3 jars): Parquet only,
+        and a bucket and key glob are needed. Local paths are not checked here."""
+        return _object_input_path(v, info, "s3:// input is", "source.format")
+
+
+def _object_input_path(v: str, info: ValidationInfo, what: str, field: str) -> str:
+    """An input path on ``s3://`` needs a bucket and a key glob, and Parquet (read by Arrow on
+    the executors); ``what`` and ``field`` name them in the refusal of another format."""
+    if not is_object_url(v):
+        return v
+    try:
+        split_url(v)
+    except ObjectStoreError:
+        raise ValueError("expected s3://bucket/prefix/*.parquet") from None
+    fmt = info.data.get("format")
+    if fmt is not None and fmt != SourceFormat.PARQUET:
+        raise ValueError(f"{what} read as Parquet only for now; {field} is {fmt}")
+    return v
+
+
+class TableSpec(BaseModel):
+    """A static table (``tables.<name>``): read once per attempt, joinable in ``transform``
+    under its name. Its files' identity is recorded in every checkpoint, so a restore over a
+    changed table is refused (its rows would differ from the epochs already processed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: SourceFormat
+    #: a file, a glob, or ``s3://bucket/prefix/*.parquet``; relative to the spec file
+    path: str
+    #: CSV only: does the first line hold column names
+    header: bool = True
+
+    @field_validator("path")
+    @classmethod
+    def _object_store_path(cls, v: str, info: ValidationInfo) -> str:
+        """On ``s3://``: Parquet objects read as the source's are (Arrow, no Hadoop jars)."""
+        return _object_input_path(v, info, "s3:// tables are", "format")
+
+
+class SinkSpec(BaseModel):
+    """``format: parquet`` (default): a local directory of staged/committed epochs and a final
+    table; ``format: delta``: a Delta Lake table, local or ``s3://``, written ``mode: upsert``
+    (one row per key, the default) or ``mode: changelog`` (each epoch's rows, with ``epoch``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    format: Literal["parquet", "delta"] = "parquet"
+    #: delta only; None: ``upsert``
+    mode: Literal["upsert", "changelog"] | None = None
+
+    @field_validator("mode")
+    @classmethod
+    def _mode_for_delta(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and info.data.get("format") == "parquet":
+            raise ValueError(
+                "only a format: delta sink has a mode (the parquet sink writes a changelog "
+                "and a final table)"
+            )
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _object_store_path(cls, v: str) -> str:
+        if is_object_url(v):
+            try:
+                split_url(v)
+            except ObjectStoreError:
+                raise ValueError("expected s3://bucket/prefix/table") from None
+        return v
+
+    @property
+    def table_mode(self) -> str:
+        """The Delta table's mode (``upsert`` unless ``changelog`` was asked for)."""
+        return self.mode or "upsert"
+
+
+class CheckpointSpec(BaseModel):
+    """The job's checkpoint settings: those of :class:`CheckpointConfig` plus ``every_epochs``
+    (checkpoint at every N-th epoch boundary, instead of or as well as a time ``interval``)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    every_epochs: int | None = Field(default=None, ge=1, strict=True)
+    #: write only the state changed since the previous checkpoint, referencing the rest from
+    #: earlier checkpoints (Flink's incremental checkpoints); false: every checkpoint is full
+    incremental: bool = Field(default=True, strict=True)
+
+    def config(self) -> CheckpointConfig:
+        return CheckpointConfig.model_validate(self.model_extra or {})
+
+
+class PipelineSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: str
+    source: SourceSpec
+    key: list[str]
+    #: required in a spec file; empty for a Python API job, whose stage is code (see
+    #: :class:`checkpointing.spark.pipeline.Pipeline`)
+    aggregations: dict[str, Aggregation] = {}
+    #: a Spark SQL ``SELECT`` over the view ``input`` (the epoch's rows) and the ``tables``,
+    #: run on every epoch (and again on a replayed one): it must be deterministic
+    transform: str | None = None
+    #: static inputs by name, each a view the transform may join
+    tables: dict[str, TableSpec] = {}
+    sink: SinkSpec
+    # strict: a YAML ``true`` is not the integer 1
+    parallelism: int = Field(default=2, ge=1, strict=True)
+    max_parallelism: int = Field(
+        default=DEFAULT_MAX_PARALLELISM, ge=1, le=UPPER_BOUND_MAX_PARALLELISM, strict=True
+    )
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    storage: str | None = None
+    # Deployment as an Airflow DAG (``dags/pipelines/*.yaml``); ``ckpt run`` ignores these.
+    #: a cron expression or preset (``@daily``); none: triggered by hand or by a deploy
+    schedule: str | None = None
+    #: automatic failover reruns, each resuming from the latest checkpoint
+    retries: int = Field(default=2, ge=0, le=100, strict=True)
+    retry_delay: timedelta = timedelta(seconds=30)
+    #: the parallelism of retries (a rescaled restore); default: ``parallelism``
+    parallelism_on_retry: int | None = Field(default=None, ge=1, strict=True)
+    owner: str = "airflow"
+    tags: list[str] = []
+    #: where the spec was loaded from (set by :func:`load_spec`, not part of the file)
+    spec_path: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("job")
+    @classmethod
+    def _job_id(cls, v: str) -> str:
+        return validate_id(v, "job")
+
+    @field_validator("retry_delay", mode="before")
+    @classmethod
+    def _retry_delay(cls, v: Any) -> timedelta:
+        delay = parse_duration(v)
+        if delay < timedelta(0):
+            raise ValueError("must not be negative")
+        return delay
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _key_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("key")
+    @classmethod
+    def _key_columns(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("needs at least one key column")
+        for name in v:
+            if not _IDENT.match(name):
+                raise ValueError(f"{name!r} is not a column name")
+        if len(set(v)) != len(v):
+            raise ValueError("key columns repeat")
+        return v
+
+    @field_validator("transform")
+    @classmethod
+    def _transform_text(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("is empty: give a SELECT over input, or leave it out")
+        return v
+
+    @field_validator("tables")
+    @classmethod
+    def _table_names(cls, v: dict[str, TableSpec]) -> dict[str, TableSpec]:
+        for name in v:
+            if not _IDENT.match(name) or name.lower() == "input":
+                raise ValueError(f"{name!r} is not a table name (an identifier other than input)")
+        return v
+
+    @field_validator("aggregations", mode="before")
+    @classmethod
+    def _parse_aggregations(cls, v: Any) -> Any:
+        if not isinstance(v, dict) or not v:
+            raise ValueError("needs at least one aggregation, e.g. {flights: count()}")
+        out = {}
+        for name, text in v.items():
+            if not isinstance(name, str) or not _IDENT.match(name):
+                raise ValueError(f"{name!r} is not a valid output column name")
+            try:
+                out[name] = text if isinstance(text, Aggregation) else Aggregation.parse(text)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        return out
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PipelineSpec:
+        for name in ("parallelism", "parallelism_on_retry"):
+            value = getattr(self, name)
+            if value is not None and value > self.max_parallelism:
+                raise ValueError(f"{name} {value} exceeds max_parallelism {self.max_parallelism}")
+        clash = set(self.key) & set(self.aggregations)
+        if clash:
+            raise ValueError(f"aggregation names clash with key columns: {sorted(clash)}")
+        return self
+
+    def resolve(self, path: str) -> str:
+        """A path of the spec, relative to the spec file's directory."""
+        if "://" in path or Path(path).is_absolute() or self.spec_path is None:
+            return path
+        return str((self.spec_path.parent / path).resolve())
+
+
+def load_spec(
+    path: str | Path, overrides: dict[str, Any] | None = None, *, home: Path | None = None
+) -> PipelineSpec:
+    """Read and validate a pipeline spec; :class:`SpecError` names the file and the field.
+
+    ``${CKPT_HOME}`` in its paths is ``home`` (default: ``CKPT_HOME``, as the metastore and the
+    checkpoints find it), so that a spec's data and output can live in the same home."""
+    path = Path(path)
+    try:
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # safe loader
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such pipeline spec") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a directory, not a pipeline spec (a YAML file)") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}): not a pipeline spec") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the pipeline spec: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: {_yaml_problem(exc)}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: a pipeline spec is a mapping (job:, source:, key:, …)")
+    raw = {**raw, **(overrides or {})}
+    try:
+        raw = expand_path_variables(raw, {"CKPT_HOME": str(home or ckpt_home())})
+    except ValueError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    try:
+        spec = PipelineSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(_with_suggestions(describe_validation_error(exc, str(path)))) from None
+    if "aggregations" not in raw:  # a file has no other way to say what the stage does
+        raise SpecError(f"{path}: aggregations: Field required")
+    if spec.tables and spec.transform is None:  # only a transform reads them
+        raise SpecError(f"{path}: tables: nothing joins them: add a transform: over them")
+    try:
+        _check_checkpoint_fields(raw.get("checkpoint"))
+        spec.checkpoint.config()
+    except ValidationError as exc:
+        raise SpecError(describe_validation_error(exc, str(path), prefix="checkpoint.")) from None
+    except ValueError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    spec = spec.model_copy(update={"spec_path": path.resolve()})
+    try:  # a sink that is the input, the storage, the spec's folder, ~ or / would lose files
+        check_pipeline_sink(spec)
+    except ConfigError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    return spec
+
+
+def expand_path_variables(raw: dict[str, Any], variables: dict[str, str]) -> dict[str, Any]:
+    """``raw`` with ``${NAME}`` replaced in its path fields (:data:`PATH_FIELDS`), from
+    ``variables`` only: never from the whole environment, whose secrets would end up in paths
+    and logs. An unknown name is a :class:`ValueError` naming the field."""
+    raw = dict(raw)
+    tables = raw.get("tables")
+    if isinstance(tables, dict):  # tables.<name>.path, like the source's
+        raw["tables"] = {
+            name: (
+                {**t, "path": _expand(t["path"], variables, f"tables.{name}.path")}
+                if isinstance(t, dict) and isinstance(t.get("path"), str) and "${" in t["path"]
+                else t
+            )
+            for name, t in tables.items()
+        }
+    for where in PATH_FIELDS:
+        parent: Any = raw
+        for name in where[:-1]:
+            if not isinstance(parent.get(name), dict):
+                break
+            parent[name] = parent = dict(parent[name])
+        else:
+            value = parent.get(where[-1])
+            if isinstance(value, str) and "${" in value:
+                parent[where[-1]] = _expand(value, variables, ".".join(where))
+    return raw
+
+
+def _expand(value: str, variables: dict[str, str], field: str) -> str:
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in variables:
+            known = ", ".join(f"${{{v}}}" for v in sorted(variables))
+            raise ValueError(f"{field}: unknown variable ${{{name}}} (a path may use {known})")
+        return variables[name]
+
+    return _VARIABLE.sub(one, value)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (the YAML
+    spec says keys are unique; PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<:`` merges may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # unhashable: the base class reports it
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {first + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: where (line, column) and what, without PyYAML's multi-line context dump."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}not valid YAML: {problem}"
+
+
+def _check_checkpoint_fields(section: Any) -> None:
+    if not isinstance(section, dict):
+        return
+    known = set(CheckpointConfig.model_fields) | {"every_epochs", "incremental"}
+    for name in section:
+        if name not in known:
+            hint = difflib.get_close_matches(str(name), sorted(known), n=1)
+            more = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ValueError(f"checkpoint.{name}: unknown field{more}")
+
+
+def _with_suggestions(message: str) -> str:
+    """Add "did you mean" to unknown-field lines."""
+    lines = []
+    for line in message.splitlines():
+        if ": unknown field" in line:
+            loc = line.split(": ")[1]
+            parts = loc.split(".")
+            model: Any = PipelineSpec
+            for p in parts[:-1]:
+                if get_origin(model) is dict:  # tables.<name>: the mapping's values
+                    model = get_args(model)[1]
+                    continue
+                field = model.model_fields.get(p) if hasattr(model, "model_fields") else None
+                model = getattr(field, "annotation", None) if field else None
+            if model is not None and hasattr(model, "model_fields"):
+                hint = difflib.get_close_matches(parts[-1], list(model.model_fields), n=1)
+                if hint:
+                    line = line.replace(
+                        ": unknown field", f": unknown field (did you mean {hint[0]!r}?)", 1
+                    )
+        lines.append(line)
+    return "\n".join(lines)

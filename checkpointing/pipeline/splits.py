@@ -1,0 +1,277 @@
+"""Input splits: the units of work the source hands out, epoch by epoch (Flink's source splits).
+
+A split is a whole file, or — for a Parquet file larger than ``source.max_split_bytes`` — a run of
+consecutive row groups of it, so one big file spreads over several epochs instead of making one
+huge epoch. Splits are planned on the driver from file sizes and Parquet footers only (no data is
+read), in a deterministic order: the same files and settings always give the same splits and
+epochs, which is what lets a checkpoint name the splits still to read.
+
+The source's operator list state is Flink's ``PendingSplitsCheckpoint`` of a file source: the
+splits still to read (:meth:`InputSplit.to_state`) and the splits already processed
+(:func:`processed_item`), each with its epoch and its file's identity (an object's size and ETag,
+a local file's size and mtime). It is dealt round-robin over the source's subtasks on restore;
+:func:`resume_epochs` turns it back into the epochs to run, with any file that arrived since as
+new epochs after them (incremental runs: a finished job's final checkpoint is the next run's
+starting point).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from checkpointing.pipeline.spec import SpecError
+from checkpointing.state.object_store import ObjectInfo, is_object_url, read_footer
+
+#: the list-state flag of a split already processed (the rest are still to read)
+PROCESSED = "processed"
+#: the list-state key of a static table's file (:mod:`checkpointing.pipeline.tables`): not a split
+TABLE = "table"
+
+
+class SplitError(SpecError):
+    """The source's files cannot be split as asked (names the field or the file)."""
+
+
+@dataclass(frozen=True)
+class InputSplit:
+    """``path`` (a local path or an object's URL), and for a part of a Parquet file its row
+    groups ``[start, end)`` with their rows; ``row_groups is None`` is the whole file. A split
+    also carries its file's identity as listed — an object's ``size`` and ``etag``, a local
+    file's ``size`` and ``mtime`` (ns): they are in the source's state, so a restore over a
+    replaced file no longer matches the checkpoint."""
+
+    path: str
+    row_groups: tuple[int, int] | None = None
+    rows: int | None = None
+    size: int | None = None
+    etag: str | None = None
+    mtime: int | None = None
+
+    def to_state(self, epoch: int) -> dict[str, Any]:
+        """The list-state item of this split, read in ``epoch``."""
+        item: dict[str, Any] = {"path": self.path, "epoch": epoch}
+        if self.row_groups is not None:
+            item["row_groups"] = list(self.row_groups)
+        if self.size is not None:
+            item["size"] = self.size
+        if self.etag is not None:
+            item["etag"] = self.etag
+        if self.mtime is not None:
+            item["mtime"] = self.mtime
+        return item
+
+    @classmethod
+    def from_state(cls, item: dict[str, Any]) -> InputSplit:
+        groups = item.get("row_groups")
+        size, etag, mtime = item.get("size"), item.get("etag"), item.get("mtime")
+        return cls(
+            str(item["path"]),
+            None if groups is None else (int(groups[0]), int(groups[1])),
+            size=None if size is None else int(size),
+            etag=None if etag is None else str(etag),
+            mtime=None if mtime is None else int(mtime),
+        )
+
+    def identity(self) -> tuple[int | None, str | None, int | None]:
+        """What tells this file's version apart: (size, ETag, mtime)."""
+        return self.size, self.etag, self.mtime
+
+    def describe(self) -> str:
+        name = os.path.basename(self.path)
+        if self.row_groups is None:
+            return name
+        start, end = self.row_groups
+        return f"{name}[row groups {start}-{end - 1}]"
+
+
+def plan_splits(
+    files: Sequence[str | ObjectInfo], source_format: str, max_split_bytes: int | None
+) -> list[InputSplit]:
+    """The splits of ``files`` (local paths, or listed objects) in order: whole files, except
+    Parquet files over ``max_split_bytes``, which become runs of row groups of at most that many
+    compressed bytes (at least one row group each)."""
+    if max_split_bytes is None:
+        return [InputSplit(_path(f), **_identity(f)) for f in files]
+    if source_format != "parquet":
+        raise SplitError(
+            f"source.max_split_bytes: splitting files is supported for parquet only, "
+            f"not {source_format} (leave it unset to read whole files)"
+        )
+    splits: list[InputSplit] = []
+    for file in files:
+        path = _path(file)
+        try:
+            size = _identity(file)["size"]
+            if size <= max_split_bytes:
+                splits.append(InputSplit(path, **_identity(file)))
+                continue
+            if isinstance(file, ObjectInfo):
+                metadata = read_footer(path)
+            else:
+                metadata = pq.ParquetFile(path).metadata
+        except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
+            raise SplitError(f"{path}: cannot read its Parquet footer: {exc}") from exc
+        groups = []
+        for i in range(metadata.num_row_groups):
+            group = metadata.row_group(i)
+            columns = (group.column(c) for c in range(group.num_columns))
+            groups.append((sum(c.total_compressed_size for c in columns), group.num_rows))
+        splits.extend(_runs(file, groups, max_split_bytes))
+    return splits
+
+
+def _path(file: str | ObjectInfo) -> str:
+    return file.url if isinstance(file, ObjectInfo) else file
+
+
+def _identity(file: str | ObjectInfo) -> dict[str, Any]:
+    """A file's identity for its splits: an object's size and ETag, a local file's size and
+    mtime (what a replaced file changes)."""
+    if isinstance(file, ObjectInfo):
+        return {"size": file.size, "etag": file.etag}
+    try:
+        stat = os.stat(file)
+    except OSError as exc:
+        raise SplitError(f"source.path: cannot read {file}: {exc.strerror or exc}") from None
+    return {"size": stat.st_size, "mtime": stat.st_mtime_ns}
+
+
+def _runs(
+    file: str | ObjectInfo, groups: Sequence[tuple[int, int]], limit: int
+) -> Iterable[InputSplit]:
+    path, identity = _path(file), _identity(file)
+    start, size, rows = 0, 0, 0
+    for i, (group_bytes, group_rows) in enumerate(groups):
+        if i > start and size + group_bytes > limit:
+            yield InputSplit(path, (start, i), rows, **identity)
+            start, size, rows = i, 0, 0
+        size += group_bytes
+        rows += group_rows
+    if start < len(groups):
+        yield InputSplit(path, (start, len(groups)), rows, **identity)
+
+
+def parquet_rows(splits: Sequence[InputSplit]) -> int | None:
+    """Rows of an epoch's Parquet splits from their footers (no data read), for the rows/s
+    progress; not known for whole objects (their footers are read on the executors, not twice)
+    or an unreadable footer."""
+    if any(s.rows is None and is_object_url(s.path) for s in splits):
+        return None
+
+    def rows(split: InputSplit) -> int:
+        if split.rows is not None:
+            return split.rows
+        footer = pq.ParquetFile(split.path).metadata
+        if split.row_groups is None:
+            return footer.num_rows
+        return sum(footer.row_group(i).num_rows for i in range(*split.row_groups))
+
+    try:
+        return sum(rows(s) for s in splits)
+    except (OSError, pa.ArrowException):
+        return None
+
+
+def epochs_of(splits: Sequence[InputSplit], per_epoch: int) -> list[list[InputSplit]]:
+    """``per_epoch`` consecutive splits per epoch."""
+    return [list(splits[i : i + per_epoch]) for i in range(0, len(splits), per_epoch)]
+
+
+# ---------------------------------------------------------------------- the source's state
+
+
+def processed_item(split: InputSplit, epoch: int, attempt: str | None = None) -> dict[str, Any]:
+    """The list-state item of a split already processed, in ``epoch``, by ``attempt`` (the run
+    that read it): the next run does not read its file again."""
+    item = {**split.to_state(epoch), PROCESSED: True}
+    if attempt is not None:
+        item["attempt"] = attempt
+    return item
+
+
+def is_processed(item: dict[str, Any]) -> bool:
+    return item.get(PROCESSED) is True
+
+
+def is_table_item(item: dict[str, Any]) -> bool:
+    """A static table's file recorded in the source's state (no epoch): never a split."""
+    return isinstance(item.get(TABLE), str)
+
+
+def split_items(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The items of the source's state that are splits (read or to read), not table files."""
+    return [dict(i) for i in items if not is_table_item(dict(i))]
+
+
+def resume_epochs(
+    items: Sequence[dict[str, Any]],
+    files: Sequence[str | ObjectInfo],
+    source_format: str,
+    max_split_bytes: int | None,
+    splits_per_epoch: int,
+    checkpoint_id: int,
+) -> list[list[InputSplit]]:
+    """The epochs of a run restored from a checkpoint whose source state is ``items`` (splits
+    processed, each with its epoch, and splits still to read), over the input ``files`` listed
+    now.
+
+    A checkpoint pins the files it has read, wholly or in part: they must be there unchanged
+    (size, ETag or mtime), else a :class:`SplitError` names the file — its rows would be lost or
+    counted twice. Its processed epochs come back as they were; after them come the unread row
+    groups of a partly read file (as recorded), then every other file as listed now: not yet
+    read, its current version is what counts (a fixed malformed file, new files since the last
+    run). The epochs after the checkpoint are planned anew: the sink discards what it staged
+    for them on restore."""
+    done: dict[int, list[InputSplit]] = {}
+    pinned: dict[str, InputSplit] = {}
+    items = split_items(items)
+    for item in items:
+        if is_processed(item):
+            split = InputSplit.from_state(item)
+            done.setdefault(int(item["epoch"]), []).append(split)
+            pinned.setdefault(split.path, split)
+    if sorted(done) != list(range(len(done))):
+        raise SplitError(
+            f"source: checkpoint {checkpoint_id} has no processed splits for some epochs "
+            f"(it has epochs {sorted(done)[:5]}...): its source state is incomplete"
+        )
+    listed = {_path(f): f for f in files}
+    for path, split in sorted(pinned.items()):
+        file = listed.get(path)
+        if file is None:
+            raise SplitError(
+                f"source: {path} was read by checkpoint {checkpoint_id} and is gone; restore "
+                "with the input it was taken with (put the file back)"
+            )
+        now = InputSplit(path, **_identity(file)).identity()
+        if any(a is not None and a != b for a, b in zip(split.identity(), now, strict=True)):
+            raise SplitError(
+                f"source: {path} was read by checkpoint {checkpoint_id} and has changed since "
+                f"(size, etag, mtime {_show(split.identity())} then, {_show(now)} now); restore "
+                "with the input it was taken with, or use a new job for the new input"
+            )
+    unread = sorted(
+        (
+            InputSplit.from_state(i)
+            for i in items
+            if not is_processed(i) and str(i["path"]) in pinned
+        ),
+        key=_order,
+    )
+    rest = plan_splits([f for f in files if _path(f) not in pinned], source_format, max_split_bytes)
+    epochs = [sorted(done[e], key=_order) for e in sorted(done)]
+    return epochs + epochs_of(unread + rest, splits_per_epoch)
+
+
+def _order(split: InputSplit) -> tuple[str, int]:
+    return split.path, -1 if split.row_groups is None else split.row_groups[0]
+
+
+def _show(identity: tuple[int | None, str | None, int | None]) -> str:
+    return "/".join("-" if v is None else str(v) for v in identity)
