@@ -13,11 +13,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from checkpointing.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 #: Flink's ``MINIMAL_CHECKPOINT_TIME``: a periodic interval below this disables periodic triggers.
 MINIMAL_CHECKPOINT_TIME = timedelta(milliseconds=10)
@@ -233,8 +236,6 @@ class Settings:
     @property
     def display_metastore_url(self) -> str:
         """The metastore URL without credentials, for messages and logs."""
-        from checkpointing.metastore.engine import normalize_url, safe_url
-
         return safe_url(normalize_url(self.metastore_url))
 
     @staticmethod
@@ -258,3 +259,52 @@ class Settings:
             home=home,
             embedded_metastore=metastore is None,
         )
+
+
+# The metastore URL: parsed and shown here, so that no message or log quotes a password.
+
+#: query parameters that may carry a credential (libpq's ``password``, ``sslpassword``, …)
+_SECRET_PARAM = re.compile(r"pass|secret|token|key|auth", re.IGNORECASE)
+
+
+def safe_url(url: URL) -> str:
+    """``url`` for messages and logs: the password and any credential-like query parameter
+    masked. Never quote a metastore URL any other way."""
+    query = {k: ("***" if _SECRET_PARAM.search(k) else v) for k, v in url.query.items()}
+    return url.set(query=query).render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Parse ``url``; plain ``postgresql://`` means psycopg 3, the driver this project ships.
+
+    A URL that cannot be parsed is never quoted back (it may hold a password): the message says
+    what is wrong and shows the scheme only."""
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # ValueError: e.g. a port that is not a number
+        raise ConfigError(
+            f"the metastore URL ({_scheme(url)}) is not a valid SQLAlchemy URL: expected "
+            "dialect://user:password@host:port/database, with special characters in the user "
+            "and password percent-encoded (the URL is not shown: it may contain a password)"
+        ) from None
+    if "@" in (parsed.host or ""):  # user:p@ss@host parses as password "p", host "ss@host"
+        raise ConfigError(
+            f"the metastore URL ({_scheme(url)}) has an '@' in its password: percent-encode it "
+            "as %40 (the URL is not shown: it contains a password)"
+        )
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise ConfigError(
+            f"metastore URL {safe_url(parsed)!r}: only sqlite:// and postgresql:// are supported"
+        )
+    return parsed
+
+
+def _scheme(url: str | URL) -> str:
+    """What precedes ``://``, when it looks like a scheme: safe to show."""
+    scheme = str(url).split("://", 1)[0] if "://" in str(url) else ""
+    return f"{scheme}://…" if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,40}", scheme) else "…"

@@ -32,7 +32,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.selectable import ScalarSelect
 
 from checkpointing.coordination.failure import CheckpointFailureReason
 from checkpointing.ids import validate_id
@@ -42,6 +41,7 @@ from checkpointing.metastore.models import (
     CheckpointRequest,
     CheckpointTask,
 )
+from checkpointing.metastore.views import acked_count
 from checkpointing.state.metadata import (
     CheckpointMetadata,
     OperatorState,
@@ -294,18 +294,6 @@ _REMAINING = select(
     )
     .scalar_subquery(),
 )
-
-
-def acked_count() -> ScalarSelect[int]:
-    """Correlated subquery: the number of acks of the enclosing query's checkpoint row."""
-    return (
-        select(func.count())
-        .where(
-            CheckpointAck.job_id == Checkpoint.job_id,
-            CheckpointAck.checkpoint_id == Checkpoint.checkpoint_id,
-        )
-        .scalar_subquery()
-    )
 
 
 def remaining_tasks(session: Session, job_id: str, checkpoint_id: int) -> int:

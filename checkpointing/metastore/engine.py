@@ -8,18 +8,18 @@ SQLite runs in WAL mode with a busy timeout, and every transaction starts with
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect, make_url, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from checkpointing.errors import ConfigError, MetastoreUnavailable, SchemaOutdated
+from checkpointing.config import normalize_url, safe_url
+from checkpointing.errors import MetastoreUnavailable, SchemaOutdated
 
 log = logging.getLogger(__name__)
 
@@ -28,50 +28,6 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 #: constant so that everyday commands check the schema without importing Alembic.
 SCHEMA_REVISION = "0003"
 SQLITE_BUSY_TIMEOUT_S = 60
-
-
-#: query parameters that may carry a credential (libpq's ``password``, ``sslpassword``, …)
-_SECRET_PARAM = re.compile(r"pass|secret|token|key|auth", re.IGNORECASE)
-
-
-def safe_url(url: URL) -> str:
-    """``url`` for messages and logs: the password and any credential-like query parameter
-    masked. Never quote a metastore URL any other way."""
-    query = {k: ("***" if _SECRET_PARAM.search(k) else v) for k, v in url.query.items()}
-    return url.set(query=query).render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
-
-
-def normalize_url(url: str | URL) -> URL:
-    """Parse ``url``; plain ``postgresql://`` means psycopg 3, the driver this project ships.
-
-    A URL that cannot be parsed is never quoted back (it may hold a password): the message says
-    what is wrong and shows the scheme only."""
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError):  # ValueError: e.g. a port that is not a number
-        raise ConfigError(
-            f"the metastore URL ({_scheme(url)}) is not a valid SQLAlchemy URL: expected "
-            "dialect://user:password@host:port/database, with special characters in the user "
-            "and password percent-encoded (the URL is not shown: it may contain a password)"
-        ) from None
-    if "@" in (parsed.host or ""):  # user:p@ss@host parses as password "p", host "ss@host"
-        raise ConfigError(
-            f"the metastore URL ({_scheme(url)}) has an '@' in its password: percent-encode it "
-            "as %40 (the URL is not shown: it contains a password)"
-        )
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
-        raise ConfigError(
-            f"metastore URL {safe_url(parsed)!r}: only sqlite:// and postgresql:// are supported"
-        )
-    return parsed
-
-
-def _scheme(url: str | URL) -> str:
-    """What precedes ``://``, when it looks like a scheme: safe to show."""
-    scheme = str(url).split("://", 1)[0] if "://" in str(url) else ""
-    return f"{scheme}://…" if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,40}", scheme) else "…"
 
 
 class Metastore:

@@ -9,8 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.sql.selectable import ScalarSelect
 
-from checkpointing.coordination.pending import acked_count
 from checkpointing.errors import UnknownCheckpointError
 from checkpointing.ids import validate_checkpoint_id, validate_id
 from checkpointing.metastore import jobs
@@ -25,6 +25,18 @@ from checkpointing.metastore.models import (
     RestoreEvent,
 )
 from checkpointing.status import CheckpointStatus, CheckpointType
+
+
+def acked_count() -> ScalarSelect[int]:
+    """Correlated subquery: the number of acks of the enclosing query's checkpoint row."""
+    return (
+        select(func.count())
+        .where(
+            CheckpointAck.job_id == Checkpoint.job_id,
+            CheckpointAck.checkpoint_id == Checkpoint.checkpoint_id,
+        )
+        .scalar_subquery()
+    )
 
 
 def _iso(value: datetime | None) -> str | None:

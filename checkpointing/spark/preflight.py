@@ -20,7 +20,8 @@ from checkpointing.pipeline.splits import is_processed, resume_epochs
 from checkpointing.pipeline.tables import check_tables, table_files, table_items
 from checkpointing.restore import lookup as restore
 from checkpointing.sinks.guard import check_pipeline_sink
-from checkpointing.spark.sinks import Sink, open_sink
+from checkpointing.sinks.protocol import Sink
+from checkpointing.spark.sinks import open_sink
 from checkpointing.state.metadata import CheckpointMetadata
 from checkpointing.state.object_store import (
     ObjectInfo,

@@ -20,8 +20,8 @@ from checkpointing.pipeline.spec import PipelineSpec
 from checkpointing.pipeline.splits import InputSplit, is_processed, resume_epochs
 from checkpointing.restore import lookup as restore
 from checkpointing.restore.assignment import plan_restore, snapshots_from_metadata
+from checkpointing.sinks.protocol import Sink
 from checkpointing.spark.preflight import RunOptions, refuse_empty_start
-from checkpointing.spark.sinks import Sink
 from checkpointing.spark.state import (
     StageRun,
     check_source,

@@ -1,7 +1,5 @@
-"""The sinks a pipeline writes to, behind one two-phase-commit interface (Flink's
-``TwoPhaseCommitSinkFunction``): the runtime stages each epoch's rows, snapshots the staged but
-uncommitted epochs as the sink's list state, commits them when a checkpoint covering them
-completes, and on restore brings the sink in line with the restored checkpoint.
+"""The Spark writer of a pipeline's sink, behind the two-phase-commit protocol of
+:mod:`checkpointing.sinks.protocol`.
 
 Which sink a spec gets is :func:`open_sink`'s choice (``sink.format``): the Parquet directory
 sink (:mod:`checkpointing.spark.parquet_sink`, local) or a Delta Lake table
@@ -11,62 +9,12 @@ sink (:mod:`checkpointing.spark.parquet_sink`, local) or a Delta Lake table
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
+
+from checkpointing.sinks.protocol import Sink
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-
     from checkpointing.pipeline.spec import PipelineSpec
-
-
-class Sink(Protocol):
-    """What the runtime needs of a two-phase-commit sink."""
-
-    #: where it writes (a local directory, or a table URL), for messages
-    path: Path | str
-
-    def stage(self, epoch: int, df: DataFrame) -> None:
-        """Pre-commit: write ``df`` (the epoch's changed rows) invisibly to readers."""
-        ...
-
-    def snapshot_state(self, up_to_epoch: int) -> list[dict[str, Any]]:
-        """The sink's list state in a checkpoint taken after ``up_to_epoch``: one item per
-        staged, uncommitted epoch ``<= up_to_epoch`` (each with its ``epoch``)."""
-        ...
-
-    def commit(self, up_to_epoch: int, checkpoint_id: int | None = None) -> list[int]:
-        """Commit: make every staged epoch ``<= up_to_epoch`` visible, once (idempotent); the
-        epochs this call committed. ``checkpoint_id``: the completed checkpoint that covers
-        them (a transactional sink records it with the commit)."""
-        ...
-
-    def recover(
-        self,
-        checkpoint_epoch: int | None,
-        *,
-        checkpoint_id: int | None = None,
-        state: Sequence[dict[str, Any]] = (),
-    ) -> tuple[list[int], list[int]]:
-        """Bring the sink in line with a restore from a checkpoint covering epochs
-        ``<= checkpoint_epoch`` (``None``: an empty start) whose sink list state is ``state``:
-        commit what it covered but never committed, drop what it does not cover. Returns
-        ``(epochs committed now, epochs discarded)``."""
-        ...
-
-    def recovery_detail(self) -> dict[str, Any] | None:
-        """What the last :meth:`recover` did beyond committing and discarding epochs (e.g. a
-        table brought back to an older version), recorded with the restore; None: nothing."""
-        ...
-
-    def committed_epochs(self) -> list[int]:
-        """Epochs whose output is committed (an empty start over them is refused)."""
-        ...
-
-    def publish_final(self, df: DataFrame, token: str) -> str | None:
-        """The job finished: publish the final table (``df``: one row per key), idempotently
-        per ``token``; its location, or None when the sink has no separate final table."""
-        ...
 
 
 def open_sink(
@@ -90,12 +38,3 @@ def open_sink(
     from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
     return TwoPhaseCommitSink(path, job=job)
-
-
-def final_location(spec: PipelineSpec) -> str:
-    """Where readers find a finished job's final table: the Parquet sink's ``<path>/final``
-    link, or the Delta table itself (which holds it, in upsert mode, or the changelog)."""
-    path = spec.resolve(spec.sink.path)
-    if spec.sink.format == "delta":
-        return path
-    return str(Path(path.removeprefix("file://")) / "final")

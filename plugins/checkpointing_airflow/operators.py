@@ -366,7 +366,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         from checkpointing.metastore.outcome import attempt_outcome
 
         outcome = attempt_outcome(metastore, spec.job, attempt).to_dict()
-        from checkpointing.spark.sinks import final_location
+        from checkpointing.sinks.protocol import final_location
 
         finished = outcome["status"] == "FINISHED" and not outcome["savepoint_path"]
         outcome["final_path"] = final_location(spec) if finished else None
