@@ -389,7 +389,7 @@ def test_disposal_never_deletes_a_released_file_outside_the_shared_dir(
     private = good.metadata_path
     other = _write(storage, f"{storage.shared_checkpoint_url('job-b', 1)}/x.arrow", 1)["handle"]
     climbing = f"{storage.shared_url(JOB)}/../chk-{good.checkpoint_id}/{METADATA_FILE}"
-    coord._dispose(
+    coord.cleaner.dispose(
         [store.Disposal(99, f"{storage.job_url(JOB)}/chk-99", (private, other, climbing))]
     )
     assert _exists(storage, private) and _exists(storage, other)

@@ -1,32 +1,24 @@
-"""Ack validation: what a task's acknowledgement may carry before it counts, and the clean-up of
-the state files of acks that did not count.
+"""Ack validation: what a task's acknowledgement may carry before it counts.
 
 An ack comes from an executor over the network; whatever is accepted here is written into the
 ``_metadata`` at completion (Flink checks the same at ``receiveAcknowledgeMessage``). A refused
-ack declines its checkpoint; the files of refused, unknown or late acks are deleted, but only
-where nothing recorded can reference them.
+ack declines its checkpoint and its files are left alone (its handle is not trusted); the files
+of unknown or late acks are deleted by
+:meth:`~checkpointing.coordination.cleaner.CheckpointsCleaner.discard_subtask_state`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
 
-from checkpointing.coordination.failure import CheckpointFailureReason
 from checkpointing.coordination.pending import TaskAck
-from checkpointing.metastore.engine import Metastore
-from checkpointing.metastore.models import Checkpoint, CheckpointAck
 from checkpointing.state.metadata import ChainedFile, subtask_handle
 from checkpointing.state.storage import CheckpointStorage, StorageLocation
-from checkpointing.status import CheckpointStatus
-
-log = logging.getLogger(__name__)
 
 #: bounds of what an ack may carry: the columns' limits (BIGINT, INTEGER, VARCHAR) and sanity; a
 #: state file of a petabyte is a bug, and the bound keeps a checkpoint's total within BIGINT
@@ -102,71 +94,3 @@ def _chain_problem(entry: Any, shared: str, storage: CheckpointStorage) -> str |
             f"checksum {str(checksum)[:80]!r} of {handle[:200]!r} is not 'sha256:<64 hex digits>'"
         )
     return None
-
-
-def discard_rejected_state(
-    metastore: Metastore,
-    storage: CheckpointStorage,
-    job_id: str,
-    checkpoint_id: int,
-    acks: Sequence[TaskAck],
-) -> list[str]:
-    """Delete state files of UNKNOWN/DISCARDED acks — only the ack's own file, inside the
-    location or the ``shared/chk-<id>/`` of a checkpoint that is pending or was aborted (never
-    completed, never after a metadata write of unknown outcome), never its ``_metadata``, and
-    never a file a recorded ack references (as its handle or in its chain). A chain entry is
-    never deleted here: it is an earlier checkpoint's file, released by the shared state
-    registry."""
-    handles = [a.state_handle for a in acks if a.state_handle]
-    if not handles:
-        return []
-    with metastore.transaction() as s:
-        row = s.get(Checkpoint, (job_id, checkpoint_id))
-        # a checkpoint's own files (in its directory or its shared/chk-<id>) can be referenced
-        # only by its own acks: nothing else refers to a checkpoint that never completed
-        recorded = s.execute(
-            select(CheckpointAck.state_handle, CheckpointAck.state_meta).where(
-                CheckpointAck.job_id == job_id, CheckpointAck.checkpoint_id == checkpoint_id
-            )
-        ).all()
-    referenced = {h for h, _ in recorded if h} | {
-        f.handle for _, meta in recorded for f in _chain_of(meta)
-    }
-    if row is None or row.status not in (CheckpointStatus.PENDING, CheckpointStatus.ABORTED):
-        return []
-    if row.failure_reason == CheckpointFailureReason.FINALIZE_CHECKPOINT_FAILURE:
-        return []  # the metadata may exist: delete nothing (see complete_checkpoint)
-    location = storage.location_for(row.storage_location)
-    own_shared = storage.shared_checkpoint_url(job_id, checkpoint_id)
-    deleted = []
-    for handle in handles:
-        owned = location.owns(handle) or (
-            handle != own_shared and storage.contains(handle, own_shared)
-        )
-        if handle in referenced or handle == location.metadata_url or not owned:
-            log.warning(
-                "job %s: not deleting %s (referenced or outside %s and %s)",
-                job_id,
-                handle,
-                location.url,
-                own_shared,
-            )
-            continue
-        try:
-            storage.delete(handle)
-            deleted.append(handle)
-        except Exception:
-            log.exception("job %s: could not delete rejected state %s", job_id, handle)
-    return deleted
-
-
-def _chain_of(state_meta: object) -> list[ChainedFile]:
-    """The valid chain entries of a recorded ack's ``state_meta``."""
-    chain = state_meta.get("chain") if isinstance(state_meta, Mapping) else None
-    files = []
-    for entry in chain if isinstance(chain, list) else []:
-        try:
-            files.append(ChainedFile.model_validate(entry))
-        except ValidationError:
-            continue
-    return files

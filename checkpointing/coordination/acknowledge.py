@@ -209,6 +209,3 @@ def _record_pg(
         else:
             inserted.add(value)
     return row, planned, inserted
-
-
-#: built once: this runs after every successful ack call

@@ -4,15 +4,23 @@ One coordinator is *active* per job at a time (the process that runs the job: th
 operator, or ``ckpt run``'s driver). Other processes — Spark executors acking, a CLI asking for a
 savepoint — create a ``CheckpointCoordinator`` for the same job to use its ack/decline/request
 methods; the metastore keeps them all consistent. Ordering rules follow Flink (see
-``docs/architecture.md``):
+``docs/architecture.md``).
+
+This class holds the job-facing half — registration, lifecycle (activate, join, status, stop,
+failover, shutdown), the periodic scheduler and loop, trigger, requests — and is composed of its
+collaborators, each the owner of one concern:
 
 * trigger (here): eager pre-checks (``request_queue.precheck``) → task plan → id → storage
   location → pre-checks again and insert the PENDING row in one transaction that locks the job;
-* ack, decline, expiry and completion:
-:class:`~checkpointing.coordination.gateway.CheckpointCoordinatorGateway`,
-  which this class extends;
-* fencing: :mod:`checkpointing.coordination.fencing`; the periodic loop:
-:mod:`checkpointing.coordination.coordinator_loop`.
+* acks, declines, expiry, completion, notification retries: ``completion``, a
+  :class:`~checkpointing.coordination.completion.CompletionHandler`; this class implements the
+  :class:`~checkpointing.coordination.gateway.CheckpointCoordinatorGateway` by delegating to it;
+* deleting files: ``cleaner``, a :class:`~checkpointing.coordination.cleaner.CheckpointsCleaner`;
+* failures and failing the job: ``failure_manager``, a
+  :class:`~checkpointing.coordination.failure.CheckpointFailureManager`;
+* fencing: ``fencing``, a :class:`~checkpointing.coordination.fencing.CoordinatorFencing`;
+* the queue and who may queue: :mod:`checkpointing.coordination.request_queue`; the periodic
+  loop: :mod:`checkpointing.coordination.coordinator_loop`.
 """
 
 from __future__ import annotations
@@ -29,16 +37,20 @@ from sqlalchemy.orm import Session
 from checkpointing.clock import Clock, SystemClock
 from checkpointing.config import CheckpointConfig
 from checkpointing.coordination import pending, request_queue, store
+from checkpointing.coordination.cleaner import CheckpointsCleaner
+from checkpointing.coordination.completion import CompletionHandler
 from checkpointing.coordination.coordinator_loop import CheckpointCoordinatorDeActivator
 from checkpointing.coordination.failure import (
     CheckpointException,
+    CheckpointFailureManager,
     CheckpointFailureReason,
     CoordinatorSuperseded,
     TolerableFailuresExceeded,
 )
-from checkpointing.coordination.gateway import AckOutcome, CheckpointCoordinatorGateway
+from checkpointing.coordination.fencing import CoordinatorFencing
+from checkpointing.coordination.gateway import AckOutcome
 from checkpointing.coordination.notifications import CompletionListener
-from checkpointing.coordination.pending import PendingCheckpoint, TaskSpec
+from checkpointing.coordination.pending import AckResult, PendingCheckpoint, TaskAck, TaskSpec
 from checkpointing.coordination.scheduler import PeriodicScheduler
 from checkpointing.coordination.store import CompletedCheckpoint
 from checkpointing.ids import validate_id
@@ -54,23 +66,10 @@ from checkpointing.status import (
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "AckOutcome",
-    "CheckpointCoordinator",
-    "CompletedCheckpoint",
-    "CompletionListener",
-    "PendingCheckpoint",
-]
-
 PlanProvider = Callable[[], Sequence[TaskSpec] | None]
 
-_REASONS_KEEP_QUEUED = (
-    CheckpointFailureReason.TOO_MANY_CONCURRENT_CHECKPOINTS,
-    CheckpointFailureReason.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
-)
 
-
-class CheckpointCoordinator(CheckpointCoordinatorGateway):
+class CheckpointCoordinator:
     """Triggers, tracks and completes a job's checkpoints.
 
     :param job_id: the job (a path-safe id).
@@ -98,21 +97,33 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
         on_job_failure: Callable[[TolerableFailuresExceeded], None] | None = None,
         scheduler_rng: Any = None,
     ) -> None:
-        job_id = validate_id(job_id, "job id")
-        clock = clock or SystemClock()
-        coordinator_id = coordinator_id or f"coord-{uuid.uuid4().hex[:12]}"
-        self.job_id, self.metastore, self.clock = job_id, metastore, clock
+        self.job_id = job_id = validate_id(job_id, "job id")
+        self.metastore = metastore
+        self.clock = clock = clock or SystemClock()
+        self.coordinator_id = coordinator_id or f"coord-{uuid.uuid4().hex[:12]}"
         config, storage_url = self._register(config, storage)
-        super().__init__(
+        self.config = config
+        self.storage = storage = storage or CheckpointStorage.from_url(storage_url)
+        self.fencing = CoordinatorFencing(job_id, self.coordinator_id)
+        self.failure_manager = CheckpointFailureManager(
+            job_id, config.tolerable_failures, metastore, on_job_failure
+        )
+        self.cleaner = CheckpointsCleaner(job_id, metastore, storage)
+        self.completion = CompletionHandler(
             job_id,
             metastore,
-            storage or CheckpointStorage.from_url(storage_url),
+            storage,
             config,
-            coordinator_id=coordinator_id,
+            coordinator_id=self.coordinator_id,
             clock=clock,
+            fencing=self.fencing,
+            failure_manager=self.failure_manager,
+            cleaner=self.cleaner,
             completion_listeners=completion_listeners,
-            on_job_failure=on_job_failure,
+            on_completed=self._on_completed,
         )
+        #: set when a stop-with-savepoint completed: the job should now end
+        self.stop_savepoint: CompletedCheckpoint | None = None
         self.plan_provider = plan_provider
         interval = config.periodic_interval
         self.scheduler = (
@@ -148,7 +159,7 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
                 not_by=self.coordinator_id,
             )
         self.fencing.active = True
-        self._dispose(aborted=aborted)
+        self.cleaner.dispose(aborted=aborted)
         if aborted:
             log.info(
                 "job %s: took over coordination, aborted %s",
@@ -236,7 +247,7 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
                     s, self.job_id, "checkpoint coordinator is suspending", now
                 )
                 self.failure_manager.reset(s)
-        self._dispose(aborted=aborted)
+        self.cleaner.dispose(aborted=aborted)
 
     def failover(self, message: str = "job failover") -> list[int]:
         """A task attempt failed: abort pending checkpoints (not counted as failures) so the next
@@ -247,7 +258,7 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
             aborted = pending.abort(
                 s, self.job_id, CheckpointFailureReason.JOB_FAILOVER, message, self.clock.now()
             )
-        self._dispose(aborted=aborted)
+        self.cleaner.dispose(aborted=aborted)
         return [a.checkpoint_id for a in aborted]
 
     def shutdown(self, job_status: JobStatus) -> list[int]:
@@ -276,12 +287,56 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
                 jobs.update_job(
                     s, self.job_id, status=job_status, periodic_scheduling=False, updated_at=now
                 )
-        self._dispose(disposals, aborted)
+        self.cleaner.dispose(disposals, aborted)
         return [d.checkpoint_id for d in disposals]
 
     @property
     def is_shutdown(self) -> bool:
         return self._shutdown
+
+    # ================================================================ the gateway, delegated
+
+    def receive_acknowledge(self, checkpoint_id: int, acks: Sequence[TaskAck]) -> AckOutcome:
+        """Record a batch of task acks (:meth:`CompletionHandler.receive_acknowledge`)."""
+        return self.completion.receive_acknowledge(checkpoint_id, acks)
+
+    def acknowledge_task(self, checkpoint_id: int, ack: TaskAck) -> AckResult:
+        return self.completion.acknowledge_task(checkpoint_id, ack)
+
+    def receive_decline(
+        self,
+        checkpoint_id: int,
+        attempt_id: str,
+        reason: CheckpointFailureReason | str = CheckpointFailureReason.CHECKPOINT_DECLINED,
+        message: str | None = None,
+    ) -> bool:
+        """A task declines a checkpoint (:meth:`CompletionHandler.receive_decline`)."""
+        return self.completion.receive_decline(checkpoint_id, attempt_id, reason, message)
+
+    def expire_overdue(self) -> list[int]:
+        return self.completion.expire_overdue()
+
+    def complete_checkpoint(self, checkpoint_id: int) -> CompletedCheckpoint | None:
+        return self.completion.complete_checkpoint(checkpoint_id)
+
+    def complete_fully_acknowledged(self) -> list[int]:
+        return self.completion.complete_fully_acknowledged()
+
+    def notify_pending_completions(self) -> list[int]:
+        return self.completion.notify_pending_completions()
+
+    @property
+    def job_failure(self) -> TolerableFailuresExceeded | None:
+        """Set once this process saw failures exceed ``tolerable_failures``."""
+        return self.failure_manager.job_failure
+
+    def _on_completed(self, completed: CompletedCheckpoint) -> None:
+        """After each completion by this process: a stop-with-savepoint ends the job; the
+        coordinator triggers queued requests (Flink's ``triggerQueuedRequests``)."""
+        if completed.checkpoint_type is CheckpointType.SAVEPOINT_THEN_STOP:
+            self.stop_savepoint = completed
+        if self.fencing.active:
+            self.process_requests()
 
     # ================================================================ background loop
 
@@ -392,10 +447,10 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
         except Exception as exc:
             if location is not None:
                 location.dispose_on_failure()
-            self._count_failure(
+            self.failure_manager.count_failure(
                 CheckpointFailureReason.TRIGGER_CHECKPOINT_FAILURE,
                 None,
-                props.checkpoint_type.is_savepoint,
+                is_savepoint=props.checkpoint_type.is_savepoint,
             )
             raise CheckpointException(
                 CheckpointFailureReason.TRIGGER_CHECKPOINT_FAILURE,
@@ -456,10 +511,6 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
 
     # ================================================================ requests
 
-    def _after_completion(self, completed: CompletedCheckpoint) -> None:
-        if self.fencing.active:
-            self.process_requests()
-
     def request(
         self,
         checkpoint_type: CheckpointType = CheckpointType.SAVEPOINT,
@@ -468,11 +519,13 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
         forced: bool = False,
         target: str | None = None,
     ) -> int:
-        """Queue a request for the active coordinator (any process may call this)."""
+        """Queue a request as the job's coordinator, whatever the job's status (the rule is
+        :func:`request_queue.queue_request`'s); another process asking a running job for a
+        savepoint uses :func:`savepoints.request_savepoint`."""
         if target:
             self.storage.check_target(target)
         with self.metastore.transaction() as s:
-            req = request_queue.enqueue(
+            request_id = request_queue.queue_request(
                 s,
                 self.job_id,
                 checkpoint_type,
@@ -480,51 +533,18 @@ class CheckpointCoordinator(CheckpointCoordinatorGateway):
                 now=self.clock.now(),
                 forced=forced,
                 target=target,
+                from_outside=False,
             )
-            request_id = req.request_id
         if self._background is not None:
             self._background.wake()
         return request_id
 
     def process_requests(self) -> list[PendingCheckpoint]:
-        """Trigger queued requests in priority order while the limits allow. A coordinator that
-        another one leads leaves them queued for it."""
+        """Trigger queued requests in priority order while the limits allow
+        (:func:`request_queue.trigger_queued`). A coordinator that another one leads leaves
+        them queued for it."""
         if self._shutdown:
             return []
-        with self.metastore.transaction() as s:
-            if self.fencing.fenced(s, "request handling"):
-                return []
-            queued = [
-                (
-                    r.request_id,
-                    CheckpointType(r.checkpoint_type),
-                    r.forced,
-                    r.periodic,
-                    r.target_location,
-                )
-                for r in request_queue.next_requests(s, self.job_id)
-            ]
-        triggered = []
-        for request_id, ctype, forced, periodic, target in queued:
-            try:
-                triggered.append(
-                    self.trigger_checkpoint(
-                        checkpoint_type=ctype,
-                        forced=forced,
-                        target=target,
-                        request_id=request_id,
-                        periodic=periodic,  # a queued periodic request still waits the min pause
-                    )
-                )
-            except CoordinatorSuperseded:
-                break  # the requests are the successor's
-            except CheckpointException as exc:
-                if exc.reason in _REASONS_KEEP_QUEUED:
-                    continue  # stays queued; forced ones behind it may still go
-                with self.metastore.transaction() as s:
-                    if self.fencing.fenced(s, "request handling"):
-                        break
-                    request_queue.finish(
-                        s, request_id, RequestStatus.FAILED, self.clock.now(), message=str(exc)
-                    )
-        return triggered
+        return request_queue.trigger_queued(
+            self.metastore, self.job_id, self.fencing, self.clock, self.trigger_checkpoint
+        )

@@ -1,10 +1,10 @@
-"""Why checkpoints fail, and which failures count towards failing the job (Flink's
-``CheckpointFailureReason`` and ``CheckpointFailureManager``)."""
+"""Why checkpoints fail, which failures count towards failing the job, and failing it (Flink's
+``CheckpointFailureReason``, and ``CheckpointFailureManager`` with its ``FailJobCallback``)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import Protocol
 
@@ -12,6 +12,8 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from checkpointing.errors import CheckpointingError
+from checkpointing.metastore import jobs
+from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Job
 from checkpointing.status import CheckpointType
 
@@ -127,11 +129,25 @@ class Aborted(Protocol):
 class CheckpointFailureManager:
     """Counts consecutive failures per job in the metastore, so the count survives coordinator
     failover. Savepoint failures and failures of checkpoints older than the last completed one
-    are not counted (Flink counts each checkpoint once, and only after the last success)."""
+    are not counted (Flink counts each checkpoint once, and only after the last success).
 
-    def __init__(self, job_id: str, tolerable_failures: int) -> None:
+    One per coordinator, shared by the trigger path and the completion handler: past
+    ``tolerable_failures`` :meth:`fail_job` records the cause and calls ``on_job_failure``
+    (Flink's ``FailJobCallback``)."""
+
+    def __init__(
+        self,
+        job_id: str,
+        tolerable_failures: int,
+        metastore: Metastore,
+        on_job_failure: Callable[[TolerableFailuresExceeded], None] | None = None,
+    ) -> None:
         self.job_id = job_id
         self.tolerable_failures = tolerable_failures
+        self.metastore = metastore
+        self.on_job_failure = on_job_failure
+        #: the threshold this process saw exceeded, if any: the job must fail
+        self.job_failure: TolerableFailuresExceeded | None = None
 
     def record_failure(
         self,
@@ -195,3 +211,23 @@ class CheckpointFailureManager:
 
     def reset(self, session: Session) -> None:
         session.execute(update(Job).where(Job.job_id == self.job_id).values(consecutive_failures=0))
+
+    def count_failure(
+        self, reason: CheckpointFailureReason, checkpoint_id: int | None, *, is_savepoint: bool
+    ) -> None:
+        """Count a failure outside any checkpoint's transaction (a failed trigger), in its own;
+        fail the job past the threshold."""
+        with self.metastore.transaction() as s:
+            failure = self.record_failure(s, reason, checkpoint_id, is_savepoint=is_savepoint)
+        if failure is not None:
+            self.fail_job(failure)
+
+    def fail_job(self, failure: TolerableFailuresExceeded) -> None:
+        """After the commit that counted it: record the cause on the job row, then tell the
+        process running the job (``on_job_failure``), which fails it."""
+        self.job_failure = failure
+        with self.metastore.transaction() as s:
+            jobs.update_job(s, self.job_id, failure_cause=str(failure))
+        log.error("%s", failure)
+        if self.on_job_failure is not None:
+            self.on_job_failure(failure)

@@ -5,7 +5,9 @@ failover, shutdown, requests, notifications); a coordinator superseded by a newe
 nothing of its successor's (acks, declines, expiry, completion), each checked in the transaction
 that makes the change, with the job row locked so that a takeover waits for it. Processes that
 only ack, decline or request (executors, the CLI) never activate and are not fenced: what they
-touch is fenced by the checkpoint's owner instead.
+touch is fenced by the checkpoint's owner instead. The coordinator that leads is never fenced:
+a late ack or decline for a checkpoint of a coordinator it superseded is DISCARDED, as for any
+aborted checkpoint (:meth:`CoordinatorFencing.refusal`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,19 @@ class CoordinatorFencing:
             successor,
         )
         return True
+
+    def refusal(self, job: Job | None, owner: str | None) -> CoordinatorSuperseded | None:
+        """The refusal to raise when this coordinator activated, was superseded since, and is
+        asked to act (ack, decline) on a checkpoint that is not its own: that checkpoint is its
+        successor's. None when it still leads: a checkpoint of a coordinator it superseded was
+        aborted at the takeover, and an ack or decline arriving late for it is DISCARDED as for
+        any aborted checkpoint (this one is not the superseded one)."""
+        if not self.active or owner == self.coordinator_id:
+            return None
+        successor = self.successor(job)
+        if successor is None:
+            return None
+        return CoordinatorSuperseded(self.coordinator_id, self.job_id, successor)
 
     def foreign(self, job: Job | None, owner: str | None) -> str | None:
         """Why this coordinator must not touch a checkpoint owned by ``owner`` (acks, declines,

@@ -55,7 +55,11 @@ from checkpointing.status import (
     RequestStatus,
 )
 
-CHUNK = 900  # bound IN-lists and multi-row statements on every backend
+#: the one batch size of the protocol's statements (here, ``acknowledge``, ``shared_state``):
+#: values per ``IN (…)`` list, rows per executemany batch. An IN list binds a batch plus a few
+#: parameters of its own, below 999, SQLite's limit of bound parameters per statement before
+#: 3.32 (PostgreSQL's is 65,535); SQLAlchemy splits multi-row inserts further by its own limits.
+CHUNK = 900
 
 
 @dataclass(frozen=True)
@@ -318,6 +322,29 @@ def claim_completion(session: Session, job_id: str, checkpoint_id: int, token: s
         .values(completing_by=token)
     )
     return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def awaiting_attempt(
+    session: Session, job_id: str, attempt_id: str
+) -> list[tuple[int, str, CheckpointType]]:
+    """The barrier a task sees: the PENDING checkpoints whose task plan names ``attempt_id``,
+    oldest first, as (id, storage location, type). The Spark driver asks at every epoch
+    boundary which checkpoints its subtasks still have to snapshot."""
+    rows = session.execute(
+        select(Checkpoint.checkpoint_id, Checkpoint.storage_location, Checkpoint.checkpoint_type)
+        .join(
+            CheckpointTask,
+            (CheckpointTask.job_id == Checkpoint.job_id)
+            & (CheckpointTask.checkpoint_id == Checkpoint.checkpoint_id),
+        )
+        .where(
+            Checkpoint.job_id == job_id,
+            Checkpoint.status == CheckpointStatus.PENDING,
+            CheckpointTask.attempt_id == attempt_id,
+        )
+        .order_by(Checkpoint.checkpoint_id)
+    ).all()
+    return [(r[0], r[1], CheckpointType(r[2])) for r in rows]
 
 
 def count_pending(session: Session, job_id: str) -> int:

@@ -5,28 +5,48 @@ Requests live in the metastore so that the UI, a DAG or the CLI in another proce
 running job's coordinator for a savepoint. Order: savepoint > forced > manual > periodic, then by
 time. At most one non-forced request waits at a time (Flink's ``ALREADY_QUEUED``); the queue is
 bounded, and periodic requests are dropped first when it overflows.
+
+:func:`queue_request` is the one way a caller queues a request, and owns the rule of who may:
+the coordinator's own (``CheckpointCoordinator.request``) and another process's
+(``savepoints.request_savepoint``) both go through it. The trigger's pre-check queues the
+request it holds back itself (:func:`precheck`); the coordinator triggers the queue with
+:func:`trigger_queued`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from checkpointing.coordination import pending
-from checkpointing.coordination.failure import CheckpointException, CheckpointFailureReason
+from checkpointing.coordination.failure import (
+    CheckpointException,
+    CheckpointFailureReason,
+    CoordinatorSuperseded,
+)
+from checkpointing.errors import CheckpointingError
+from checkpointing.metastore import jobs
 from checkpointing.metastore.models import CheckpointRequest, Job
-from checkpointing.status import CheckpointProperties, CheckpointType, RequestStatus
+from checkpointing.status import CheckpointProperties, CheckpointType, JobStatus, RequestStatus
 
 if TYPE_CHECKING:
+    from checkpointing.clock import Clock
+    from checkpointing.coordination.fencing import CoordinatorFencing
+    from checkpointing.coordination.pending import PendingCheckpoint
     from checkpointing.coordination.scheduler import PeriodicScheduler
+    from checkpointing.metastore.engine import Metastore
 
 MAX_QUEUED_REQUESTS = 1000
 
 PRIORITY_PERIODIC, PRIORITY_MANUAL, PRIORITY_FORCED, PRIORITY_SAVEPOINT = 0, 1, 2, 3
+
+
+class JobNotRunningError(CheckpointingError):
+    """A request from another process for a job that is not running: nobody would take it."""
 
 
 def priority(checkpoint_type: CheckpointType, *, forced: bool, periodic: bool) -> int:
@@ -102,6 +122,47 @@ def enqueue(
     session.add(request)
     session.flush()
     return request
+
+
+def queue_request(
+    session: Session,
+    job_id: str,
+    checkpoint_type: CheckpointType,
+    *,
+    requested_by: str,
+    now: datetime,
+    forced: bool = False,
+    target: str | None = None,
+    from_outside: bool,
+) -> int:
+    """Queue a request for the job's coordinator; its id. The rule of who may:
+
+    * ``from_outside`` (another process: the CLI, the UI, a DAG): only while the job is RUNNING,
+      checked on the locked job row, else :class:`JobNotRunningError`. A job that finished,
+      failed or never started has no coordinator to take the request, which would wait forever.
+    * the job's own coordinator: at any time. It triggers its queue itself (``process_requests``,
+      also before the job reports RUNNING) and drops what is left when it stops
+      (``stop_scheduler``, ``shutdown``), so its requests never wait for nobody.
+
+    Then :func:`enqueue`'s limits hold for both (one non-forced request, the queue's bound)."""
+    if from_outside:
+        job = jobs.job_row(session, job_id, lock=True)
+        if job.status != JobStatus.RUNNING:
+            kind = "savepoint" if checkpoint_type.is_savepoint else "checkpoint"
+            raise JobNotRunningError(
+                f"job {job_id!r} is not running (status {job.status}): a {kind} needs a "
+                "running job; to start it from its latest checkpoint, run it again"
+            )
+    request = enqueue(
+        session,
+        job_id,
+        checkpoint_type,
+        requested_by=requested_by,
+        now=now,
+        forced=forced,
+        target=target,
+    )
+    return request.request_id
 
 
 def next_requests(session: Session, job_id: str) -> Sequence[CheckpointRequest]:
@@ -195,3 +256,72 @@ def precheck(
                 f"min pause not over until {earliest.isoformat()}",
             )
     return None
+
+
+class Trigger(Protocol):
+    """The coordinator's ``trigger_checkpoint``, as :func:`trigger_queued` calls it."""
+
+    def __call__(
+        self,
+        *,
+        checkpoint_type: CheckpointType,
+        forced: bool,
+        target: str | None,
+        request_id: int,
+        periodic: bool,
+    ) -> PendingCheckpoint: ...
+
+
+#: refusals that leave a request queued: it is triggered once the limit allows
+_KEEP_QUEUED = (
+    CheckpointFailureReason.TOO_MANY_CONCURRENT_CHECKPOINTS,
+    CheckpointFailureReason.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
+)
+
+
+def trigger_queued(
+    metastore: Metastore,
+    job_id: str,
+    fencing: CoordinatorFencing,
+    clock: Clock,
+    trigger: Trigger,
+) -> list[PendingCheckpoint]:
+    """Flink's ``triggerQueuedRequests``: trigger the queued requests in priority order; the
+    ones a limit holds back stay queued (forced ones behind them may still go), the ones
+    otherwise refused are FAILED. Nothing when ``fencing`` says another coordinator leads: the
+    requests are its."""
+    with metastore.transaction() as s:
+        if fencing.fenced(s, "request handling"):
+            return []
+        queued = [
+            (
+                r.request_id,
+                CheckpointType(r.checkpoint_type),
+                r.forced,
+                r.periodic,
+                r.target_location,
+            )
+            for r in next_requests(s, job_id)
+        ]
+    triggered = []
+    for request_id, ctype, forced, periodic, target in queued:
+        try:
+            triggered.append(
+                trigger(
+                    checkpoint_type=ctype,
+                    forced=forced,
+                    target=target,
+                    request_id=request_id,
+                    periodic=periodic,  # a queued periodic request still waits the min pause
+                )
+            )
+        except CoordinatorSuperseded:
+            break  # the requests are the successor's
+        except CheckpointException as exc:
+            if exc.reason in _KEEP_QUEUED:
+                continue  # stays queued; forced ones behind it may still go
+            with metastore.transaction() as s:
+                if fencing.fenced(s, "request handling"):
+                    break
+                finish(s, request_id, RequestStatus.FAILED, clock.now(), message=str(exc))
+    return triggered

@@ -15,19 +15,18 @@ from typing import TYPE_CHECKING
 
 from checkpointing.clock import Clock, SystemClock
 from checkpointing.coordination import request_queue
+from checkpointing.coordination.request_queue import (  # re-exported: the callers' name for it
+    JobNotRunningError as JobNotRunningError,
+)
 from checkpointing.errors import CheckpointingError, UnknownCheckpointError
 from checkpointing.ids import validate_id
 from checkpointing.metastore import jobs
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Checkpoint, CheckpointRequest
-from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus, RequestStatus
+from checkpointing.status import CheckpointStatus, CheckpointType, RequestStatus
 
 if TYPE_CHECKING:
     from checkpointing.state.storage import CheckpointStorage
-
-
-class JobNotRunningError(CheckpointingError):
-    """A savepoint was requested from a job that is not running: nobody would take it."""
 
 
 class RequestFailedError(CheckpointingError):
@@ -88,22 +87,21 @@ def request_savepoint(
 ) -> int:
     """Queue a savepoint (``stop``: then end the job) for the job's running coordinator.
 
-    Refused unless the job is RUNNING, so that a request cannot wait forever for a job that
-    finished or failed."""
+    A request from outside the job: refused unless the job is RUNNING
+    (:class:`JobNotRunningError`, see :func:`request_queue.queue_request`)."""
     validate_id(job_id, "job id")
     checkpoint_type = CheckpointType.SAVEPOINT_THEN_STOP if stop else CheckpointType.SAVEPOINT
     now = (clock or SystemClock()).now()
     with metastore.transaction() as s:
-        job = jobs.job_row(s, job_id, lock=True)
-        if job.status != JobStatus.RUNNING:
-            raise JobNotRunningError(
-                f"job {job_id!r} is not running (status {job.status}): a savepoint needs a "
-                "running job; to start it from its latest checkpoint, run it again"
-            )
-        request = request_queue.enqueue(
-            s, job_id, checkpoint_type, requested_by=requested_by, now=now, forced=True
+        return request_queue.queue_request(
+            s,
+            job_id,
+            checkpoint_type,
+            requested_by=requested_by,
+            now=now,
+            forced=True,
+            from_outside=True,
         )
-        return request.request_id
 
 
 def request_status(metastore: Metastore, job_id: str, request_id: int) -> RequestState:

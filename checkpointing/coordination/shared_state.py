@@ -4,8 +4,8 @@ An incremental checkpoint N writes its new state files under ``<job>/shared/chk-
 on files that earlier checkpoints wrote there. Each completed checkpoint registers every shared
 file it uses, one ``ckpt_shared_state`` row per checkpoint and file: a file's reference count is
 its number of rows. When a checkpoint leaves the retained set (subsumed, discarded) its rows go,
-and a file left with none is returned to be deleted after the commit. So a file is deleted only
-when no retained checkpoint can restore from it.
+and a file left with none is returned, for the cleaner to delete after the commit. So a file is
+deleted only when no retained checkpoint can restore from it.
 
 Savepoints are self-contained and never registered. Every function runs in the caller's
 transaction, which holds the job row lock (completion, shutdown), so one job's registrations and
@@ -20,14 +20,12 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
+from checkpointing.coordination.pending import CHUNK
 from checkpointing.errors import SharedStateError
 from checkpointing.metastore.models import Checkpoint, SharedStateRef
 from checkpointing.state.metadata import CheckpointMetadata
 from checkpointing.state.storage import CheckpointStorage
 from checkpointing.status import CheckpointStatus
-
-#: handles per ``IN (…)`` list: well within every backend's bound on bound parameters
-_CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -182,5 +180,5 @@ def reference_counts(session: Session, job_id: str) -> dict[str, int]:
 
 
 def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
-    for start in range(0, len(items), _CHUNK):
-        yield items[start : start + _CHUNK]
+    for start in range(0, len(items), CHUNK):
+        yield items[start : start + CHUNK]

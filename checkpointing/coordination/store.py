@@ -3,14 +3,15 @@
 
 The store holds COMPLETED checkpoints; it keeps the newest ``retained`` of them and subsumes the
 rest. Savepoints are completed too but never enter the retained count and are never subsumed or
-deleted by the system. File deletion always happens *after* the metastore transaction commits, so
-a failed commit never leaves the metastore pointing at deleted files.
+deleted by the system. Nothing here deletes a file: the store returns what to delete (a
+:class:`Disposal`), which the :class:`~checkpointing.coordination.cleaner.CheckpointsCleaner`
+deletes *after* the metastore transaction commits, so a failed commit never leaves the metastore
+pointing at deleted files.
 
 Incremental checkpoints share files under the job's ``shared/`` directory: a completion registers
-the ones it uses (:mod:`checkpointing.coordination.shared_state`) before it subsumes anything, and a
-checkpoint leaving the retained set releases its references; the shared files left unreferenced are
-in its
-:class:`Disposal`.
+the ones it uses (:mod:`checkpointing.coordination.shared_state`) before it subsumes anything, and
+a checkpoint leaving the retained set releases its references; the shared files left
+unreferenced are in its :class:`Disposal`.
 """
 
 from __future__ import annotations
