@@ -9,7 +9,8 @@ One module per group of commands, each command a thin typer declaration over lib
 :mod:`.inspection`, :mod:`.run`, :mod:`.data`. What they share (consoles, error handling, the root
 options) is in :mod:`.common`, the tables in :mod:`.render`. A command imports what it needs when
 it runs, so that ``--help`` loads neither SQLAlchemy nor Spark. To add a command, write it in its
-group's module and wire it up below.
+group's module and wire it up below. :mod:`.spark_app` is the file ``spark-submit`` runs: this
+command line in a Spark driver.
 
 ``--help`` and the ``--json`` reads stay fast for scripts that poll them (a test checks what
 they import): Rich's console is made on first use, tables are imported only to print one.

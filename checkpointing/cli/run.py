@@ -3,7 +3,6 @@ checked before Spark starts, with a progress bar (or a line per epoch in logs)."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -69,10 +68,6 @@ def run(
             "change is recorded in the restore.",
         ),
     ] = False,
-    result_json: Annotated[
-        Path | None,
-        typer.Option(help="Write the run's outcome here as JSON (for the Airflow operator)."),
-    ] = None,
     fail_after_epochs: Annotated[
         int | None,
         typer.Option(
@@ -112,12 +107,6 @@ def run(
     )
     metastore = _checked_metastore(spec, options, storage)
     result = _run_on_spark(spec, options, metastore, storage, master)
-    if result_json is not None:
-        from dataclasses import asdict
-
-        tmp = result_json.with_name(f".{result_json.name}.inprogress")
-        tmp.write_text(json.dumps(asdict(result), default=str))
-        tmp.replace(result_json)
     source = (
         f"restored from checkpoint {result.restored_from}"
         if result.restored_from is not None

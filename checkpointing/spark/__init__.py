@@ -6,11 +6,15 @@ AggregationStage``. Its names load on first use, so that a Python worker importi
 :mod:`checkpointing.spark.executor` does not load the runtime, the coordinator and SQLAlchemy.
 
 Modules: ``pipeline`` (the Python API's :class:`Pipeline`), ``stages`` (the keyed stage
-protocol and its two kinds), ``runtime`` (:class:`PipelineRun`: epochs, barriers, restore),
-``state`` (operator state on the driver: snapshot acks, restored state), ``preflight``
-(:class:`RunOptions` and the checks before Spark starts), ``session`` (the Spark session),
-``executor`` (what runs on executors), ``sink``, ``aggregations``, ``keys``, ``app``
-(spark-submit's entry point).
+protocol and its two kinds), ``runtime`` (:class:`PipelineRun`: epochs, barriers, completion),
+``run_restore`` (what a run restores), ``state`` (operator state on the driver: snapshot acks,
+restored state), ``async_snapshot`` (the snapshot written while the next epoch runs),
+``preflight`` (:class:`RunOptions` and the checks before Spark starts), ``session`` (the Spark
+session), ``executor`` and ``executor_env`` (what runs on executors), ``transform`` (the
+per-epoch transform and static tables), ``object_source`` (input on an object store),
+``sinks``, ``parquet_sink`` and ``delta_sink`` (the two-phase-commit sinks), ``aggregations``,
+``partials`` and ``keys``. What ``spark-submit`` runs is the CLI's
+(:mod:`checkpointing.cli.spark_app`): this package never imports the CLI.
 """
 
 from __future__ import annotations

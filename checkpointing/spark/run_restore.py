@@ -1,8 +1,10 @@
-"""How a run starts: the checkpoint it restores (or none) and what restoring it does — the input
-epochs it resumes, every stage's state read back on the executors (each new subtask its own key
-groups, across incremental chains), the sink brought to the checkpoint — and the restore event
-that records it. Part of :class:`~checkpointing.spark.runtime.PipelineRun`, kept apart to keep
-each module to one concern.
+"""How a run starts (Flink's state initialisation of a task on (re)start): the checkpoint it
+restores, or none, and what restoring it gives the run — the input epochs it resumes, every
+stage's state read back on the executors (each new subtask its own key groups), the chains its
+incremental snapshots continue — with the sink brought to the checkpoint and the restore recorded.
+
+:class:`~checkpointing.spark.runtime.PipelineRun` builds a :class:`RunRestore` from what a
+restore reads and writes, and applies the :class:`Restored` it returns.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -17,91 +20,116 @@ from pyspark.sql import DataFrame, SparkSession
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.operator_ids import SINK, SOURCE
 from checkpointing.pipeline.spec import PipelineSpec
-from checkpointing.pipeline.splits import InputSplit, is_processed, resume_epochs
-from checkpointing.restore import lookup as restore
-from checkpointing.restore.assignment import plan_restore, snapshots_from_metadata
+from checkpointing.pipeline.splits import (
+    InputSplit,
+    epochs_of,
+    is_processed,
+    plan_splits,
+    resume_epochs,
+)
+from checkpointing.restore import lookup
+from checkpointing.restore.assignment import StateAssignment, plan_restore, snapshots_from_metadata
 from checkpointing.sinks.protocol import Sink
+from checkpointing.spark.keys import partition_keys
 from checkpointing.spark.preflight import RunOptions, refuse_empty_start
 from checkpointing.spark.state import (
     StageRun,
+    SubtaskChain,
     check_source,
     continued_chains,
+    empty_state,
+    remaining_splits,
     restore_stage,
     through_epoch,
 )
 from checkpointing.spark.transform import InputTransform
 from checkpointing.state.metadata import CheckpointMetadata
+from checkpointing.state.object_store import ObjectInfo
 from checkpointing.state.storage import CheckpointStorage
 from checkpointing.status import RestoreStatus
 
 log = logging.getLogger(__name__)
 
+#: reads an epoch's input; the first read fixes the input's and the stages' state schemas
+ReadFn = Callable[[Sequence[InputSplit]], DataFrame]
+
+
+@dataclass(frozen=True)
+class Restored:
+    """Where a run resumes: what its restore found, for the run to apply."""
+
+    #: the checkpoint restored; None for an empty start
+    checkpoint_id: int | None
+    #: the epochs to run: a checkpoint's own and the files new since, or every file planned anew
+    epochs: list[list[InputSplit]]
+    #: the run that read each epoch the checkpoint processed (restored list state)
+    read_by: dict[int, str] = field(default_factory=dict)
+    #: the last epoch the checkpoint covers (its sink epochs are committed); -1 for none
+    covered_epoch: int = -1
+    #: each stage's restored state, by operator id (none for an empty start)
+    states: dict[str, DataFrame] = field(default_factory=dict)
+    #: by operator id, the chains an incremental stage's next snapshots build on
+    chains: dict[str, dict[int, SubtaskChain]] = field(default_factory=dict)
+    #: seconds the restore spent: finding and verifying the checkpoint, the input's schema,
+    #: reading the state, the sink's recovery, in all
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def next_epoch(self) -> int:
+        return self.covered_epoch + 1
+
 
 class RunRestore:
-    """The restore half of :class:`~checkpointing.spark.runtime.PipelineRun` (a mixin: it reads
-    and sets the run's epochs, stages, sink and result, declared here)."""
+    """The restore of one run: ``options.restore`` chooses the checkpoint (``none``,
+    ``latest``, an id, a path), ``stages`` and ``sink`` are what it brings back, ``files`` the
+    input listed for the run and ``read`` how the run reads an epoch (the restore reads the
+    next one to learn the state's schema)."""
 
-    spec: PipelineSpec
-    spark: SparkSession
-    metastore: Metastore
-    storage: CheckpointStorage
-    options: RunOptions
-    attempt: str
-    parallelism: int
-    max_parallelism: int
-    partition_keys: list[int]
-    operators: list[str]
-    stages: list[StageRun]
-    sink: Sink
-    inputs: InputTransform
-    files: Any
-    epochs: list[list[InputSplit]]
-    read_by: dict[int, str]
-    next_epoch: int
-    covered_epoch: int
-    result: Any
-    _epochs: Callable[[], list[list[InputSplit]]]
-    _read: Callable[[Sequence[InputSplit]], DataFrame]
-    _remaining_splits: Callable[[int], list[dict[str, Any]]]
-    _empty_state: Callable[[StageRun], DataFrame]
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        spark: SparkSession,
+        metastore: Metastore,
+        storage: CheckpointStorage,
+        options: RunOptions,
+        *,
+        attempt: str,
+        parallelism: int,
+        stages: Sequence[StageRun],
+        sink: Sink,
+        inputs: InputTransform,
+        files: list[str] | list[ObjectInfo],
+        read: ReadFn,
+    ) -> None:
+        self.spec = spec
+        self.spark = spark
+        self.metastore = metastore
+        self.storage = storage
+        self.options = options
+        self.attempt = attempt
+        self.parallelism = parallelism
+        self.partition_keys = partition_keys(parallelism)
+        self.stages = list(stages)
+        self.operators = [SOURCE, *(s.operator_id for s in self.stages), SINK]
+        self.sink = sink
+        self.inputs = inputs
+        self.files = files
+        self.read = read
 
-    def _restore(self) -> None:
+    def restore(self) -> Restored:
         """Restore what ``options.restore`` chooses; record the restore; time its phases."""
         started = time.monotonic()
-        choice = self.options.restore
-        if choice == "none":
-            decision = restore.RestoreDecision(self.spec.job, None, None, None, None)
-            refuse_empty_start(self.sink, self.spec.job, choice)
-        elif choice == "latest":
-            decision = restore.find_latest_valid(self.metastore, self.storage, self.spec.job)
-            if decision.metadata is None:  # none, or none valid: never start over committed output
-                refuse_empty_start(self.sink, self.spec.job, choice)
-        elif choice.isdigit():
-            decision = restore.load_checkpoint(
-                self.metastore, self.storage, self.spec.job, int(choice)
-            )
-        else:
-            # recorded under this job, not the savepoint's (which may be unknown to this metastore)
-            decision = restore.load_external(
-                self.storage,
-                choice,
-                job_id=self.spec.job,
-                allow_other_job=self.options.allow_other_job,
-            )
+        decision = self._decide()
         log.info("%s", decision.describe())
-        phases = self.result.restore_phases
-        phases["lookup_s"] = time.monotonic() - started
+        phases = {"lookup_s": time.monotonic() - started}
         assignment = None
-        source = [] if decision.metadata is None else decision.metadata.list_items(SOURCE)
-        if not any(is_processed(i) for i in source):  # empty start, or an older checkpoint
-            self.epochs = self._epochs()
-        if decision.metadata is not None:
-            assignment = self._load_state(decision.metadata)
-            self.result.restored_from = decision.checkpoint_id
-        self.result.epochs_total = len(self.epochs)
+        if decision.metadata is None:
+            restored = Restored(None, self._planned_epochs(), phases=phases)
+        else:
+            restored, assignment = self._load(decision.metadata, phases)
         mark = time.monotonic()
         committed, discarded = self.sink.recover(
-            None if decision.metadata is None else self.next_epoch - 1,
+            None if decision.metadata is None else restored.covered_epoch,
             checkpoint_id=decision.checkpoint_id,
             state=[] if decision.metadata is None else decision.metadata.list_items(SINK),
         )
@@ -111,7 +139,7 @@ class RunRestore:
         if detail is not None:  # e.g. the table brought back to what the checkpoint committed
             log.info("sink: %s", detail)
             assignment = {**(assignment or {}), "sink": detail}
-        restore.record_restore(
+        lookup.record_restore(
             self.metastore,
             decision,
             attempt=self.attempt,
@@ -129,18 +157,54 @@ class RunRestore:
                 phases["total_s"],
                 ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in phases.items()),
             )
+        return restored
 
-    def _load_state(self, metadata: CheckpointMetadata) -> dict[str, Any]:
+    def _decide(self) -> lookup.RestoreDecision:
+        """The checkpoint ``options.restore`` chooses, verified; an empty start is refused
+        where the sink holds committed output."""
+        choice = self.options.restore
+        if choice == "none":
+            refuse_empty_start(self.sink, self.spec.job, choice)
+            return lookup.RestoreDecision(self.spec.job, None, None, None, None)
+        if choice == "latest":
+            decision = lookup.find_latest_valid(self.metastore, self.storage, self.spec.job)
+            if decision.metadata is None:  # none, or none valid: never start over committed output
+                refuse_empty_start(self.sink, self.spec.job, choice)
+            return decision
+        if choice.isdigit():
+            return lookup.load_checkpoint(self.metastore, self.storage, self.spec.job, int(choice))
+        # recorded under this job, not the savepoint's (which may be unknown to this metastore)
+        return lookup.load_external(
+            self.storage,
+            choice,
+            job_id=self.spec.job,
+            allow_other_job=self.options.allow_other_job,
+        )
+
+    def _planned_epochs(self) -> list[list[InputSplit]]:
+        """Every input file in epochs: an empty start's, or an older checkpoint's (one whose
+        source state has no processed splits)."""
+        source = self.spec.source
+        splits = plan_splits(self.files, source.format.value, source.max_split_bytes)
+        return epochs_of(splits, source.splits_per_epoch)
+
+    def _load(
+        self, metadata: CheckpointMetadata, phases: dict[str, float]
+    ) -> tuple[Restored, dict[str, Any]]:
+        """The run resumed from ``metadata``, and the restore's assignment to record."""
+        source = metadata.list_items(SOURCE)
+        processed = any(is_processed(i) for i in source)
+        epochs = [] if processed else self._planned_epochs()
         plan = plan_restore(
             snapshots_from_metadata(metadata),
             self.operators,
             new_parallelism=self.parallelism,
-            max_parallelism=self.max_parallelism,
+            max_parallelism=self.spec.max_parallelism,
             allow_non_restored_state=self.options.allow_non_restored_state,
         )
-        source = metadata.list_items(SOURCE)
-        if any(is_processed(i) for i in source):  # the epochs it read, its remaining, new files
-            self.epochs = resume_epochs(
+        read_by: dict[int, str] = {}
+        if processed:  # the epochs it read, its remaining, new files
+            epochs = resume_epochs(
                 source,
                 self.files,
                 self.spec.source.format.value,
@@ -148,45 +212,56 @@ class RunRestore:
                 self.spec.source.splits_per_epoch,
                 metadata.checkpoint_id,
             )
-            self.read_by = {
+            read_by = {
                 int(i["epoch"]): str(i["attempt"])
                 for i in source
                 if is_processed(i) and isinstance(i.get("attempt"), str)
             }
-        self.covered_epoch = through_epoch(metadata, len(self.epochs))
-        self.next_epoch = self.covered_epoch + 1
+        covered = through_epoch(metadata, len(epochs))
         changed = self.inputs.check_restore(source, metadata.checkpoint_id, self.options)
-        if not any(is_processed(i) for i in source):  # an older checkpoint: the same input only
-            planned = self._remaining_splits(self.next_epoch)
+        if not processed:  # an older checkpoint: the same input only
+            planned = remaining_splits(epochs, covered + 1)
             check_source(plan.operator(SOURCE), planned, metadata.checkpoint_id)
-        if self.next_epoch >= len(self.epochs):
+        if covered + 1 >= len(epochs):
             log.info(
                 "job %s: no new input since checkpoint %d (%d epochs, %d files read)",
                 self.spec.job,
                 metadata.checkpoint_id,
-                len(self.epochs),
-                len({s.path for e in self.epochs for s in e}),
+                len(epochs),
+                len({s.path for e in epochs for s in e}),
             )
         # sets the input schema, which defines the state schema (the next epoch's files: their
         # listing is then warm for the first epoch after the restore)
         mark = time.monotonic()
-        self._read(self.epochs[min(self.next_epoch, len(self.epochs) - 1)])
-        self.result.restore_phases["input_schema_s"] = time.monotonic() - mark
+        self.read(epochs[min(covered + 1, len(epochs) - 1)])
+        phases["input_schema_s"] = time.monotonic() - mark
         mark = time.monotonic()
+        states, chains = self._stage_states(plan, metadata)
+        phases["state_s"] = time.monotonic() - mark
+        restored = Restored(
+            metadata.checkpoint_id, epochs, read_by, covered, states, chains, phases
+        )
+        return restored, {**plan.to_dict(), **({"tables": changed} if changed else {})}
+
+    def _stage_states(
+        self, plan: StateAssignment, metadata: CheckpointMetadata
+    ) -> tuple[dict[str, DataFrame], dict[str, dict[int, SubtaskChain]]]:
+        """Each stage's state read back as ``plan`` assigns it, and the chains of those whose
+        snapshots are incremental: a subtask with the same key groups in shared files builds
+        on them."""
+        states, chains = {}, {}
         for s in self.stages:
-            s.state = restore_stage(
+            restored = plan.operator(s.operator_id)
+            states[s.operator_id] = restore_stage(
                 self.spark,
                 self.storage,
-                self._empty_state(s),
-                plan.operator(s.operator_id),
+                empty_state(self.spark, s, self.parallelism),
+                restored,
                 metadata,
                 self.partition_keys,
                 s.key,
             )
-            if s.chains is not None:  # the same key groups in shared files: build on them
+            if s.chains is not None:
                 shared = self.storage.shared_url(self.spec.job)
-                s.chains = continued_chains(
-                    plan.operator(s.operator_id), metadata, shared, self.storage
-                )
-        self.result.restore_phases["state_s"] = time.monotonic() - mark
-        return {**plan.to_dict(), **({"tables": changed} if changed else {})}
+                chains[s.operator_id] = continued_chains(restored, metadata, shared, self.storage)
+        return states, chains

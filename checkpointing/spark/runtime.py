@@ -3,19 +3,21 @@ checkpointing at epoch boundaries, and resumes from the latest checkpoint with t
 parallelism.
 
 Operators (Flink's words): ``source`` — the input splits still to read (operator list state, dealt
-round-robin over its subtasks on restore); ``aggregate`` — per-key partial aggregates (keyed state,
-``max_parallelism`` key groups, subtask ``i`` owns Flink's contiguous range); ``sink`` — the
-two-phase-commit sink's staged epochs (list state). Each epoch: read its splits, pre-aggregate
-them, merge into the state (which stays partitioned by subtask between epochs), stage the changed
-rows in the sink. At a boundary with a triggered checkpoint (the barrier: the epoch boundary is
-global, so alignment is free), every aggregate subtask writes its snapshot from the executor and
-the driver acknowledges them in one batch per operator; the completion notification commits the
-sink's staged epochs.
+round-robin over its subtasks on restore); ``aggregate`` — the keyed stage's state, e.g. per-key
+partial aggregates (keyed state, ``max_parallelism`` key groups, subtask ``i`` owns Flink's
+contiguous range; a chain has one such operator per stage); ``sink`` — the two-phase-commit
+sink's staged epochs (list state). Each epoch: read its splits, fold them into each stage's state
+(which stays partitioned by subtask between epochs), stage the last stage's changed rows in the
+sink. At a boundary with a triggered checkpoint (the barrier: the epoch boundary is global, so
+alignment is free), every keyed subtask writes its snapshot from the executor and the driver
+acknowledges them in one batch per operator; the completion notification commits the sink's
+staged epochs.
 
 Here: the run and its epoch loop. Elsewhere: the options and the checks before Spark starts
-(:mod:`~checkpointing.spark.preflight`), the session (:mod:`~checkpointing.spark.session`), the
-operator state's snapshot and restore on the driver (:mod:`~checkpointing.spark.state`) and on the
-executors (:mod:`~checkpointing.spark.executor`).
+(:mod:`~checkpointing.spark.preflight`), the session (:mod:`~checkpointing.spark.session`), what
+a run restores (:mod:`~checkpointing.spark.run_restore`), the operator state's snapshot and
+restore on the driver (:mod:`~checkpointing.spark.state`) and on the executors
+(:mod:`~checkpointing.spark.executor`), the keyed stages (:mod:`~checkpointing.spark.stages`).
 """
 
 from __future__ import annotations
@@ -33,23 +35,16 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from sqlalchemy import select
 
 from checkpointing.coordination.coordinator import CheckpointCoordinator
 from checkpointing.coordination.failure import CheckpointException
+from checkpointing.coordination.pending import awaiting_attempt
 from checkpointing.coordination.store import CompletedCheckpoint
 from checkpointing.errors import CheckpointingError, SharedStateError
 from checkpointing.metastore.engine import Metastore
-from checkpointing.metastore.models import Checkpoint, CheckpointTask
 from checkpointing.pipeline.operator_ids import SINK, SOURCE
 from checkpointing.pipeline.spec import PipelineSpec, SpecError
-from checkpointing.pipeline.splits import (
-    InputSplit,
-    epochs_of,
-    parquet_rows,
-    plan_splits,
-    processed_item,
-)
+from checkpointing.pipeline.splits import InputSplit, parquet_rows, processed_item
 from checkpointing.restore.recovery import pipeline_plan
 from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.spark.aggregations import AggregationPlan
@@ -79,13 +74,14 @@ from checkpointing.spark.state import (
     changed_rows,
     empty_state,
     list_acks,
+    remaining_splits,
     snapshot_stage,
     through_epoch,
 )
 from checkpointing.spark.transform import InputTransform, TransformFn
 from checkpointing.state.object_store import is_object_url
 from checkpointing.state.storage import CheckpointStorage
-from checkpointing.status import CheckpointStatus, CheckpointType, JobStatus
+from checkpointing.status import CheckpointType, JobStatus
 
 #: re-exported from preflight (not spark_session: a test patching it in session must not leave a
 #: stale copy here)
@@ -126,7 +122,9 @@ class RunResult:
     restore_phases: dict[str, float] = field(default_factory=dict)
 
 
-class PipelineRun(RunRestore):
+class PipelineRun:
+    """One attempt of a pipeline: restore, then epochs with barriers, then the final table."""
+
     def __init__(
         self,
         spec: PipelineSpec,
@@ -160,10 +158,10 @@ class PipelineRun(RunRestore):
         #: subtask i's value of the state's subtask column: Spark puts it in partition i
         self.partition_keys = partition_keys(self.parallelism)
         self.attempt = self.options.attempt or f"a{uuid.uuid4().hex[:10]}"
-        #: the input listed now; the epochs to run, planned by the restore: a checkpoint's own
-        #: epochs and the files new since, or every file for an empty start
-        self.files = input_files(spec)
+        files = input_files(spec)  # listed now: the restore plans the epochs from them
         self.inputs = InputTransform(spark, spec, transform)  # and the static tables
+        #: the epochs to run, from the restore: a checkpoint's own epochs and the files new
+        #: since, or every file for an empty start
         self.epochs: list[list[InputSplit]] = []
         #: the run that read each epoch (list state of processed splits), restored or this one
         self.read_by: dict[int, str] = {}
@@ -179,8 +177,7 @@ class PipelineRun(RunRestore):
             raise SpecError("aggregations: needs at least one aggregation (or a stage)")
         self.stages = chained_stages(chain, spec.key)
         for s in self.stages:  # a stage that tells its changed rows can snapshot just those
-            chainable = getattr(s.stage, "changed_state", False) is not False
-            s.chains = {} if spec.checkpoint.incremental and chainable else None
+            s.chains = {} if spec.checkpoint.incremental and s.stage.incremental else None
         check_pipeline_sink(spec, storage.base_url)
         self.sink = open_sink(spec, job=spec.job, key=self.stages[-1].key)
         self.operators = [SOURCE, *(s.operator_id for s in self.stages), SINK]
@@ -206,13 +203,22 @@ class PipelineRun(RunRestore):
         self.result = RunResult(spec.job, 0)
         #: the checkpoint whose files are being written while the next epoch runs
         self.snapshots = AsyncSnapshots()
+        self.restorer = RunRestore(
+            spec,
+            spark,
+            metastore,
+            storage,
+            self.options,
+            attempt=self.attempt,
+            parallelism=self.parallelism,
+            stages=self.stages,
+            sink=self.sink,
+            inputs=self.inputs,
+            files=files,
+            read=self._read,
+        )
 
     # ------------------------------------------------------------------ input
-
-    def _epochs(self) -> list[list[InputSplit]]:
-        source = self.spec.source
-        splits = plan_splits(self.files, source.format.value, source.max_split_bytes)
-        return epochs_of(splits, source.splits_per_epoch)
 
     def _read(self, splits: Sequence[InputSplit]) -> DataFrame:
         """The transform's output over the rows of ``splits``; the first checks the stages."""
@@ -315,6 +321,19 @@ class PipelineRun(RunRestore):
             raise
         return self.result
 
+    def _restore(self) -> None:
+        """Start where the restore says: its epochs, each stage's state and chains."""
+        restored = self.restorer.restore()
+        self.epochs, self.read_by = restored.epochs, restored.read_by
+        self.covered_epoch, self.next_epoch = restored.covered_epoch, restored.next_epoch
+        for s in self.stages:
+            s.state = restored.states.get(s.operator_id, s.state)
+            if s.chains is not None:
+                s.chains = restored.chains.get(s.operator_id, s.chains)
+        self.result.restored_from = restored.checkpoint_id
+        self.result.epochs_total = len(self.epochs)
+        self.result.restore_phases = dict(restored.phases)
+
     def _fail(self) -> None:
         """This attempt failed: abort its pending checkpoints (job failover, not counted) and mark
         the job FAILED, which drops queued savepoint requests with a reason instead of leaving
@@ -365,9 +384,13 @@ class PipelineRun(RunRestore):
         rows = self._read(splits)
         for s in self.stages:  # each stage's changed rows are the next one's input
             state = s.state if s.state is not None else self._empty_state(s)
-            s.state, rows = s.stage.step(state, rows, partial(self._keyed, s.key))
+            step = s.stage.step(state, rows, partial(self._keyed, s.key))
+            s.state, rows = step.state, step.output
             if s.chains is not None:  # incremental: the next snapshot writes these rows
-                s.track_changes(epoch, MAX_DIRTY_EPOCHS, reset=self.snapshots.inflight is None)
+                if step.changed_state is None:
+                    raise TypeError(f"{s.stage!r} is incremental: its step must give changed_state")
+                reset = self.snapshots.inflight is None
+                s.track_changes(epoch, step.changed_state, MAX_DIRTY_EPOCHS, reset=reset)
         self.sink.stage(epoch, rows)
 
     def _keyed(self, key: Sequence[str], df: DataFrame) -> DataFrame:
@@ -413,25 +436,7 @@ class PipelineRun(RunRestore):
 
     def _pending_for_this_attempt(self) -> list[tuple[int, str, CheckpointType]]:
         with self.metastore.transaction() as s:
-            rows = s.execute(
-                select(
-                    Checkpoint.checkpoint_id,
-                    Checkpoint.storage_location,
-                    Checkpoint.checkpoint_type,
-                )
-                .join(
-                    CheckpointTask,
-                    (CheckpointTask.job_id == Checkpoint.job_id)
-                    & (CheckpointTask.checkpoint_id == Checkpoint.checkpoint_id),
-                )
-                .where(
-                    Checkpoint.job_id == self.spec.job,
-                    Checkpoint.status == CheckpointStatus.PENDING,
-                    CheckpointTask.attempt_id == self.plan[0].attempt_id,
-                )
-                .order_by(Checkpoint.checkpoint_id)
-            ).all()
-        return [(r[0], r[1], CheckpointType(r[2])) for r in rows]
+            return awaiting_attempt(s, self.spec.job, self.plan[0].attempt_id)
 
     def _snapshot(
         self, checkpoint_id: int, location_url: str, epoch: int, ctype: CheckpointType
@@ -502,10 +507,6 @@ class PipelineRun(RunRestore):
             state, s, *args, shared, *where, chains=chains, changes=changes
         )
 
-    def _remaining_splits(self, first_epoch: int) -> list[dict[str, Any]]:
-        """Every split of the epochs from ``first_epoch`` on."""
-        return [s.to_state(e) for e in range(first_epoch, len(self.epochs)) for s in self.epochs[e]]
-
     def _source_state(self, first_epoch: int) -> list[dict[str, Any]]:
         """The source's list state (Flink's ``PendingSplitsCheckpoint``): the splits processed
         before ``first_epoch`` (each with the run that read it) and those still to read."""
@@ -514,7 +515,7 @@ class PipelineRun(RunRestore):
             for e in range(min(first_epoch, len(self.epochs)))
             for s in self.epochs[e]
         ]
-        return processed + self._remaining_splits(first_epoch) + self.inputs.items
+        return processed + remaining_splits(self.epochs, first_epoch) + self.inputs.items
 
     def _commit_sink(self, completed: CompletedCheckpoint) -> None:
         """The completion notification: commit the epochs the checkpoint covers."""

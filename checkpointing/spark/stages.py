@@ -13,6 +13,7 @@ state columns, partitioned by subtask — so snapshots, restore and rescaling ar
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,8 +35,39 @@ UpdateFn = Callable[[pa.Table, pa.Table], tuple[Any, Any]]
 FinalFn = Callable[[pa.Table], Any]
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """What one epoch's :meth:`Stage.step` gives the runtime."""
+
+    #: the new state, materialised and partitioned by subtask
+    state: DataFrame
+    #: the sink rows of the keys that changed: the next stage's input in a chain, else the sink's
+    output: DataFrame
+    #: the state rows of the keys that changed, what an incremental snapshot writes; None for a
+    #: stage whose snapshots are always full (``Stage.incremental`` false)
+    changed_state: DataFrame | None = None
+
+
 class Stage(Protocol):
     """What the runtime needs of a keyed stateful stage."""
+
+    @property
+    def key(self) -> list[str]:
+        """The key columns its state is partitioned by (empty until keyed: the first stage of a
+        chain takes the pipeline's through :meth:`with_key`)."""
+        ...
+
+    @property
+    def uid(self) -> str | None:
+        """The operator id its state is stored under (Flink's ``uid``); None: by position."""
+        ...
+
+    @property
+    def incremental(self) -> bool:
+        """Whether its snapshots may be incremental: ``step`` gives every state row it changed
+        (``changed_state``) and the state never drops a key, which a log of changed rows cannot
+        express."""
+        ...
 
     def with_key(self, key: Sequence[str]) -> Stage:
         """This stage for the pipeline's key columns (refuses a mismatch)."""
@@ -51,9 +83,9 @@ class Stage(Protocol):
         """Key columns, ``extra_fields`` (subtask, key group), then the state columns."""
         ...
 
-    def step(self, state: DataFrame, rows: DataFrame, keyed: Keyed) -> tuple[DataFrame, DataFrame]:
-        """Fold one epoch's input ``rows`` into ``state``: (the new state, materialised and
-        partitioned by subtask; the sink rows of the keys that changed)."""
+    def step(self, state: DataFrame, rows: DataFrame, keyed: Keyed) -> StepResult:
+        """Fold one epoch's input ``rows`` into ``state``; ``keyed`` adds the key group and
+        subtask columns and partitions by subtask, as the state is."""
         ...
 
     def final(self, state: DataFrame) -> DataFrame:
@@ -61,8 +93,8 @@ class Stage(Protocol):
         ...
 
     def output_schema(self, input_schema: T.StructType) -> T.StructType:
-        """The schema of the rows it emits (``step``'s changed rows, ``final``'s): the next
-        stage's input in a chain."""
+        """The schema of the rows it emits (``step``'s output, ``final``'s): the next stage's
+        input in a chain."""
         ...
 
 
@@ -72,10 +104,8 @@ class AggregationStage:
     ``uid``: the operator id its state is stored under (Flink's ``uid``), default by position.
     """
 
-    #: the state rows (of the keys) the last step changed: what an incremental snapshot
-    #: writes. A stage without this attribute (one whose state may drop keys, which a log of
-    #: changed rows cannot express) is snapshotted in full.
-    changed_state: DataFrame | None = None
+    #: a merge never drops a key, and its step tells the rows it changed
+    incremental = True
 
     def __init__(self, plan: AggregationPlan, *, uid: str | None = None) -> None:
         self.plan = plan
@@ -101,7 +131,7 @@ class AggregationStage:
     ) -> T.StructType:
         return self.plan.state_schema(input_schema, extra_fields)
 
-    def step(self, state: DataFrame, rows: DataFrame, keyed: Keyed) -> tuple[DataFrame, DataFrame]:
+    def step(self, state: DataFrame, rows: DataFrame, keyed: Keyed) -> StepResult:
         """One shuffle per epoch, of the input rows by subtask: the partials, the merge (union +
         groupBy) and the changed rows then stay in the subtask's partition with its state."""
         on = [SUBTASK, KEY_GROUP, *self.plan.key]
@@ -109,8 +139,7 @@ class AggregationStage:
         merged = self.plan.merge(state, delta, on, changed_flag=_CHANGED)
         merged = merged.localCheckpoint(eager=True)
         changed = merged.where(F.col(_CHANGED)).drop(_CHANGED)
-        self.changed_state = changed
-        return merged.drop(_CHANGED), self.plan.final(changed)
+        return StepResult(merged.drop(_CHANGED), self.plan.final(changed), changed)
 
     def final(self, state: DataFrame) -> DataFrame:
         return self.plan.final(state)
@@ -146,6 +175,9 @@ class ArrowStage:
     ``key``: required for a stage after the first of a chain (the first takes the pipeline's);
     ``uid``: the operator id its state is stored under (Flink's ``uid``), default by position.
     """
+
+    #: snapshots are full: ``update`` may drop keys, which a log of changed rows cannot express
+    incremental = False
 
     def __init__(
         self,
@@ -222,7 +254,7 @@ class ArrowStage:
 
     # -- the epoch step --------------------------------------------------------------------
 
-    def step(self, state: DataFrame, rows: DataFrame, keyed: Keyed) -> tuple[DataFrame, DataFrame]:
+    def step(self, state: DataFrame, rows: DataFrame, keyed: Keyed) -> StepResult:
         """One cogroup of state and input by subtask: the user function runs per key group
         inside it; its state and changed rows leave in one tagged table, materialised once,
         so the function runs once per group and epoch."""
@@ -261,7 +293,7 @@ class ArrowStage:
         changed = tagged.where(F.col(_KIND) == 1).select(
             *self.key, *(F.col(_O + n).alias(n) for n in self.output_fields.names)
         )
-        return new_state, changed
+        return StepResult(new_state, changed)
 
     def final(self, state: DataFrame) -> DataFrame:
         columns = [*self.key, *self.output_fields.names]

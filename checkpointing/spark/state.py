@@ -3,7 +3,8 @@
 from its executor and restored by each new subtask reading just its key groups of the old files;
 and the list state of the ``source`` (splits still to read) and ``sink`` (staged epochs),
 dealt round-robin over their subtasks. What runs on the executors is
-:mod:`checkpointing.spark.executor`; when a checkpoint is taken or restored is the runtime's.
+:mod:`checkpointing.spark.executor`; when a checkpoint is taken is the runtime's
+(:mod:`checkpointing.spark.runtime`), what a run restores :mod:`checkpointing.spark.run_restore`'s.
 """
 
 from __future__ import annotations
@@ -66,14 +67,14 @@ class StageRun:
     #: the state rows changed in each epoch since then, newest last: the next snapshot's changes
     dirty: list[tuple[int, DataFrame]] = field(default_factory=list)
 
-    def track_changes(self, epoch: int, limit: int, *, reset: bool) -> None:
-        """Keep the epoch's changed rows (the stage's ``changed_state``) for the next
+    def track_changes(self, epoch: int, changed: DataFrame, limit: int, *, reset: bool) -> None:
+        """Keep the epoch's changed state rows (its step's ``changed_state``) for the next
         incremental snapshot. Kept whether or not a chain exists yet: the snapshot in flight
         may complete one, and the next snapshot then builds on it. Past ``limit`` epochs
         without a completed checkpoint they are dropped with the chains (when ``reset`` is
         allowed: no snapshot in flight, whose completion would bring back chains that lack
         them), so the next snapshot is full rather than old states held."""
-        self.dirty.append((epoch, self.stage.changed_state))  # type: ignore[attr-defined]
+        self.dirty.append((epoch, changed))
         if len(self.dirty) > limit and reset:
             self.dirty.clear()
             self.chains = {}
@@ -88,10 +89,10 @@ def chained_stages(stages: Sequence[Stage], key: Sequence[str]) -> list[StageRun
     for i, stage in enumerate(stages):
         if i == 0:
             stage = stage.with_key(key)
-        stage_key = list(getattr(stage, "key", None) or [])
+        stage_key = list(stage.key)
         if not stage_key:
             raise SpecError(f"stage {i + 1} ({stage!r}) has no key: give it key=[...]")
-        uid = getattr(stage, "uid", None) or (AGGREGATE if i == 0 else f"stage-{i + 1}")
+        uid = stage.uid or (AGGREGATE if i == 0 else f"stage-{i + 1}")
         validate_id(uid, f"stage {i + 1} uid")
         if uid in (SOURCE, SINK) or any(r.operator_id == uid for r in runs):
             raise SpecError(f"stage {i + 1}: operator id {uid!r} is taken; give it another uid")
@@ -258,6 +259,13 @@ def list_acks(
         TaskAck(t.attempt_id, state_meta={"list_state": d})
         for t, d in zip(tasks, dealt, strict=True)
     ]
+
+
+def remaining_splits(
+    epochs: Sequence[Sequence[InputSplit]], first_epoch: int
+) -> list[dict[str, Any]]:
+    """The source's list state items of every split of the epochs from ``first_epoch`` on."""
+    return [s.to_state(e) for e in range(first_epoch, len(epochs)) for s in epochs[e]]
 
 
 # ---------------------------------------------------------------------- restore
