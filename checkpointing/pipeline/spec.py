@@ -360,6 +360,14 @@ class PipelineSpec(BaseModel):
             return path
         return str((self.spec_path.parent / path).resolve())
 
+    def final_location(self) -> str:
+        """Where readers find a finished job's final table: the Parquet sink's ``<path>/final``
+        link, or the Delta table itself (which holds it, in upsert mode, or the changelog)."""
+        path = self.resolve(self.sink.path)
+        if self.sink.format == "delta":
+            return path
+        return str(Path(path.removeprefix("file://")) / "final")
+
 
 def load_spec(
     path: str | Path, overrides: dict[str, Any] | None = None, *, home: Path | None = None

@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from checkpointing.pipeline.spec import PipelineSpec
-
 
 class Sink(Protocol):
     """What the runtime needs of a two-phase-commit sink."""
@@ -64,12 +62,3 @@ class Sink(Protocol):
         """The job finished: publish the final table (``df``: one row per key), idempotently
         per ``token``; its location, or None when the sink has no separate final table."""
         ...
-
-
-def final_location(spec: PipelineSpec) -> str:
-    """Where readers find a finished job's final table: the Parquet sink's ``<path>/final``
-    link, or the Delta table itself (which holds it, in upsert mode, or the changelog)."""
-    path = spec.resolve(spec.sink.path)
-    if spec.sink.format == "delta":
-        return path
-    return str(Path(path.removeprefix("file://")) / "final")
