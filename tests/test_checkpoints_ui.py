@@ -155,6 +155,12 @@ def test_a_finished_pipelines_history_summary_details_and_restores(
     expect(history_row(page, 1).locator("td.failure")).to_be_empty()
     expect(history_row(page, 1).locator("td.disposal")).to_contain_text("subsumed")
     expect(history_row(page, 8).locator("td.failure")).not_to_be_empty()
+    # Written: the bytes a checkpoint wrote itself, as `ckpt list` shows them
+    written = server.call("GET", f"/api/pipelines/{FINISHED}/checkpoints/7", user="admin").body
+    assert 0 < written["checkpointed_size"] < 1024, written  # shown in bytes
+    expect(history_row(page, 7).locator("td.written")).to_have_text(
+        f"{written['checkpointed_size']} B"
+    )
     expect(page.locator("#legend")).to_contain_text("SUBSUMED")
     expect(page.locator("#legend")).to_contain_text("DISCARDED")
     # times in Airflow's zone and format, the zone labelled

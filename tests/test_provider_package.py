@@ -101,6 +101,51 @@ def test_no_other_module_of_the_api_imports_airflow_internals() -> None:
     assert not offenders, offenders
 
 
+def test_the_spark_provider_internals_the_operator_reads_still_exist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Spark provider's ``SparkSubmitHook`` has no public API for the connection it resolved
+    nor for spark-submit's exit code; ``spark_submit_internals`` reads both from private
+    attributes. On a real hook (and a stand-in spark-submit that exits 3) they still exist and
+    say what they said: a provider upgrade that renames one fails here, instead of the operator
+    silently taking every deploy mode for ``client``."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from checkpointing_airflow import spark_submit_internals as internals
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_CKPT_CLUSTER",
+        json.dumps(
+            {
+                "conn_type": "spark",
+                "host": "spark://master",
+                "port": 7077,
+                "extra": {"deploy-mode": "cluster"},
+            }
+        ),
+    )
+    fake = tmp_path / "spark-submit"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(3)\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+    cluster = SparkSubmitHook(conn_id="spark_ckpt_cluster")
+    hook = SparkSubmitHook(conn_id=None)
+    missing = [
+        name
+        for name in internals.PRIVATE_ATTRIBUTES
+        for h in (cluster, hook)
+        if not hasattr(h, name)
+    ]
+    assert not missing, f"SparkSubmitHook no longer has {sorted(set(missing))}"
+    assert internals.submit_target(cluster) == ("cluster", "spark://master:7077")
+    assert internals.submit_target(hook) == ("client", "yarn")  # the provider's default
+    assert internals.submit_returncode(hook) is None  # not run yet
+    with pytest.raises(Exception, match="Error code is: 3"):
+        hook.submit("app.py")
+    assert internals.submit_returncode(hook) == 3
+
+
 # ============================================================================ provider info
 
 
@@ -200,7 +245,7 @@ def test_the_core_and_the_metastore_commands_need_neither_airflow_nor_pyspark(
         """
         import importlib, pkgutil
         import checkpointing
-        skip = ("checkpointing.spark", "checkpointing.migrations")
+        skip = ("checkpointing.spark", "checkpointing.metastore.migrations")
         for m in pkgutil.walk_packages(checkpointing.__path__, "checkpointing."):
             if not m.name.startswith(skip):
                 importlib.import_module(m.name)
@@ -298,14 +343,14 @@ def test_the_wheel_holds_the_core_and_the_provider(installed: Installed) -> None
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     for expected in (
         "checkpointing/__init__.py",
-        "checkpointing/migrations/env.py",
+        "checkpointing/metastore/migrations/env.py",
         "checkpointing_airflow/__init__.py",
         "checkpointing_airflow/checkpoints_plugin.py",
         "checkpointing_airflow/api/airflow_internals.py",
         "checkpointing_airflow/ui.html",
     ):
         assert expected in names, expected
-    assert any(n.startswith("checkpointing/migrations/versions/") for n in names)
+    assert any(n.startswith("checkpointing/metastore/migrations/versions/") for n in names)
     assert not [n for n in names if n.startswith(("plugins/", "tests/", "dags/", "demo/"))]
 
 

@@ -99,7 +99,8 @@ def get_job(metastore: Metastore, job_id: str) -> JobInfo | None:
 
 
 def require_job(metastore: Metastore, job_id: str) -> JobInfo:
-    """The job; :class:`UnknownJobError` when it was never registered."""
+    """The job; :class:`UnknownJobError` when it was never registered. The one check of every
+    reader that names the job before its checkpoints (the views, the restore lookup, the API)."""
     info = get_job(metastore, job_id)
     if info is None:
         raise unknown_job(job_id)

@@ -1,6 +1,9 @@
-"""Read models of the metastore: what the CLI (and later the UI and REST API) show.
+"""Read models of the metastore: what ``ckpt … --json``, the checkpoint API and its Checkpoints
+page show.
 
-Plain dicts with JSON-friendly values, so ``--json`` output and API responses are the same data.
+Plain dicts with JSON-friendly values. They are the source of the API's response shapes
+(``checkpointing_airflow.api.schemas``): a key added here needs its field there, and
+``tests/test_checkpoint_api.py`` fails until it has one.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.sql.selectable import ScalarSelect
 
 from checkpointing.errors import UnknownCheckpointError
-from checkpointing.ids import validate_checkpoint_id, validate_id
+from checkpointing.ids import validate_checkpoint_id
 from checkpointing.metastore import jobs
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.input_views import FILE_LIMIT, input_section
@@ -72,10 +75,6 @@ def list_jobs(metastore: Metastore) -> list[dict[str, Any]]:
         ]
 
 
-def _require_job(s: Any, job_id: str) -> Job:
-    return jobs.job_row(s, validate_id(job_id, "job id"))
-
-
 def checkpoint_summary(c: Checkpoint, acked: int) -> dict[str, Any]:
     return {
         "checkpoint_id": c.checkpoint_id,
@@ -122,8 +121,8 @@ def list_checkpoints(
     offset: int = 0,
 ) -> list[dict[str, Any]]:
     """Newest first."""
+    jobs.require_job(metastore, job_id)
     with metastore.transaction() as s:
-        _require_job(s, job_id)
         query = select(Checkpoint, acked_count()).where(
             *_checkpoint_filter(job_id, status, checkpoint_type)
         )
@@ -141,8 +140,8 @@ def count_checkpoints(
     checkpoint_type: str | None = None,
 ) -> int:
     """How many checkpoints :func:`list_checkpoints` would list without a limit (for paging)."""
+    jobs.require_job(metastore, job_id)
     with metastore.transaction() as s:
-        _require_job(s, job_id)
         query = select(func.count()).select_from(Checkpoint)
         return int(s.scalar(query.where(*_checkpoint_filter(job_id, status, checkpoint_type))) or 0)
 
@@ -151,8 +150,8 @@ def checkpoint_detail(metastore: Metastore, job_id: str, checkpoint_id: int) -> 
     """One checkpoint with its properties, per operator subtask its ack, and the ``input`` its
     runs consumed (:func:`consumed_input`; None when the source did not acknowledge it)."""
     checkpoint_id = validate_checkpoint_id(checkpoint_id)
+    jobs.require_job(metastore, job_id)
     with metastore.transaction() as s:
-        _require_job(s, job_id)
         c = s.get(Checkpoint, (job_id, checkpoint_id))
         if c is None:
             raise UnknownCheckpointError(f"job {job_id} has no checkpoint {checkpoint_id}")
@@ -213,19 +212,31 @@ def consumed_input(
 ) -> dict[str, Any] | None:
     """The input a checkpoint's runs consumed, from its source's acknowledgements (see
     :mod:`checkpointing.metastore.input_views`): per run (attempt) the epochs, files and bytes it
-    read, the
-    totals, and the files (at most ``file_limit``). None when the source did not acknowledge it."""
+    read, the totals, and the files (at most ``file_limit``). None when the source did not
+    acknowledge it."""
     checkpoint_id = validate_checkpoint_id(checkpoint_id)
+    jobs.require_job(metastore, job_id)
     with metastore.transaction() as s:
-        _require_job(s, job_id)
         if s.get(Checkpoint, (job_id, checkpoint_id)) is None:
             raise UnknownCheckpointError(f"job {job_id} has no checkpoint {checkpoint_id}")
         return input_section(s, job_id, checkpoint_id, file_limit)
 
 
-def list_restores(metastore: Metastore, job_id: str) -> list[dict[str, Any]]:
+def list_restores(
+    metastore: Metastore, job_id: str, *, limit: int | None = None, offset: int = 0
+) -> list[dict[str, Any]]:
+    """Restore decisions, newest first: which checkpoint each attempt restored (or planned to),
+    at which parallelism, and the checkpoints it skipped as unusable (``fallbacks``)."""
+    jobs.require_job(metastore, job_id)
     with metastore.transaction() as s:
-        _require_job(s, job_id)
+        query = (
+            select(RestoreEvent)
+            .where(RestoreEvent.job_id == job_id)
+            .order_by(RestoreEvent.restore_id.desc())
+            .offset(offset)
+        )
+        if limit:
+            query = query.limit(limit)
         return [
             {
                 "restore_id": r.restore_id,
@@ -240,20 +251,24 @@ def list_restores(metastore: Metastore, job_id: str) -> list[dict[str, Any]]:
                 "message": r.message,
                 "created_at": _iso(r.created_at),
             }
-            for r in s.scalars(
-                select(RestoreEvent)
-                .where(RestoreEvent.job_id == job_id)
-                .order_by(RestoreEvent.restore_id.desc())
-            )
+            for r in s.scalars(query)
         ]
+
+
+def count_restores(metastore: Metastore, job_id: str) -> int:
+    """How many restores :func:`list_restores` would list without a limit (for paging)."""
+    jobs.require_job(metastore, job_id)
+    with metastore.transaction() as s:
+        query = select(func.count()).select_from(RestoreEvent)
+        return int(s.scalar(query.where(RestoreEvent.job_id == job_id)) or 0)
 
 
 def list_requests(
     metastore: Metastore, job_id: str, *, limit: int | None = None
 ) -> list[dict[str, Any]]:
     """Checkpoint and savepoint requests, newest first (periodic triggers are not requests)."""
+    jobs.require_job(metastore, job_id)
     with metastore.transaction() as s:
-        _require_job(s, job_id)
         query = (
             select(CheckpointRequest)
             .where(CheckpointRequest.job_id == job_id, CheckpointRequest.periodic.is_(False))
@@ -288,8 +303,8 @@ def checkpoint_stats(metastore: Metastore, job_id: str) -> dict[str, Any]:
     """A pipeline's checkpoints at a glance (Flink's checkpoint summary): counts by status,
     min/avg/max end-to-end duration and state size of the completed ones (subsumed included),
     and the latest completed, failed (aborted) and savepoint checkpoints and latest restore."""
+    jobs.require_job(metastore, job_id)
     with metastore.transaction() as s:
-        _require_job(s, job_id)
         own = Checkpoint.job_id == job_id
         counts = {
             status: int(n)
@@ -327,6 +342,6 @@ def checkpoint_stats(metastore: Metastore, job_id: str) -> dict[str, Any]:
                 Checkpoint.completed_at.is_not(None),
             ),
         }
-    restores = list_restores(metastore, job_id)
+    restores = list_restores(metastore, job_id, limit=1)
     summary["latest_restore"] = restores[0] if restores else None
     return summary

@@ -355,12 +355,6 @@ class RestorePreview:
         }
 
 
-def require_job(metastore: Metastore, job_id: str) -> None:
-    """Fail with the job named before looking for its checkpoints."""
-    with metastore.transaction() as s:
-        jobs.job_row(s, validate_id(job_id, "job id"))
-
-
 def preview_restore(
     metastore: Metastore,
     storage: CheckpointStorage,
@@ -386,7 +380,7 @@ def preview_restore(
     if source == "latest":
         decision = find_latest_valid(metastore, storage, job_id, deep=deep, strict=True)
     elif source.isdigit():
-        require_job(metastore, job_id)
+        jobs.require_job(metastore, job_id)  # the job named before its checkpoint
         decision = load_checkpoint(metastore, storage, job_id, int(source), deep=deep)
     elif "/" in source:
         decision = load_external(

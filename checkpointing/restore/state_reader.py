@@ -29,6 +29,7 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from checkpointing.errors import CheckpointingError, CorruptSnapshotError
+from checkpointing.metastore import jobs
 from checkpointing.metastore.engine import Metastore
 from checkpointing.restore import lookup as restore
 from checkpointing.state.incremental import merge_chain
@@ -149,7 +150,7 @@ class CheckpointReader:
     def open(
         cls, metastore: Metastore, storage: CheckpointStorage, job_id: str, checkpoint_id: int
     ) -> CheckpointReader:
-        restore.require_job(metastore, job_id)
+        jobs.require_job(metastore, job_id)
         decision = restore.load_checkpoint(metastore, storage, job_id, checkpoint_id, deep=False)
         return cls(storage, decision)
 

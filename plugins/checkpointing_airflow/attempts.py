@@ -70,8 +70,7 @@ def describe_failed_try(
 ) -> str:
     """The one line a failed try logs: how its driver ended, the job's last completed
     checkpoint (a :class:`checkpointing.metastore.outcome.CheckpointPoint`, None, or why it is
-    unknown),
-    and what the retry restores; epochs are counted as in the XCom (``epochs done``)."""
+    unknown), and what the retry restores; epochs are counted as in the XCom (``epochs done``)."""
     if isinstance(latest, str):  # the metastore could not say
         last = latest
     elif latest is None:

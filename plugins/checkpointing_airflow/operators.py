@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from checkpointing.metastore.jobs import job_status, storage_url_for_run
+from checkpointing.metastore.jobs import storage_url_for_run
 from checkpointing_airflow.attempts import attempt_id, run_started
 from checkpointing_airflow.aws_credentials import aws_environment
 from checkpointing_airflow.hooks import CheckpointMetastoreHook, open_metastore
 from checkpointing_airflow.links import CheckpointsLink
+from checkpointing_airflow.spark_submit_internals import submit_returncode, submit_target
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -44,17 +45,19 @@ def is_secret_name(name: str) -> bool:
 
 
 def spark_application() -> str:
-    """The file spark-submit runs: ``checkpointing/spark/app.py`` of the installed package."""
+    """The file spark-submit runs: ``checkpointing/cli/spark_app.py`` of the installed package
+    (the ``ckpt`` command line; a file path, so the plugin imports no Spark module for it)."""
     spec = importlib.util.find_spec("checkpointing")
     assert spec is not None and spec.submodule_search_locations
-    return str(Path(next(iter(spec.submodule_search_locations))) / "spark" / "app.py")
+    return str(Path(next(iter(spec.submodule_search_locations))) / "cli" / "spark_app.py")
 
 
 class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     """Run a pipeline spec (``ckpt run``) with ``spark-submit``, resuming from its latest
     checkpoint, and coordinate its checkpoints while it runs.
 
-    While the Spark application runs, this task is the job's checkpoint coordinator: it starts
+    While the Spark application runs, this task is the job's checkpoint coordinator
+    (:func:`checkpointing.restore.attempt.coordinate_attempt` owns that lifetime): it starts
     periodic checkpointing when the application reports RUNNING and stops it (aborting pending
     checkpoints) when it does not; it triggers queued savepoint and checkpoint requests (from the
     UI, a DAG or the CLI), expires overdue checkpoints and completes fully acknowledged ones whose
@@ -210,7 +213,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.log import mask_secret
 
-        from checkpointing.coordination.coordinator import CheckpointCoordinator
+        from checkpointing.restore.attempt import coordinate_attempt
         from checkpointing.restore.recovery import pipeline_plan
         from checkpointing.state.storage import CheckpointStorage
 
@@ -221,34 +224,64 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         metastore = open_metastore(url)
         storage_url = self.storage_for(spec)
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
-        recovery = self.recovery_for(context, spec, metastore, storage_url)
-        restore = recovery.restore if recovery is not None else str(self.restore)
-        if recovery is None:
-            self._refuse_other_jobs_state(spec, storage_url, restore)
-        parallelism = recovery.parallelism if recovery else self.parallelism_for(spec, 1)
-        plan = pipeline_plan(attempt, parallelism, spec.max_parallelism)
-
-        def running_plan() -> list[Any] | None:  # tasks exist only while the app runs
-            return plan if job_status(metastore, spec.job) == "RUNNING" else None
-
-        coordinator = CheckpointCoordinator(
+        restore, parallelism = self.plan_try(context, spec, metastore, storage_url)
+        with coordinate_attempt(
             spec.job,
             metastore,
             CheckpointStorage.from_url(storage_url),
             spec.checkpoint.config(),
-            coordinator_id=attempt,
-            plan_provider=running_plan,
-        )
-        coordinator.activate()  # a dead predecessor's pending checkpoints: coordinator failover
-        self.log.info(
-            "job %s: try %d as coordinator %s, restore %s, parallelism %d",
-            spec.job,
-            ti.try_number,
-            attempt,
-            restore,
-            parallelism,
-        )
-        self.application_args = [
+            attempt=attempt,
+            tasks=pipeline_plan(attempt, parallelism, spec.max_parallelism),
+            poll=self.coordinator_poll,
+            failover_reason=f"try {ti.try_number} ({attempt}) failed",
+        ):
+            self.log.info(
+                "job %s: try %d as coordinator %s, restore %s, parallelism %d",
+                spec.job,
+                ti.try_number,
+                attempt,
+                restore,
+                parallelism,
+            )
+            self.application_args = self._application_args(
+                spec, restore, parallelism, attempt, ti.try_number
+            )
+            self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
+            secrets = self.prepare_submit(self._driver_env(url, storage_url))
+            self.submit(context, spec, metastore, secrets)
+        return self._outcome(spec, metastore, attempt)
+
+    def plan_try(
+        self, context: Context, spec: PipelineSpec, metastore: Metastore, storage_url: str
+    ) -> tuple[str, int]:
+        """What this try restores (``ckpt run --restore``'s value) and its parallelism: a
+        retry's recovery plan, else the first try's ``restore``, refused before anything runs
+        when it is another job's checkpoint or savepoint and that is not allowed."""
+        recovery = self.recovery_for(context, spec, metastore, storage_url)
+        if recovery is not None:
+            return recovery.restore, recovery.parallelism
+        restore = str(self.restore)
+        self._refuse_other_jobs_state(spec, storage_url, restore)
+        return restore, self.parallelism_for(spec, 1)
+
+    def submit(
+        self, context: Context, spec: PipelineSpec, metastore: Metastore, secrets: Mapping[str, str]
+    ) -> None:
+        """Run spark-submit (the provider's ``execute``) with ``secrets`` in its process
+        environment only; a failed try logs one line saying how it ended and what comes next."""
+        try:
+            with _process_environment(secrets):  # spark-submit inherits them, nothing else
+                super().execute(context)
+        except BaseException as exc:
+            try_number = context["ti"].try_number
+            self.log.error("%s", self._failure_line(spec, metastore, try_number, exc))
+            raise
+
+    def _application_args(
+        self, spec: PipelineSpec, restore: str, parallelism: int, attempt: str, try_number: int
+    ) -> list[str]:
+        """``ckpt run``'s arguments for the driver: the attempt id is its coordinator id too."""
+        args = [
             "run",
             str(spec.spec_path),
             "--restore",
@@ -261,30 +294,12 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             attempt,
         ]
         if _truthy(self.allow_other_job):
-            self.application_args.append("--allow-other-job")
+            args.append("--allow-other-job")
         if _truthy(self.allow_changed_tables):
-            self.application_args.append("--allow-changed-tables")
-        if self.fail_first_try_after_epochs and ti.try_number == 1:
-            self.application_args += ["--fail-after-epochs", str(self.fail_first_try_after_epochs)]
-        self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
-        secrets = self.prepare_submit(self._driver_env(url, storage_url))
-
-        from checkpointing.coordination.coordinator_loop import CheckpointCoordinatorDeActivator
-
-        deactivator = CheckpointCoordinatorDeActivator(
-            coordinator, self.coordinator_poll, follow_job_status=True, name=f"ckpt-{spec.job}"
-        )
-        deactivator.start()
-        try:
-            with _process_environment(secrets):  # spark-submit inherits them, nothing else
-                super().execute(context)
-        except BaseException as exc:
-            coordinator.failover(f"try {ti.try_number} ({attempt}) failed")
-            self.log.error("%s", self._failure_line(spec, metastore, ti.try_number, exc))
-            raise
-        finally:
-            deactivator.stop()
-        return self._outcome(spec, metastore, attempt)
+            args.append("--allow-changed-tables")
+        if self.fail_first_try_after_epochs and try_number == 1:
+            args += ["--fail-after-epochs", str(self.fail_first_try_after_epochs)]
+        return args
 
     def prepare_submit(self, env: Mapping[str, str]) -> dict[str, str]:
         """Mask every credential of the driver's environment ``env`` (by variable name), keep
@@ -304,12 +319,11 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             else:
                 mask_secret(value, name)  # Airflow's own rule for sensitive names
         self.env_vars = {k: v for k, v in env.items() if k not in secrets}
-        self._hook = self._get_hook()
-        connection = getattr(self._hook, "_connection", {}) or {}
-        deploy_mode = str(connection.get("deploy_mode") or "client")
+        self._hook = self._get_hook()  # the provider's execute submits with this hook
+        deploy_mode, master = submit_target(self._hook)
         if secrets and deploy_mode == "cluster":
             raise AirflowFailException(
-                f"deploy mode cluster (master {connection.get('master')}): the driver would run "
+                f"deploy mode cluster (master {master}): the driver would run "
                 f"on the cluster and need {', '.join(sorted(secrets))}, which spark-submit can "
                 "only pass there as --conf arguments, visible in the process list and the Spark "
                 "UI; refused: use deploy mode client"
@@ -366,10 +380,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         from checkpointing.metastore.outcome import attempt_outcome
 
         outcome = attempt_outcome(metastore, spec.job, attempt).to_dict()
-        from checkpointing.sinks.protocol import final_location
 
         finished = outcome["status"] == "FINISHED" and not outcome["savepoint_path"]
-        outcome["final_path"] = final_location(spec) if finished else None
+        outcome["final_path"] = spec.final_location() if finished else None
         if outcome["savepoint_path"]:
             self.log.info("job %s stopped with savepoint %s", spec.job, outcome["savepoint_path"])
         self.log.info(
@@ -393,11 +406,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             latest = latest_completed(metastore, spec.job)
         except Exception as error:  # the metastore may be what failed: the line says so
             latest = f"last completed checkpoint unknown ({type(error).__name__})"
-        sp = getattr(getattr(self, "_hook", None), "_submit_sp", None)
         return describe_failed_try(
             spec.job,
             try_number,
-            getattr(sp, "returncode", None),
+            submit_returncode(getattr(self, "_hook", None)),
             exc,
             latest,
             retries_left=(self.retries or 0) >= try_number,

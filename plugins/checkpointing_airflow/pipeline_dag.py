@@ -3,8 +3,7 @@
 
 Every ``dags/pipelines/<name>.yaml`` (the spec of :mod:`checkpointing.pipeline.spec`, with its
 deployment fields ``schedule``, ``retries``, ``retry_delay``, ``parallelism_on_retry``, ``owner``
-and
-``tags``) becomes the DAG ``<job>``, built by its own DAG file calling :func:`pipeline_dag`
+and ``tags``) becomes the DAG ``<job>``, built by its own DAG file calling :func:`pipeline_dag`
 (:mod:`checkpointing_airflow.dag_files` says why).
 
 Airflow is imported inside the functions. This module is also imported as a top-level module by
@@ -46,8 +45,7 @@ def pipeline_dag(
     """The DAG of the spec next to ``dag_file`` (call it with ``__file__``).
 
     A broken spec raises :class:`~checkpointing.pipeline.spec.SpecError` naming the file and the
-    field,
-    and Airflow records it as this DAG file's import error."""
+    field, and Airflow records it as this DAG file's import error."""
     spec = load_spec(spec_file_for(dag_file))
     return build_pipeline_dag(
         spec,

@@ -7,7 +7,7 @@ JSON for the Checkpoints UI and for scripts, in four rooms:
 - :mod:`~checkpointing_airflow.api.auth`: who may do what (Airflow login, per-DAG read and edit
   access, cross-site forgery, request-body limits);
 - :mod:`~checkpointing_airflow.api.routes`: the reads, queries of
-:mod:`checkpointing.metastore.views`;
+  :mod:`checkpointing.metastore.views`;
 - :mod:`~checkpointing_airflow.api.actions`: discard a savepoint, restore, request a savepoint;
 
 plus :mod:`~checkpointing_airflow.api.metastore` (the metastore dependency and the HTTP status of

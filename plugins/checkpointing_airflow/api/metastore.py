@@ -76,11 +76,12 @@ MetastoreDep = Annotated[Metastore, Depends(metastore)]
 
 
 def pipeline_job(store: Metastore, pipeline_id: str) -> JobInfo:
-    """The pipeline's job (:mod:`checkpointing.metastore.jobs`), else 404 naming the pipeline."""
-    job = jobs.get_job(store, pipeline_id)
-    if job is None:
-        raise UnknownJobError(f"unknown pipeline {pipeline_id!r}")
-    return job
+    """The pipeline's job (:func:`checkpointing.metastore.jobs.require_job`), its error
+    worded for the API (a pipeline, not a ``ckpt jobs`` hint): 404 by :func:`_status_of`."""
+    try:
+        return jobs.require_job(store, pipeline_id)
+    except UnknownJobError:
+        raise UnknownJobError(f"unknown pipeline {pipeline_id!r}") from None
 
 
 def _status_of(exc: CheckpointingError) -> int:

@@ -1,8 +1,7 @@
 """The checkpoint API's reads: pipelines, their checkpoints (filtered, paged), one checkpoint's
 acks, restores, savepoint requests and restore plans. Every read is a query of
-:mod:`checkpointing.metastore.views` (the same data as ``ckpt … --json``) for a caller who may read
-the
-pipeline's DAG (:mod:`checkpointing_airflow.api.auth`)."""
+:mod:`checkpointing.metastore.views` (the same data as ``ckpt … --json``) for a caller who may
+read the pipeline's DAG (:mod:`checkpointing_airflow.api.auth`)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from fastapi import APIRouter, Path, Query
 
 from checkpointing.coordination import savepoints
 from checkpointing.errors import UnknownJobError
-from checkpointing.metastore import jobs, views
+from checkpointing.metastore import views
 from checkpointing_airflow.api.auth import CallerDep, ReadablePipeline, may_access
 from checkpointing_airflow.api.metastore import MetastoreDep, pipeline_job
 from checkpointing_airflow.api.schemas import (
@@ -152,39 +151,13 @@ def list_restores(
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
     offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> RestoreList:
-    """A page of the pipeline's restores; only that page is read from the metastore."""
-    from sqlalchemy import func, select
-
-    from checkpointing.metastore.models import RestoreEvent
-
-    jobs.require_job(store, pipeline_id)
-    with store.transaction() as s:
-        mine = RestoreEvent.job_id == pipeline_id
-        total = s.scalar(select(func.count()).select_from(RestoreEvent).where(mine)) or 0
-        rows = s.scalars(
-            select(RestoreEvent)
-            .where(mine)
-            .order_by(RestoreEvent.restore_id.desc())
-            .limit(limit)
-            .offset(offset)
-        )
-        restores = [
-            Restore(
-                restore_id=r.restore_id,
-                attempt=r.attempt,
-                checkpoint_id=r.checkpoint_id,
-                checkpoint_type=r.checkpoint_type,
-                external_path=r.external_path,
-                parallelism=r.parallelism,
-                status=str(getattr(r.status, "value", r.status)),
-                fallbacks=(r.fallbacks or {}).get("skipped", []),
-                assignment=r.assignment,
-                message=r.message,
-                created_at=r.created_at,
-            )
-            for r in rows
-        ]
-    return RestoreList(restores=restores, total=total, limit=limit, offset=offset)
+    """A page of the pipeline's restores (``ckpt restores --json``); only that page is read
+    from the metastore."""
+    rows = views.list_restores(store, pipeline_id, limit=limit, offset=offset)
+    total = views.count_restores(store, pipeline_id)
+    return RestoreList(
+        restores=[Restore(**r) for r in rows], total=total, limit=limit, offset=offset
+    )
 
 
 @router.get(

@@ -1,8 +1,10 @@
 """The checkpoint API's JSON shapes: responses, request bodies and query filters.
 
-The rows come from :mod:`checkpointing.metastore.views` and the core library's results. Where a core
-dataclass already is the shape (a savepoint request's state, a key-group range, a checkpoint a
-restore skipped), the model is derived from it (:func:`from_core`), so that the two cannot drift.
+The rows come from :mod:`checkpointing.metastore.views` and the core library's results, which are
+the source of these shapes: every key they return has its field here (the API adds a few of its
+own, e.g. a pipeline's ``can_edit``), and ``tests/test_checkpoint_api.py`` holds them to it. Where
+a core dataclass already is the shape (a savepoint request's state, a key-group range, a
+checkpoint a restore skipped), the model is derived from it (:func:`from_core`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ class CheckpointSummary(BaseModel):
     acked_tasks: int
     num_tasks: int
     state_size: int | None = Field(description="bytes of state, all acked tasks")
+    checkpointed_size: int | None = Field(
+        description="bytes this checkpoint wrote itself: an incremental one reuses the rest of "
+        "its state from earlier checkpoints"
+    )
     failure_reason: str | None
     failure_message: str | None
     storage_location: str | None
@@ -330,6 +336,9 @@ class RestorePlan(BaseModel):
     checkpoint_id: int | None
     checkpoint_type: str | None
     metadata_path: str | None
+    from_job_id: str | None = Field(
+        description="the job a checkpoint or savepoint path belongs to, when not this one"
+    )
     completed_at: datetime
     skipped: list[SkippedCheckpoint]
     parallelism: int

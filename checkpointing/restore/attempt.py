@@ -1,0 +1,73 @@
+"""One execution attempt's coordination lifetime: whoever runs an attempt of a job elsewhere (the
+Airflow operator submitting a Spark application) is its checkpoint coordinator while it runs.
+
+Flink's JobManager owns a ``CheckpointCoordinator`` per execution and its
+``CheckpointCoordinatorDeActivator`` starts and stops periodic checkpointing as the job's status
+changes. Here the attempt's process reports that status in the metastore, so the coordinator
+follows it there: :func:`coordinate_attempt` takes over coordination (a dead predecessor's
+pending checkpoints are aborted as coordinator failover), runs the coordinator loop while the
+caller waits for the attempt, and on failure aborts what is pending as job failover, so that the
+next attempt need not wait for it to expire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+
+from checkpointing.config import CheckpointConfig
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.coordinator_loop import CheckpointCoordinatorDeActivator
+from checkpointing.coordination.pending import TaskSpec
+from checkpointing.metastore import jobs
+from checkpointing.metastore.engine import Metastore
+from checkpointing.state.storage import CheckpointStorage
+from checkpointing.status import JobStatus
+
+
+@contextmanager
+def coordinate_attempt(
+    job_id: str,
+    metastore: Metastore,
+    storage: CheckpointStorage,
+    config: CheckpointConfig,
+    *,
+    attempt: str,
+    tasks: Sequence[TaskSpec],
+    poll: timedelta | float,
+    failover_reason: str,
+) -> Iterator[CheckpointCoordinator]:
+    """Be ``job_id``'s active coordinator, as ``attempt``, for the ``with`` block's duration.
+
+    On entry the coordinator registers the job's ``config`` and ``storage`` and activates;
+    its loop then runs every ``poll`` and follows the job's status: periodic checkpointing
+    while the attempt reports RUNNING, each new checkpoint waiting for ``tasks`` (the
+    attempt's subtasks, which exist only while it runs). An exception out of the block aborts
+    the pending checkpoints with ``failover_reason`` (job failover, not counted as a checkpoint
+    failure) and propagates; the loop is stopped in every case. A process that runs the job
+    itself (``ckpt run``'s driver) reports the status directly instead and does not use this.
+
+    :param attempt: the attempt id, used as the coordinator id: the attempt's own process acts
+        under the same id (``CheckpointCoordinator.join``), so the two are one coordinator.
+    """
+    planned = list(tasks)
+
+    def running_tasks() -> list[TaskSpec] | None:
+        return planned if jobs.job_status(metastore, job_id) is JobStatus.RUNNING else None
+
+    coordinator = CheckpointCoordinator(
+        job_id, metastore, storage, config, coordinator_id=attempt, plan_provider=running_tasks
+    )
+    coordinator.activate()  # a dead predecessor's pending checkpoints: coordinator failover
+    loop = CheckpointCoordinatorDeActivator(
+        coordinator, poll, follow_job_status=True, name=f"ckpt-{job_id}"
+    )
+    loop.start()
+    try:
+        yield coordinator
+    except BaseException:
+        coordinator.failover(failover_reason)
+        raise
+    finally:
+        loop.stop()
