@@ -17,6 +17,7 @@ import pytest
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.outcome import attempt_outcome, latest_completed
 from checkpointing.state.storage import FileSystemCheckpointStorage
+from checkpointing_airflow.spark_submit_internals import submit_returncode
 from tests.spark_pipeline import EPOCHS, events_spec, write_events
 
 
@@ -90,7 +91,7 @@ def test_a_sigkilled_driver_is_one_line_with_the_checkpoint_the_retry_restores(
     line = describe_failed_try(
         "job",
         1,
-        hook._submit_sp.returncode,
+        submit_returncode(hook),
         failed.value,
         latest,
         retries_left=True,

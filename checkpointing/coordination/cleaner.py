@@ -1,9 +1,12 @@
 """Deleting checkpoint files (Flink's ``CheckpointsCleaner``, and its
 ``CheckpointCoordinator.discardSubtaskState`` for acks that did not count).
 
-Every deletion of the protocol lives here, and each runs *after* the metastore transaction that
-released, aborted or refused what it deletes has committed, so a failed commit never leaves the
-metastore pointing at deleted files:
+Every deletion of files a metastore row referred to lives here, and each runs *after* the
+metastore transaction that released, aborted or refused what it deletes has committed, so a failed
+commit never leaves the metastore pointing at deleted files (two deletions stay where they start:
+a trigger that failed before its row existed disposes its fresh location, and a user's discard of
+a savepoint is :func:`checkpointing.coordination.savepoints.discard_savepoint`'s, which reports a
+failed delete to the user):
 
 * the directory of a checkpoint subsumed, discarded or aborted (``dispose``);
 * an aborted checkpoint's ``shared/chk-<id>/``, where only its own new files lie;

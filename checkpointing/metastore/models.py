@@ -1,8 +1,8 @@
 """The SQL metastore's tables (SQLAlchemy 2 typed models).
 
 The table and column meanings are documented in ``docs/metastore.md``; ``sql/`` holds the
-reference DDL and ``checkpointing/migrations`` the Alembic migrations. A test keeps all three in
-step.
+reference DDL and ``checkpointing/metastore/migrations`` the Alembic migrations. A test keeps
+all three in step.
 """
 
 from __future__ import annotations

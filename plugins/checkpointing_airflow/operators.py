@@ -57,7 +57,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     checkpoint, and coordinate its checkpoints while it runs.
 
     While the Spark application runs, this task is the job's checkpoint coordinator
-    (:func:`checkpointing.restore.attempt.coordinate_attempt` owns that lifetime): it starts
+    (:func:`checkpointing.coordination.attempt.coordinate_attempt` owns that lifetime): it starts
     periodic checkpointing when the application reports RUNNING and stops it (aborting pending
     checkpoints) when it does not; it triggers queued savepoint and checkpoint requests (from the
     UI, a DAG or the CLI), expires overdue checkpoints and completes fully acknowledged ones whose
@@ -213,7 +213,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.log import mask_secret
 
-        from checkpointing.restore.attempt import coordinate_attempt
+        from checkpointing.coordination.attempt import coordinate_attempt
         from checkpointing.restore.recovery import pipeline_plan
         from checkpointing.state.storage import CheckpointStorage
 
