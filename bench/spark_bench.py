@@ -1,11 +1,24 @@
-"""Spark pipeline benchmark (issue 16): checkpoint overhead, Spark Structured Streaming as the
-peer, recovery after a crash, rescaled restore, how checkpoint cost grows with state size and
-change rate, and the disk's physical limits — all measured in one run on one machine.
+"""Spark pipeline benchmark (issues 16, 23): every figure against the plain Spark batch job W that
+a user runs instead (the anchor), checkpoint overhead, Spark Structured Streaming as the peer,
+recovery after a crash, rescaled restore, run time against input size, how checkpoint cost grows
+with state size and change rate, and the disk's physical limits — all measured in one run on one
+machine.
 
 Run by ``make bench`` (never by the tests); ``make bench QUICK=1`` passes ``--quick``::
 
     python bench/spark_bench.py [--quick] [--rounds N] [--events N --keys K --epochs E]
-                                [--no-growth | --growth-only] [--growth-sizes N,N,N]
+                                [--sizes N,N] [--no-growth | --growth-only] [--growth-sizes N,N,N]
+
+The anchor (``spark_anchor``): W = ``plain_job.py``, the same query over the same files as one
+plain Spark job (``local[2]``, shuffle partitions = parallelism, the same session settings and
+output format), a whole process as a user starts it, in every round's rotation; every variant is
+reported as x W by whole-process seconds (spawn to the job's end), paired per round, W first,
+with the totals of a crash at 80 %: the plain job rerun from zero (0.8 W + W) and ours resumed
+(the measured crashed run + the measured resume). ``--sizes 50000000`` adds the issue's realistic
+size (50 M events over 5.1 M keys in 20 files, 441 MiB; W about 92 s, ``every`` today dies of
+memory at epoch 5, recorded as failed): W, off, every, the streaming peer, the crash and the
+resume at each further size, plotted with the main size to ``bench/results/run_time_vs_size.png``
+(``--events 50000000`` instead measures everything at that size).
 
 Workload (``spark_workload``): ``groupBy(user)`` with ``count()``, ``sum(amount)``,
 ``avg(amount)``, ``min(quantity)``, ``max(quantity)`` over ``ckpt generate-data`` synthetic
@@ -23,17 +36,20 @@ under the work directory at the start and end; the snapshot write and restore re
 are reported as fractions of it (target >= 50 %).
 
 Results: ``bench/results/spark.json`` (sections: settings, machine, definitions, targets, disk,
-main, growth, runs) and a printed summary; ``--quick`` writes ``bench/results/spark-quick.json``
-and ``snapshot_cost-quick.png`` instead, so a quick run never replaces the full run's files.
+anchor, main, growth, runs) and a printed summary; ``--quick`` writes
+``bench/results/spark-quick.json``, ``snapshot_cost-quick.png`` and ``run_time_vs_size-quick.png``
+instead, so a quick run never replaces the full run's files.
 
 Duration of the default run on this 2-core machine, estimated from the last measured 5 M-event
 runs (47-59 s each, restores 26-30 s, about 10 s more per process for JVM and session start and
-the output check): main measurement 3 rounds x 10 runs of about 55 s ≈ 28 min; growth 12 runs
-(0.4 M, 1.5 M, 5 M events, 10 epochs) ≈ 7 min; disk probes < 1 min; with ``bench/ack_bench.py``
-(about 1 min) ``make bench`` takes about 36 min, plus about 1 min to generate the data on first
-use — more when others' Spark jobs share the machine.
-``--quick`` (200 k events in 6 epochs, 1 round; growth at 30 k / 80 k / 200 k events in 4 epochs):
-about 10 min on an idle machine.
+the output check; W about 27 s): main measurement 3 rounds x 12 runs of about 55 s ≈ 33 min;
+growth 12 runs (0.4 M, 1.5 M, 5 M events, 10 epochs) ≈ 7 min; disk probes < 1 min; with
+``bench/ack_bench.py`` (about 1 min) ``make bench`` takes about 41 min, plus about 1 min to
+generate the data on first use — more when others' Spark jobs share the machine. ``--sizes
+50000000`` adds 3 rounds x 6 runs at 50 M events (W 92 s, ours 20-26 s per epoch until it fails):
+roughly an hour more, plus the data's generation.
+``--quick`` (200 k events in 6 epochs, 1 round; the size sweep at 60 k events; growth at 30 k /
+80 k / 200 k events in 4 epochs): about 13 min on an idle machine.
 """
 
 from __future__ import annotations
@@ -52,22 +68,44 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/'s modules, beside this file
 
 import disk_probe
+import spark_anchor
 import spark_growth
 import spark_plan
 import spark_stats
 from machine import loadavg, machine_info
 from spark_report import DEFINITIONS, console, print_summary, write_report
-from spark_workload import DATA_ROOT, RESULTS_DIR, WORK_ROOT, ensure_data, make_settings
+from spark_workload import (
+    DATA_ROOT,
+    LARGE_SIZE,
+    RESULTS_DIR,
+    WORK_ROOT,
+    Settings,
+    ensure_data,
+    growth_keys,
+    make_settings,
+)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ints = lambda v: [int(x) for x in v.split(",") if x]  # noqa: E731
     p = argparse.ArgumentParser(
-        description="Spark pipeline benchmark (issue 16): see bench/spark_bench.py's docstring"
+        description="Spark pipeline benchmark (issues 16, 23): see bench/spark_bench.py's docstring"
     )
     p.add_argument("--quick", action="store_true", help="small data, one round (development)")
     p.add_argument("--events", type=int, help="events (default 5,000,000; quick 200,000)")
-    p.add_argument("--keys", type=int, help="keys parameter (default 510,000; quick 20,000)")
+    p.add_argument(
+        "--keys",
+        type=int,
+        help="keys parameter (default 0.102 per event: 510,000 at 5 M; quick 20,000)",
+    )
+    p.add_argument(
+        "--sizes",
+        type=ints,
+        metavar="N,N,...",
+        help="the size sweep's further sizes in events, beside --events (keys in proportion, the "
+        f"same files): W, off, every, peer-changelog, crash, restore; e.g. {LARGE_SIZE} (the "
+        "issue's realistic size); default none (quick: 60000; '' for none)",
+    )
     p.add_argument("--epochs", type=int, help="epochs (default 20; quick 6)")
     p.add_argument("--files-per-epoch", type=int, default=1, help="input files per epoch")
     p.add_argument("--seed", type=int, default=0, help="data seed")
@@ -102,6 +140,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--growth-only: spark-growth.json or spark-growth-quick.json)",
     )
     p.add_argument("--plot", type=Path, help="growth plot (default beside the JSON file)")
+    p.add_argument(
+        "--size-plot", type=Path, help="run time against input size (default beside the JSON)"
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -110,6 +151,40 @@ def default_output(args: argparse.Namespace) -> Path:
     """Never the full run's file for a quick or a partial run."""
     name = "spark-growth" if args.growth_only else "spark"
     return RESULTS_DIR / (name + ("-quick" if args.quick else "") + ".json")
+
+
+def size_data(s: Settings, data_root: Path, events: int) -> dict[str, Any]:
+    """A size sweep's data set: the main one's shape (files, seed), keys in proportion."""
+    return ensure_data(
+        data_root, events=events, keys=growth_keys(events), files=s.files, seed=s.seed
+    )
+
+
+def anchor_section(
+    s: Settings, sets: list[tuple[dict[str, Any], list[dict[str, Any]]]], plot_path: Path
+) -> dict[str, Any]:
+    """x W per size (the main size first), the session settings' check, the size plot."""
+    sizes = [
+        {
+            "main": i == 0,
+            **spark_anchor.size_section(runs, d, s.crash_after_epochs, s.epochs, s.parallelism),
+            "checks": spark_stats.checks(d["events"], runs),
+        }
+        for i, (d, runs) in enumerate(sets)
+    ]
+    spark_anchor.plot(
+        sizes,
+        plot_path,
+        f"Run time against input size (whole processes)\n{s.epochs} epochs of "
+        f"{s.files_per_epoch} file(s), {s.master}, parallelism {s.parallelism}, "
+        f"{s.rounds} round(s)" + (" (quick)" if s.quick else ""),
+    )
+    return {
+        "key": spark_anchor.KEY,
+        "sizes": sizes,
+        "session_settings": spark_anchor.session_check([r for _, runs in sets for r in runs]),
+        "plot": str(plot_path),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,16 +216,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             files=s.files,
             seed=s.seed,
         )
+    size_sets = [size_data(s, args.data_dir, n) for n in s.sizes] if s.main else []
     growth_sets = spark_growth.data_sets(s, args.data_dir) if s.growth else []
-    total = (spark_plan.main_runs(s) if s.main else 0) + (
+    total = (spark_plan.main_runs(s) + spark_plan.sweep_runs(s) if s.main else 0) + (
         spark_growth.growth_runs(s) if s.growth else 0
     )
     runner = spark_plan.Runner(s, work, total)
     main_runs: list[dict[str, Any]] = []
+    sweep: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
     growth: dict[str, Any] | None = None
     try:
         if data is not None:
             main_runs = spark_plan.measure(s, data, work, runner)
+        for d in size_sets:
+            runs = spark_plan.measure(
+                s,
+                d,
+                work,
+                runner,
+                variants=spark_plan.SWEEP_RUNS,
+                rescale_to=(),
+                tag=f"{d['events']:,} events, ",
+            )
+            sweep.append((d, runs))
         if growth_sets:
             growth = spark_growth.measure(s, growth_sets, work, runner)
     except BaseException:
@@ -178,6 +266,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "disk": disk,
     }
     if data is not None:
+        size_plot = args.size_plot or output.with_name(
+            "run_time_vs_size" + ("-quick" if args.quick else "") + ".png"
+        )
+        report["anchor"] = anchor_section(s, [(data, main_runs), *sweep], size_plot)
         r = spark_stats.ratios(s.rescale_to, s.parallelism, main_runs)
         checks = spark_stats.checks(s.events, main_runs)
         if not checks["consistent"]:

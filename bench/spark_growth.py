@@ -62,6 +62,8 @@ def measure(s: Settings, sets: list[dict[str, Any]], work: Path, runner: Runner)
             task["incremental"] = VARIANTS[variant]
             tag = f"growth {data['events']:,} events, {data['change']}"
             run = runner.one(f"growth-{variant}", 0, task, tag=tag)
+            if run.get("failed"):  # recorded in runs[] with its cause
+                continue
             mine = run_points(run, data, variant)
             points += mine
             summary.append(summarize(run, data, variant, mine))

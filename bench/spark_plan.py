@@ -5,11 +5,15 @@ Each round runs every full-run variant once, in an order rotated by the round (t
 over the variants), then a crash run and restores at the same and other parallelisms (rotated)
 from identical copies of the crashed state. Variants:
 
+* ``plain``: W, the plain Spark batch job over the same files (``plain_job``), a whole process as
+  a user starts it — the anchor every other variant is reported against (issue 23).
 * ``off``: our runtime with no periodic checkpoints (``every_epochs`` and ``interval`` unset).
   The runtime still takes one forced checkpoint at the end, whose completion commits the sink's
   staged epochs — the minimum for its exactly-once output, so "off" means "only that one".
 * ``every``: our runtime, a checkpoint at every epoch boundary (``every_epochs: 1``), incremental
   (the spec's default, ``checkpoint.incremental: true``).
+* ``every-cli``: ``every``'s spec run by ``ckpt run``, a whole process as a user starts it
+  (``spark_process``): the command's imports, preflight and progress included.
 * ``every-full``: ``every`` with ``checkpoint.incremental: false``: every checkpoint is full.
 * ``every-delta``: ``every`` writing a Delta table (``format: delta``, ``mode: upsert``, local)
   instead of the Parquet sink: with ``every``, the sinks' cost per checkpoint (``sink_cost``).
@@ -25,6 +29,11 @@ from identical copies of the crashed state. Variants:
 * ``restore-p<N>``: from an identical copy of that crashed state, restart with ``--restore latest``
   at parallelism N and run to the end. The same parallelism is the recovery figure; others are
   rescaled restores.
+
+The size sweep (``--sizes``) runs ``SWEEP_RUNS`` (W, ``off``, ``every``, the streaming peer with
+changelog checkpointing), the crash and the same-parallelism restore at each further size, the
+same rounds. A run that fails (e.g. a JVM out of memory at a size it cannot handle) is recorded
+with its log's tail (``failed``) and the measurement goes on.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from typing import Any
 
 from machine import loadavg, other_spark_jvms
 from rich.console import Console
+from spark_process import run_process
 from spark_workers import run_worker
 from spark_workload import Settings
 
@@ -47,14 +57,20 @@ if not console.is_terminal:  # a log file or pipe: wide enough for the summary t
 OURS = {"fresh": True, "parallelism": None}
 #: full-run variant -> its task
 FULL_RUNS: dict[str, dict[str, Any]] = {
+    "plain": {"process": "plain"},
     "off": {**OURS, "every_epochs": False},
     "every": {**OURS, "every_epochs": True},
+    "every-cli": {"process": "cli", "every_epochs": True},
     "every-full": {**OURS, "every_epochs": True, "incremental": False},
     "every-delta": {**OURS, "every_epochs": True, "delta": True},
     "peer-changelog": {"peer": True, "changelog": True},
     "peer-rocksdb": {"peer": True, "changelog": False},
 }
 PEERS = ("peer-changelog", "peer-rocksdb")
+#: the anchor (issue 23)
+PLAIN = "plain"
+#: the size sweep's full runs: the plot's lines (the crash and a restore are added)
+SWEEP_RUNS = (PLAIN, "off", "every", "peer-changelog")
 
 
 def rotated(items: Sequence[str], by: int) -> list[str]:
@@ -70,6 +86,8 @@ class Runner:
         self.runs: list[dict[str, Any]] = []
 
     def one(self, variant: str, round_no: int, task: dict[str, Any], tag: str = "") -> dict:
+        """One run, recorded; a failed run is recorded as ``failed`` with its log's tail (a
+        size may be beyond what a variant survives: the others are still measured)."""
         n = len(self.runs) + 1
         load, others = loadavg(), other_spark_jvms()
         console.print(
@@ -78,13 +96,34 @@ class Runner:
             end=" ",
         )
         log = self.work / f"{n:03d}-{variant}.log"
-        result = run_worker({**task, "variant": variant}, log, self.s.driver_memory)
+        run = run_process if task.get("process") else run_worker
+        try:
+            result = run({**task, "variant": variant}, log, self.s.driver_memory)
+        except RuntimeError as exc:
+            tail = str(exc).splitlines()
+            result = {"failed": True, "error": tail[-40:], "cause": failure_cause(tail)}
+            console.print(f"[red]failed: {result['cause']}[/red] (log {log})")
         result.update(round=round_no, variant=variant, loadavg_1m=load, other_spark_jvms=others)
         result["data_dir"] = task.get("data")
-        result["with_session_s"] = round(result["run_s"] + result["session_s"], 3)
+        if result.get("run_s") is not None and result.get("session_s") is not None:
+            result["with_session_s"] = round(result["run_s"] + result["session_s"], 3)
         self.runs.append(result)
-        console.print(f"{result['run_s']:.1f} s")
+        if not result.get("failed"):
+            run_s = result.get("run_s")
+            console.print(
+                f"{result['process_s']:.1f} s whole process"
+                + (f", {run_s:.1f} s run" if run_s is not None else "")
+            )
         return result
+
+
+def failure_cause(lines: list[str]) -> str:
+    """The line that says why a run failed: a JVM out of memory first, else the last line."""
+    for needle in ("OutOfMemoryError", "Error:", "Exception:"):
+        hit = next((x.strip() for x in lines if needle in x), None)
+        if hit:
+            return hit[:300]
+    return (lines[-1].strip() if lines else "unknown")[:300]
 
 
 def base_task(s: Settings, data_dir: str, live: Path, files_per_epoch: int) -> dict[str, Any]:
@@ -102,20 +141,37 @@ def main_runs(s: Settings) -> int:
     return s.rounds * (len(FULL_RUNS) + 2 + len(s.rescale_to))
 
 
-def measure(s: Settings, data: dict[str, Any], work: Path, runner: Runner) -> list[dict]:
+def sweep_runs(s: Settings) -> int:
+    return s.rounds * len(s.sizes) * (len(SWEEP_RUNS) + 2)
+
+
+def measure(
+    s: Settings,
+    data: dict[str, Any],
+    work: Path,
+    runner: Runner,
+    variants: Sequence[str] = tuple(FULL_RUNS),
+    rescale_to: Sequence[int] | None = None,
+    tag: str = "",
+) -> list[dict]:
     """Every variant once per round, interleaved (see the module docstring); the runs."""
     live, snapshot = work / "live", work / "crashed"
     base = base_task(s, data["dir"], live, s.files_per_epoch)
-    parallelisms = [s.parallelism, *s.rescale_to]
+    parallelisms = [s.parallelism, *(s.rescale_to if rescale_to is None else rescale_to)]
     first = len(runner.runs)
     for r in range(s.rounds):
-        for variant in rotated(list(FULL_RUNS), r):
-            runner.one(variant, r, {**base, **FULL_RUNS[variant]})
+        label = f"{tag}round {r + 1}"
+        for variant in rotated(list(variants), r):
+            runner.one(variant, r, {**base, **FULL_RUNS[variant]}, tag=label)
         crash = runner.one(
             "crash",
             r,
             {**base, **OURS, "every_epochs": True, "crash_after_epochs": s.crash_after_epochs},
+            tag=label,
         )
+        if crash.get("failed"):  # nothing to restore from this round
+            shutil.rmtree(live, ignore_errors=True)
+            continue
         if not crash["crashed"]:
             raise RuntimeError("the crash run did not crash")
         shutil.rmtree(snapshot, ignore_errors=True)
@@ -123,7 +179,8 @@ def measure(s: Settings, data: dict[str, Any], work: Path, runner: Runner) -> li
         for p in rotated([str(p) for p in parallelisms], r):
             shutil.rmtree(live, ignore_errors=True)
             shutil.copytree(snapshot, live, symlinks=True)  # same absolute paths as the crash
-            runner.one(f"restore-p{p}", r, {**base, "fresh": False, "parallelism": int(p)})
+            task = {**base, "fresh": False, "parallelism": int(p)}
+            runner.one(f"restore-p{p}", r, task, tag=label)
         shutil.rmtree(snapshot, ignore_errors=True)
     shutil.rmtree(live, ignore_errors=True)
     return runner.runs[first:]

@@ -13,6 +13,36 @@ from spark_plan import console
 from spark_stats import SPREAD_RULE
 
 DEFINITIONS = {
+    "plain": "W, the anchor (issue 23): the plain Spark batch job a user runs instead, "
+    "bench/plain_job.py started as `python plain_job.py` (a whole process): spark.read.parquet("
+    "all input files).groupBy(user).agg(count, sum(amount), avg(amount), min(quantity), "
+    "max(quantity)).write.parquet(out), the same master, session settings (those of "
+    "checkpointing.spark.session, compared in anchor.session_settings) and output format "
+    "(Parquet, Spark's default codec) as ours, spark.sql.shuffle.partitions = parallelism, "
+    "adaptive execution at Spark's default; timed in turn with the other variants, in the "
+    "rotation of every round",
+    "every-cli": "'every''s spec run by `ckpt run pipeline.yaml` as a user starts it (a whole "
+    "process, CKPT_HOME = the run's directory, the embedded metastore created by the run): the "
+    "command's imports, preflight and progress included; timed only as a whole process",
+    "process_s": "wall seconds of the whole process, from its spawn to the job's end and its "
+    "Spark session's stop (Python start, imports, JVM and session start included; the bench's "
+    "own output check and reads after the job are left out; exit_s is spawn to exit, "
+    "stop_s the session's stop); of ckpt run: spawn to its 'job <id> finished' line, printed "
+    "right after its session stopped",
+    "x_plain": "anchor.sizes[].vs_plain: a variant's median process_s / W's median process_s; "
+    "paired_by_round: the same ratio within each round (the variants of a round run back to "
+    "back, W among them, in rotated order) with its min / median / max; vs_plain_run_s: the same "
+    "by run_s (session start to the job's end, W's included)",
+    "crash_at_80": "total time with one crash at crash_fraction (80 % of the epochs by default) "
+    "as x W: plain_rerun = fraction * W + W by formula (the plain job's crashed part, then its "
+    "rerun from zero measured as W itself); ours_crashed_and_resumed = the crash variant's "
+    "process_s (spawn to the simulated crash, measured) + restore-p<parallelism>'s process_s "
+    "(a new process resuming from the latest checkpoint to the end), paired per round; when no "
+    "crash run was measured the crashed part is fraction * every, and crashed_part says so",
+    "sizes": "anchor.sizes: the main size and each --sizes size (the size sweep: plain, off, "
+    "every, peer-changelog, crash, restore at the same parallelism, the same rounds; keys = "
+    "0.102 per event, the same file count); failed: runs that did not finish at that size, with "
+    "their cause; plotted to anchor.plot (whole-process seconds against input size)",
     "off": "our runtime, checkpoint.every_epochs and interval unset: no checkpoint during the "
     "epochs; the runtime's one forced final checkpoint (it commits the sink) still runs",
     "every": "our runtime, checkpoint.every_epochs: 1 (retained 1), checkpoint.incremental "
@@ -80,6 +110,8 @@ def _f(x: float | None, fmt: str = ".1f") -> str:
 
 def print_summary(report: dict[str, Any]) -> None:
     s = report["settings"]
+    if report.get("anchor"):
+        print_anchor(report)
     if report.get("main"):
         print_main(report)
     if report.get("disk"):
@@ -115,6 +147,71 @@ def print_summary(report: dict[str, Any]) -> None:
     )
 
 
+def print_anchor(report: dict[str, Any]) -> None:
+    """Per size: W first, every variant as x W, the crash-at-80 % totals (issue 23)."""
+    a, s = report["anchor"], report["settings"]
+    for size in a["sizes"]:
+        title = (
+            f"x the plain Spark job W (whole processes): {size['events']:,} events, "
+            f"{size['files']} files, {_mib(size['bytes'])} MiB, {s['rounds']} round(s)"
+            + (" (quick: small data, noisy)" if s["quick"] else "")
+        )
+        table = Table(title=title)
+        for col in ("run", "s median (min-max)", "x W", "paired per round", "goal", ""):
+            table.add_column(col, justify="left" if col == "run" else "right")
+        for variant, r in size["vs_plain"].items():
+            p = size["process_s"][variant]
+            goal = r.get("goal_max")
+            table.add_row(
+                "plain Spark job (W)" if variant == "plain" else variant,
+                f"{p['median']:.1f} ({p['min']:.1f}-{p['max']:.1f})",
+                f"{r['value']:.2f}x",
+                f"{_f(r['paired']['min'], '.2f')}-{_f(r['paired']['max'], '.2f')}",
+                "" if goal is None else f"<= {goal}x",
+                _mark(r),
+            )
+        for variant, causes in size["failed"].items():
+            why = "; ".join(dict.fromkeys(c or "?" for c in causes))
+            table.add_row(variant, f"[red]failed x{len(causes)}[/red]", "", "", "", why[:70])
+        c = size["crash_at_80"]
+        plain, ours = c.get("plain_rerun"), c.get("ours_crashed_and_resumed")
+        if plain:
+            table.add_row(
+                f"plain job crashed at {c['crash_fraction']:.0%}, rerun from zero",
+                f"{plain['seconds_median']:.1f}",
+                f"{plain['value']:.2f}x",
+                "(formula)",
+                "",
+                "",
+            )
+        if ours:
+            table.add_row(
+                f"ours crashed at {c['crash_fraction']:.0%} and resumed",
+                f"{ours['seconds_median']:.1f} ({ours['crashed_s_median']:.1f} + "
+                f"{ours['resume_s_median']:.1f})",
+                f"{ours['value']:.2f}x",
+                f"{_f(ours['paired']['min'], '.2f')}-{_f(ours['paired']['max'], '.2f')}",
+                f"<= {ours['goal_max']}x",
+                _mark(ours),
+            )
+        console.print(table)
+    check = a.get("session_settings", {})
+    if check.get("compared") and not check["same"]:
+        console.print(f"[yellow]session settings differ from W's: {check['differ']}[/yellow]")
+    if a.get("plot"):
+        console.print(f"plot: {a['plot']}")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f}" if n < 10 * 2**20 else f"{n / 2**20:.0f}"
+
+
+def _mark(r: dict[str, Any]) -> str:
+    if "meets_goal" not in r:
+        return ""
+    return "[green]goal met[/green]" if r["meets_goal"] else "[red]MISS[/red]"
+
+
 def print_main(report: dict[str, Any]) -> None:
     s, main = report["settings"], report["main"]
     f = main["figures"]
@@ -124,18 +221,19 @@ def print_main(report: dict[str, Any]) -> None:
         + (" (quick)" if s["quick"] else "")
     )
     table = Table(title=title)
-    for col in ("variant", "run s min / median / max", "CPU s median", "snapshot s median",
-                "driver waited s median"):  # fmt: skip
+    for col in ("variant", "process s median", "run s min / median / max", "CPU s median",
+                "snapshot s median", "driver waited s median"):  # fmt: skip
         table.add_column(col, justify="left" if col == "variant" else "right")
     for variant, v in f.items():
-        r = v["run_s"]
+        r = v.get("run_s")
         snap = v.get("checkpoints_snapshot_s", {}).get("median")
         phases = v.get("phases_s", {})
         waited = [phases[k]["median"] for k in ("snapshot", "await_write") if k in phases]
         table.add_row(
             variant,
-            f"{r['min']:.1f} / {r['median']:.1f} / {r['max']:.1f}",
-            f"{v['cpu_s']['median']:.1f}",
+            _f(v.get("process_s", {}).get("median")),
+            "-" if r is None else f"{r['min']:.1f} / {r['median']:.1f} / {r['max']:.1f}",
+            _f(v.get("cpu_s", {}).get("median")),
             _f(snap),
             _f(sum(waited) if waited else None),
         )
@@ -146,6 +244,9 @@ def print_main(report: dict[str, Any]) -> None:
     rs = main["ratios"]
     for name, r in rs.items():
         if not isinstance(r, dict) or "pass" not in r:
+            continue
+        if r["value"] is None:
+            table.add_row(f"{name} ({r['numerator']} / {r['denominator']})", "not measured")
             continue
         mark = "[green]pass[/green]" if r["pass"] else "[red]MISS[/red]"
         if r["too_wide_to_judge"]:
@@ -158,7 +259,7 @@ def print_main(report: dict[str, Any]) -> None:
             f"{r['value']:.2f}x",
             f"{p['min']:.2f} / {p['median']:.2f} / {p['max']:.2f}",
             _f(r["relative_spread"], ".2f"),
-            f"{rs['cpu'][name]:.2f}x",
+            _f(rs["cpu"][name], ".2f") + "x",
             f"<= {r['target_max']}x",
             mark,
         )
@@ -166,10 +267,11 @@ def print_main(report: dict[str, Any]) -> None:
     info = rs.get("informational", {})
     console.print(
         "every / peer: "
-        + ", ".join(f"{k.removeprefix('every_vs_')} {v:.2f}x" for k, v in info.items()
+        + ", ".join(f"{k.removeprefix('every_vs_')} {_f(v, '.2f')}x" for k, v in info.items()
                     if k.startswith("every_vs_peer"))
-        + f"; every / every-full {info.get('every_vs_every_full', 0):.2f}x; every-full / off "
-        f"{info['every_full_overhead']['value']:.2f}x"
+        + f"; every / every-full {_f(info.get('every_vs_every_full'), '.2f')}x; every-full / off "
+        f"{_f(info['every_full_overhead']['value'], '.2f')}x; ckpt run / every (whole processes) "
+        f"{_f(info.get('every_cli_vs_every'), '.2f')}x"
     )  # fmt: skip
     cost = rs.get("delta_sink_cost_per_checkpoint")
     if cost:

@@ -41,19 +41,25 @@ def spread(values: list[float]) -> dict[str, Any]:
     }
 
 
+def measured(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs that finished (a failed run is recorded with its cause, not timed)."""
+    return [r for r in runs if not r.get("failed")]
+
+
 def figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per variant min / median / max of each timing; a timing a variant does not have (the
+    whole-process ``every-cli`` has no inside view) is left out."""
     by_variant: dict[str, list[dict[str, Any]]] = {}
-    for r in runs:
+    for r in measured(runs):
         by_variant.setdefault(r["variant"], []).append(r)
     out: dict[str, Any] = {}
     for variant, rs in by_variant.items():
-        v: dict[str, Any] = {
-            "runs_s": [r["run_s"] for r in rs],
-            "run_s": spread([r["run_s"] for r in rs]),
-            "cpu_s": spread([r["cpu_s"] for r in rs]),
-            "with_session_s": spread([r["with_session_s"] for r in rs]),
-        }
-        v["median_s"] = v["run_s"]["median"]
+        v: dict[str, Any] = {"runs_s": [r.get("run_s") for r in rs]}
+        for key in ("process_s", "run_s", "cpu_s", "with_session_s"):
+            values = [r[key] for r in rs if r.get(key) is not None]
+            if values:
+                v[key] = spread(values)
+        v["median_s"] = v.get("run_s", {}).get("median")
         costs = [r["checkpoint_costs"]["checkpoints"] for r in rs if r.get("checkpoint_costs")]
         if costs:  # this run's checkpoints: summed snapshot (sync + write) and write seconds
             for key in ("snapshot_s", "write_s"):
@@ -69,11 +75,11 @@ def figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def faster_peer(runs: list[dict[str, Any]]) -> str:
     medians = {
-        p: statistics.median(r["run_s"] for r in runs if r["variant"] == p)
+        p: statistics.median(r["run_s"] for r in measured(runs) if r["variant"] == p)
         for p in PEERS
-        if any(r["variant"] == p for r in runs)
+        if any(r["variant"] == p for r in measured(runs))
     }
-    return min(medians, key=medians.__getitem__)
+    return min(medians, key=medians.__getitem__) if medians else PEERS[0]
 
 
 def ratio(
@@ -83,9 +89,26 @@ def ratio(
     round run back to back, so less drift) with its min / median / max and spread."""
 
     def of(variant: str) -> dict[int, float]:
-        return {r["round"]: r[key] for r in runs if r["variant"] == variant}
+        return {
+            r["round"]: r[key]
+            for r in measured(runs)
+            if r["variant"] == variant and r.get(key) is not None
+        }
 
     a, b = of(num), of(den)
+    if not a or not b:  # a variant failed or was not run: nothing to judge
+        return {
+            "numerator": num,
+            "denominator": den,
+            "value": None,
+            "paired_by_round": [],
+            "paired": spread([]),
+            "relative_spread": None,
+            "target_max": target,
+            "pass": None,
+            "too_wide_to_judge": None,
+            "not_measured": [v for v, x in ((num, a), (den, b)) if not x],
+        }
     value = statistics.median(a.values()) / statistics.median(b.values())
     paired = [round(a[k] / b[k], 3) for k in sorted(a) if k in b]
     p = spread(paired)
@@ -128,6 +151,9 @@ def ratios(rescale_to: tuple[int, ...], parallelism: int, runs: list[dict]) -> d
     }
     info["every_full_overhead"] = ratio(runs, "every-full", "off", TARGETS["checkpoint_overhead"])
     info["every_vs_every_full"] = ratio(runs, "every", "every-full", 1.0)["value"]
+    # what `ckpt run` adds to the instrumented worker (imports, preflight, progress), whole
+    # processes both
+    info["every_cli_vs_every"] = ratio(runs, "every-cli", "every", 1.0, "process_s")["value"]
     out["informational"] = info
     out["delta_sink_cost_per_checkpoint"] = sink_cost.cost_ratio(runs)
     for extra, key in (("cpu", "cpu_s"), ("including_session_start", "with_session_s")):

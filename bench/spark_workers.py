@@ -8,8 +8,10 @@ warm-up, cached blocks or garbage. Only the workers import pyspark.
 * ``work_peer`` runs Spark Structured Streaming over the same files: RocksDB state store, with or
   without changelog checkpointing.
 
-A run is timed from after the session is up to the job's end (``run_s``); CPU seconds are those
-of the worker's process tree.
+A run is timed from after the session is up to the job's end (``run_s``), and as a whole process
+from its spawn to the job's end and the session's stop (``process_s``: Python start, imports, JVM
+and session start included, the bench's output check left out; as the plain job W is timed);
+CPU seconds are those of the worker's process tree over ``run_s``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 import sink_cost
 from machine import tree_cpu_seconds
+from plain_job import session_conf
 from spark_workload import AGGREGATIONS, BENCH, JOB, ROOT
 
 ENTRY = BENCH / "spark_bench.py"
@@ -40,24 +43,35 @@ def run_worker(
     """Run ``task`` in a child process (``spark_bench.py --worker``); its result."""
     result_path = log_path.with_suffix(".json")
     task = {**task, "result_path": str(result_path)}
-    # no console progress bars (they would only fill the log); the same for every variant
-    submit = ["--conf", "spark.ui.showConsoleProgress=false"]
-    if driver_memory:
-        submit += ["--driver-memory", driver_memory]
-    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": " ".join([*submit, "pyspark-shell"])}
+    spawned = time.time()
     with log_path.open("w") as log:
         proc = subprocess.run(
             [sys.executable, str(ENTRY), "--worker", json.dumps(task)],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
-            env=env,
+            env=submit_env(driver_memory),
             check=False,
         )
+    exited = time.time()
     if proc.returncode != 0 or not result_path.exists():
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
         raise RuntimeError(f"worker {task['variant']} failed ({proc.returncode}):\n{tail}")
-    return json.loads(result_path.read_text())
+    result = json.loads(result_path.read_text())
+    # the whole process as a user's: spawn (Python start, imports, JVM) to the job's end and
+    # the session's stop (the bench's own output check between them left out)
+    result["process_s"] = round(result.pop("ended_at") - spawned, 3)
+    result["exit_s"] = round(exited - spawned, 3)
+    return result
+
+
+def submit_env(driver_memory: str | None) -> dict[str, str]:
+    """The environment of every measured process: no console progress bars (they would only
+    fill the log), and the driver's memory when given (else Spark's default, as ``ckpt run``)."""
+    submit = ["--conf", "spark.ui.showConsoleProgress=false"]
+    if driver_memory:
+        submit += ["--driver-memory", driver_memory]
+    return {**os.environ, "PYSPARK_SUBMIT_ARGS": " ".join([*submit, "pyspark-shell"])}
 
 
 def worker_main(task: dict[str, Any]) -> None:
@@ -71,12 +85,19 @@ def worker_main(task: dict[str, Any]) -> None:
     spark.sparkContext.setLogLevel("WARN")
     spark.conf.set("spark.sql.shuffle.partitions", str(task["shuffle_partitions"]))
     session_s = time.perf_counter() - started
+    conf = session_conf(spark)  # before a run sets its own SQL settings
     body = work_peer if task.get("peer") else work_ours
     try:
         result = body(spark, task)
     finally:
+        stop_started = time.perf_counter()
         spark.stop()
+        stop_s = time.perf_counter() - stop_started
+    # the job's end and the session's stop, less the output check and the bench's reads between
+    result["ended_at"] += stop_s
+    result["stop_s"] = round(stop_s, 3)
     result["session_s"] = round(session_s, 3)
+    result["session_conf"] = conf
     result["code"] = code_fingerprint()
     Path(task["result_path"]).write_text(json.dumps(result))
 
@@ -101,6 +122,7 @@ def measured() -> Iterator[dict[str, float]]:
     out: dict[str, float] = {}
     cpu0, t0 = tree_cpu_seconds(os.getpid()), time.perf_counter()
     yield out
+    out["ended_at"] = time.time()  # the job's end, for the parent's process_s
     out["run_s"] = round(time.perf_counter() - t0, 3)
     out["cpu_s"] = round(tree_cpu_seconds(os.getpid()) - cpu0, 2)
 

@@ -79,6 +79,7 @@ class Settings:
     growth_sizes: tuple[int, ...]  # events; keys in proportion (KEYS_PER_EVENT)
     growth_epochs: int
     disk_probe_bytes: int
+    sizes: tuple[int, ...] = ()  # the size sweep's further sizes (events; keys in proportion)
 
     @property
     def files(self) -> int:
@@ -88,10 +89,16 @@ class Settings:
 def make_settings(args: argparse.Namespace) -> Settings:
     quick = bool(args.quick)
     epochs = args.epochs or (6 if quick else 20)
+    events = args.events or (200_000 if quick else 5_000_000)
+    # keys in proportion to the events (5 M -> 510,000; 50 M -> 5.1 M), but quick's own default
+    keys = args.keys or (20_000 if quick and not args.events else growth_keys(events))
+    sizes = QUICK_SIZES if quick else ()
+    if args.sizes is not None:
+        sizes = tuple(args.sizes)
     return Settings(
         quick=quick,
-        events=args.events or (200_000 if quick else 5_000_000),
-        keys=args.keys or (20_000 if quick else 510_000),
+        events=events,
+        keys=keys,
         epochs=epochs,
         files_per_epoch=args.files_per_epoch,
         seed=args.seed,
@@ -108,11 +115,17 @@ def make_settings(args: argparse.Namespace) -> Settings:
         ),
         growth_epochs=args.growth_epochs or (4 if quick else 10),
         disk_probe_bytes=(64 << 20) if quick else (512 << 20),
+        sizes=tuple(x for x in sizes if x != events),
     )
 
 
 #: the growth experiment's sizes (events) of a default run
 GROWTH_SIZES = (400_000, 1_500_000, 5_000_000)
+#: the size sweep's further sizes of a quick run (a full run's: none unless --sizes; the issue's
+#: second size is --sizes 50000000: 50 M events over 5.1 M keys, 20 files, 441 MiB)
+QUICK_SIZES = (60_000,)
+#: the issue's realistic size (issue 23)
+LARGE_SIZE = 50_000_000
 
 
 def growth_keys(events: int) -> int:
