@@ -58,3 +58,13 @@ class NoCheckpointError(CheckpointingError, LookupError):
 class SharedStateError(CheckpointingError):
     """A completing checkpoint refers to a shared state file that no retained checkpoint of its
     job registered (it may be deleted already): the checkpoint cannot complete (names both)."""
+
+
+class SparkJvmError(CheckpointingError):
+    """A Spark JVM ended the run: the driver's exited or could not be reached, or an executor
+    was lost (names which JVM, what the run was doing, and why if known)."""
+
+
+class SparkMemoryError(SparkJvmError):
+    """A Spark JVM ran out of memory: names which (the driver, an executor), what the run was
+    doing, and the setting to raise."""

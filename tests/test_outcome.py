@@ -109,4 +109,10 @@ def test_a_sigkilled_driver_is_one_line_with_the_checkpoint_the_retry_restores(
         "job", 3, 1, RuntimeError("x"), None, retries_left=False, retry_parallelism=2
     )
     assert "failed (exit code 1); no completed checkpoint; no retry left" in plain
+    out_of_memory = describe_failed_try(
+        "job", 1, 52, RuntimeError("x"), None, retries_left=True, retry_parallelism=2
+    )
+    assert "ran out of memory (exit code 52" in out_of_memory
+    assert "raise spark.driver.memory" in out_of_memory
+    assert "\n" not in out_of_memory
     assert signal.SIGKILL.name == "SIGKILL"

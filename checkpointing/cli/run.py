@@ -160,7 +160,7 @@ def _run_on_spark(
 ) -> Any:
     """The run, with its progress shown; a Spark error is one line here (details in the log)."""
     from checkpointing.spark.runtime import PipelineRun
-    from checkpointing.spark.session import spark_session
+    from checkpointing.spark.session import spark_session, stop_session
 
     spark = spark_session(f"ckpt-{spec.job}", master)
     progress, on_epoch, holder = _progress(spec)
@@ -175,7 +175,7 @@ def _run_on_spark(
         print_error(f"job {spec.job} failed: {first}")
         raise typer.Exit(EXIT_ERROR) from None
     finally:
-        spark.stop()
+        stop_session(spark)  # not a JVM that is gone: that would hide why it went
 
 
 def _progress(spec: PipelineSpec) -> tuple[Progress, Any, dict[str, Any]]:

@@ -40,7 +40,7 @@ from checkpointing.coordination.coordinator import CheckpointCoordinator
 from checkpointing.coordination.failure import CheckpointException
 from checkpointing.coordination.pending import awaiting_attempt
 from checkpointing.coordination.store import CompletedCheckpoint
-from checkpointing.errors import CheckpointingError, SharedStateError
+from checkpointing.errors import CheckpointingError, SharedStateError, SparkJvmError
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.operator_ids import SINK, SOURCE
 from checkpointing.pipeline.spec import PipelineSpec, SpecError
@@ -50,6 +50,7 @@ from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.spark.aggregations import AggregationPlan
 from checkpointing.spark.async_snapshot import AsyncSnapshots, StageWrite
 from checkpointing.spark.executor import read_row_groups
+from checkpointing.spark.jvm_failure import JvmWatch, exception_chain
 from checkpointing.spark.keys import (
     KEY_GROUP,
     SUBTASK,
@@ -201,6 +202,10 @@ class PipelineRun:
         #: the last epoch covered by a completed checkpoint (its sink epochs are committed)
         self.covered_epoch = -1
         self.result = RunResult(spec.job, 0)
+        #: a Spark JVM's death or lack of memory said as such (settings read while it answers)
+        self.jvm = JvmWatch.of(spark, spec)
+        #: what the run is doing, for that message: where, and whether an epoch's input is in it
+        self.doing = ("while starting", False)
         #: the checkpoint whose files are being written while the next epoch runs
         self.snapshots = AsyncSnapshots()
         self.restorer = RunRestore(
@@ -278,11 +283,17 @@ class PipelineRun:
     # ------------------------------------------------------------------ run
 
     def run(self) -> RunResult:
-        with session_settings(self.spark, self._sql_settings()), self.inputs:
-            try:
-                return self._run()
-            finally:
-                self.snapshots.close()
+        try:
+            with session_settings(self.spark, self._sql_settings()), self.inputs:
+                try:
+                    return self._run()
+                finally:
+                    self.snapshots.close()
+        except Exception as exc:  # putting settings back fails on a JVM gone: not the news
+            lost = next((e for e in exception_chain(exc) if isinstance(e, SparkJvmError)), None)
+            if lost is None or lost is exc:
+                raise
+            raise lost from lost.__cause__
 
     def _sql_settings(self) -> dict[str, str]:
         """Keep the state where it is between epochs: adaptive execution hides a checkpointed
@@ -316,13 +327,25 @@ class PipelineRun:
                     self._complete_inflight()  # the hook dies after the epoch's checkpoint
                     raise SimulatedCrash(f"crash injected after epoch {epoch}")
             self._finish()
-        except BaseException:
+        except BaseException as exc:
+            lost = self._jvm_failure(exc) if isinstance(exc, Exception) else None
             self._fail()
+            if lost is not None:
+                raise lost from exc
             raise
         return self.result
 
+    def _jvm_failure(self, exc: Exception) -> SparkJvmError | None:
+        """``exc`` as the one line that says which Spark JVM died or ran out of memory, where
+        the run was and what to raise; None when no JVM caused it."""
+        where, in_epoch = self.doing
+        if (inflight := self.snapshots.inflight) is not None:  # its Spark job ran alongside
+            where += f" (checkpoint {inflight.checkpoint_id}'s snapshot being written meanwhile)"
+        return self.jvm.failure(exc, where, in_epoch=in_epoch)
+
     def _restore(self) -> None:
         """Start where the restore says: its epochs, each stage's state and chains."""
+        self.doing = ("while restoring the job's state", False)
         restored = self.restorer.restore()
         self.epochs, self.read_by = restored.epochs, restored.read_by
         self.covered_epoch, self.next_epoch = restored.covered_epoch, restored.next_epoch
@@ -383,6 +406,10 @@ class PipelineRun:
     def _process_splits(self, epoch: int, splits: Sequence[InputSplit]) -> None:
         rows = self._read(splits)
         for s in self.stages:  # each stage's changed rows are the next one's input
+            self.doing = (
+                f"in epoch {epoch} while merging the state of stage {s.operator_id!r}",
+                True,
+            )
             state = s.state if s.state is not None else self._empty_state(s)
             step = s.stage.step(state, rows, partial(self._keyed, s.key))
             s.state, rows = step.state, step.output
@@ -391,6 +418,7 @@ class PipelineRun:
                     raise TypeError(f"{s.stage!r} is incremental: its step must give changed_state")
                 reset = self.snapshots.inflight is None
                 s.track_changes(epoch, step.changed_state, MAX_DIRTY_EPOCHS, reset=reset)
+        self.doing = (f"in epoch {epoch} while staging its rows in the sink", True)
         self.sink.stage(epoch, rows)
 
     def _keyed(self, key: Sequence[str], df: DataFrame) -> DataFrame:
@@ -420,6 +448,7 @@ class PipelineRun:
         then snapshot every pending checkpoint that waits for this attempt's tasks (a periodic
         checkpoint's files are written while the next epoch runs; a savepoint's and a forced
         one's before this returns)."""
+        self.doing = (f"at the checkpoint barrier after epoch {epoch}", False)
         self._complete_inflight()
         every = self.spec.checkpoint.every_epochs
         due = force or (every is not None and (epoch + 1) % every == 0)
@@ -537,6 +566,7 @@ class PipelineRun:
             )
         last = self.stages[-1]
         state = last.state if last.state is not None else self._empty_state(last)
+        self.doing = ("while publishing the final table", False)
         token = f"{self.spec.job}-{self.attempt}"
         self.result.final_path = self.sink.publish_final(last.stage.final(state), token)
         self.coordinator.shutdown(JobStatus.FINISHED)

@@ -4,14 +4,24 @@ duration only."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
 from checkpointing.spark.executor_env import session_credentials_conf
+from checkpointing.spark.jvm_failure import (
+    DRIVER_DEFAULT_JAVA_OPTIONS,
+    driver_exited,
+    spark_defaults,
+    with_exit_on_oom,
+)
+
+log = logging.getLogger(__name__)
 
 
 def spark_session(
@@ -22,7 +32,11 @@ def spark_session(
 
     Under ``spark-submit`` the master, driver address and app name are the submitter's (an
     Airflow Spark connection); otherwise ``master`` (default ``local[2]``) runs on loopback.
-    ``conf`` adds or overrides settings, e.g. ``spark.executorEnv.*`` for a cluster's executors."""
+    ``conf`` adds or overrides settings, e.g. ``spark.executorEnv.*`` for a cluster's executors.
+    A driver JVM started here exits on an ``OutOfMemoryError`` (code 3, see
+    :mod:`~checkpointing.spark.jvm_failure`), an option added to the administrator's
+    ``spark.driver.defaultJavaOptions``: the user's ``spark.driver.extraJavaOptions`` (or
+    ``--driver-java-options``) stay as they are."""
     check_pyspark_client()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.config("spark.sql.requireAllClusterKeysForCoPartition", "false")
@@ -42,9 +56,26 @@ def spark_session(
             )
     elif master:
         builder = builder.master(master)
-    for key, value in {**session_credentials_conf(conf), **(conf or {})}.items():
+    settings = {**session_credentials_conf(conf), **(conf or {})}
+    if not under_spark_submit():  # the JVM starts here: its options are still ours to add to
+        admin = settings.get(
+            DRIVER_DEFAULT_JAVA_OPTIONS, spark_defaults(DRIVER_DEFAULT_JAVA_OPTIONS)
+        )
+        settings[DRIVER_DEFAULT_JAVA_OPTIONS] = with_exit_on_oom(admin)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def stop_session(spark: SparkSession) -> None:
+    """Stop the session, unless its driver JVM is gone (e.g. it ran out of memory): stopping
+    would fail on the lost connection and hide the run's own error."""
+    if driver_exited():
+        return
+    try:
+        spark.stop()
+    except (Py4JError, ConnectionError) as exc:
+        log.warning("could not stop the Spark session (its driver JVM is gone?): %s", exc)
 
 
 @contextmanager

@@ -41,6 +41,10 @@ def run_started(context: Any) -> Any:
 _EXIT_CODE = re.compile(r"Error code is: (-?\d+)")
 
 
+#: Spark's ``SparkExitCode.OOM``: a JVM whose uncaught-exception handler met an OutOfMemoryError
+SPARK_OOM_EXIT_CODE = 52
+
+
 def driver_ending(returncode: int | None, exc: BaseException) -> str:
     """How spark-submit (the driver, in client mode) ended, from its exit code (else the
     provider's message): a signal by name, else the exit code, else the exception's type."""
@@ -55,6 +59,12 @@ def driver_ending(returncode: int | None, exc: BaseException) -> str:
         name = None
     if name is not None:
         return f"died of {name} (spark-submit exit code {returncode})"
+    if returncode == SPARK_OOM_EXIT_CODE:
+        return (
+            f"ran out of memory (exit code {returncode}: an OutOfMemoryError reached Spark's "
+            "uncaught-exception handler); raise spark.driver.memory (in local mode the executors' "
+            "memory too) or lower the input per epoch"
+        )
     return f"failed (exit code {returncode})"
 
 
