@@ -166,6 +166,25 @@ def test_unreadable_files(tmp_path: Path) -> None:
         # a string is not the switch for incremental checkpoints (YAML's yes/no are booleans)
         ("  every_epochs: 1", "  every_epochs: 1\n  incremental: 'no'", "checkpoint.incremental: "),
         ("  splits_per_epoch: 4", "  splits_per_epoch: '4'", "source.splits_per_epoch: Input"),
+        # epoch_bytes: a positive size, and not beside splits_per_epoch (one rule for epochs)
+        (
+            "  splits_per_epoch: 4",
+            "  epoch_bytes: 0",
+            "source.epoch_bytes: Input should be greater",
+        ),
+        (
+            "  splits_per_epoch: 4",
+            "  epoch_bytes: -5",
+            "source.epoch_bytes: expected a positive size",
+        ),
+        ("  splits_per_epoch: 4", "  epoch_bytes: -1MiB", "source.epoch_bytes: could not parse"),
+        ("  splits_per_epoch: 4", "  epoch_bytes: lots", "source.epoch_bytes: could not parse"),
+        ("  splits_per_epoch: 4", "  epoch_bytes: true", "source.epoch_bytes: expected a positive"),
+        (
+            "  splits_per_epoch: 4",
+            "  splits_per_epoch: 4\n  epoch_bytes: 64MiB",
+            "source.splits_per_epoch and source.epoch_bytes: give one",
+        ),
         ("parallelism: 4", "parallelism: 4\nretries: yes", "retries: Input should be a valid"),
         ("parallelism: 4", "parallelism: 4\nretry_delay: -5s", "retry_delay: must not be negative"),
         # durations that overflow or are infinite: the field and the value, no OverflowError
@@ -188,6 +207,14 @@ def test_bad_values_are_refused_naming_the_field(
     assert str(err.value).startswith(f"{path}: ")
     assert expected in str(err.value)
     assert len(str(err.value).splitlines()) == 1
+
+
+def test_epochs_are_planned_by_bytes_when_the_source_says_so(tmp_path: Path) -> None:
+    default = load_spec(write(tmp_path, VALID)).source
+    assert (default.splits_per_epoch, default.epoch_bytes) == (4, None)
+    sized = VALID.replace("  splits_per_epoch: 4", "  epoch_bytes: 256MiB", 1)
+    source = load_spec(write(tmp_path, sized)).source
+    assert (source.splits_per_epoch, source.epoch_bytes) == (1, 256 << 20)
 
 
 def test_incremental_checkpoints_are_the_default_and_can_be_switched_off(tmp_path: Path) -> None:

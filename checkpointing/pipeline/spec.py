@@ -146,6 +146,9 @@ class SourceSpec(BaseModel):
     #: a glob of input files, relative to the spec file's directory unless absolute or a URL
     path: str
     splits_per_epoch: int = Field(default=1, ge=1, strict=True)
+    #: plan epochs by work instead: consecutive splits up to this many bytes (e.g. ``256MiB``;
+    #: a bigger split is an epoch alone); not with ``splits_per_epoch``
+    epoch_bytes: ByteSize | None = Field(default=None, gt=0)
     #: parquet only: split files larger than this into runs of row groups (e.g. ``128MiB``);
     #: unset, every file is one split
     max_split_bytes: ByteSize | None = Field(default=None, gt=0)
@@ -158,6 +161,14 @@ class SourceSpec(BaseModel):
         """``s3://`` input is read by Arrow on the executors (no Hadoop S3 jars): Parquet only,
         and a bucket and key glob are needed. Local paths are not checked here."""
         return _object_input_path(v, info, "s3:// input is", "source.format")
+
+    @field_validator("epoch_bytes", mode="before")
+    @classmethod
+    def _a_size(cls, v: Any) -> Any:
+        """YAML's ``true`` is not one byte, and a negative number is no size to parse."""
+        if isinstance(v, bool) or (isinstance(v, int | float) and v < 0):
+            raise ValueError("expected a positive size, e.g. 256MiB")
+        return v
 
 
 def _object_input_path(v: str, info: ValidationInfo, what: str, field: str) -> str:
@@ -352,6 +363,14 @@ class PipelineSpec(BaseModel):
         clash = set(self.key) & set(self.aggregations)
         if clash:
             raise ValueError(f"aggregation names clash with key columns: {sorted(clash)}")
+        if (
+            self.source.epoch_bytes is not None
+            and "splits_per_epoch" in self.source.model_fields_set
+        ):
+            raise ValueError(
+                "source.splits_per_epoch and source.epoch_bytes: give one (epochs are planned "
+                "by split count or by bytes, not both)"
+            )
         return self
 
     def resolve(self, path: str) -> str:

@@ -4,7 +4,9 @@ A split is a whole file, or — for a Parquet file larger than ``source.max_spli
 consecutive row groups of it, so one big file spreads over several epochs instead of making one
 huge epoch. Splits are planned on the driver from file sizes and Parquet footers only (no data is
 read), in a deterministic order: the same files and settings always give the same splits and
-epochs, which is what lets a checkpoint name the splits still to read.
+epochs, which is what lets a checkpoint name the splits still to read. Epochs are cut by count
+(``source.splits_per_epoch``) or by work (``source.epoch_bytes``: consecutive splits up to that
+many bytes, from the same sizes), so many small files need not mean many tiny epochs.
 
 The source's operator list state is Flink's ``PendingSplitsCheckpoint`` of a file source: the
 splits still to read (:meth:`InputSplit.to_state`) and the splits already processed
@@ -19,13 +21,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from checkpointing.pipeline.spec import SpecError
+from checkpointing.pipeline.spec import SourceSpec, SpecError
 from checkpointing.state.object_store import ObjectInfo, is_object_url, read_footer
 
 #: the list-state flag of a split already processed (the rest are still to read)
@@ -44,7 +46,9 @@ class InputSplit:
     groups ``[start, end)`` with their rows; ``row_groups is None`` is the whole file. A split
     also carries its file's identity as listed — an object's ``size`` and ``etag``, a local
     file's ``size`` and ``mtime`` (ns): they are in the source's state, so a restore over a
-    replaced file no longer matches the checkpoint."""
+    replaced file no longer matches the checkpoint. ``nbytes`` is a row-group run's compressed
+    bytes from the footer, for ``epoch_bytes``: planning's measure of work, not the split's
+    identity (not in the state, not compared)."""
 
     path: str
     row_groups: tuple[int, int] | None = None
@@ -52,6 +56,15 @@ class InputSplit:
     size: int | None = None
     etag: str | None = None
     mtime: int | None = None
+    nbytes: int | None = field(default=None, compare=False)
+
+    @property
+    def planned_bytes(self) -> int | None:
+        """The work this split is planned as: a run's bytes, a whole file's size (None: not
+        known, e.g. an old checkpoint's split without its size)."""
+        if self.row_groups is None:
+            return self.size
+        return self.nbytes
 
     def to_state(self, epoch: int) -> dict[str, Any]:
         """The list-state item of this split, read in ``epoch``."""
@@ -149,12 +162,12 @@ def _runs(
     start, size, rows = 0, 0, 0
     for i, (group_bytes, group_rows) in enumerate(groups):
         if i > start and size + group_bytes > limit:
-            yield InputSplit(path, (start, i), rows, **identity)
+            yield InputSplit(path, (start, i), rows, **identity, nbytes=size)
             start, size, rows = i, 0, 0
         size += group_bytes
         rows += group_rows
     if start < len(groups):
-        yield InputSplit(path, (start, len(groups)), rows, **identity)
+        yield InputSplit(path, (start, len(groups)), rows, **identity, nbytes=size)
 
 
 def parquet_rows(splits: Sequence[InputSplit]) -> int | None:
@@ -181,6 +194,71 @@ def parquet_rows(splits: Sequence[InputSplit]) -> int | None:
 def epochs_of(splits: Sequence[InputSplit], per_epoch: int) -> list[list[InputSplit]]:
     """``per_epoch`` consecutive splits per epoch."""
     return [list(splits[i : i + per_epoch]) for i in range(0, len(splits), per_epoch)]
+
+
+def epochs_by_bytes(splits: Sequence[InputSplit], epoch_bytes: int) -> list[list[InputSplit]]:
+    """Consecutive splits in one epoch until the next would take it past ``epoch_bytes``: an
+    epoch has at least one split, and a bigger split is an epoch alone. A split of unknown size
+    counts as a whole epoch's worth (as one split per epoch would). Greedy, so planning again
+    from an epoch boundary gives the same epochs after it."""
+    epochs: list[list[InputSplit]] = []
+    current: list[InputSplit] = []
+    filled = 0
+    for split in splits:
+        size = split.planned_bytes
+        size = epoch_bytes if size is None else size
+        if current and filled + size > epoch_bytes:
+            epochs.append(current)
+            current, filled = [], 0
+        current.append(split)
+        filled += size
+    if current:
+        epochs.append(current)
+    return epochs
+
+
+def plan_epochs(
+    splits: Sequence[InputSplit], splits_per_epoch: int, epoch_bytes: int | None
+) -> list[list[InputSplit]]:
+    """The epochs of ``splits`` as the source asks: by bytes with ``epoch_bytes`` (the spec
+    refuses it beside ``splits_per_epoch``), else ``splits_per_epoch`` splits each."""
+    if epoch_bytes is not None:
+        return epochs_by_bytes(splits, epoch_bytes)
+    return epochs_of(splits, splits_per_epoch)
+
+
+def describe_epochs(epochs: Sequence[Sequence[InputSplit]], source: SourceSpec) -> str:
+    """How the run's epochs were planned, for its log: ``20 splits (441 MiB) in 10 epochs of
+    ~44 MiB (source.epoch_bytes 50MiB)`` or ``… in 20 epochs of 1 split (source.splits_per_epoch
+    1)``."""
+    splits = [s for e in epochs for s in e]
+    sizes = [s.planned_bytes for s in splits]
+    known = None if None in sizes else sum(s for s in sizes if s is not None)
+    total = "" if known is None else f" ({_human(known)})"
+    head = f"{len(splits)} split{_s(len(splits))}{total} in {len(epochs)} epoch{_s(len(epochs))}"
+    if source.epoch_bytes is not None:
+        mean = "" if known is None or not epochs else f" of ~{_human(known // len(epochs))}"
+        return f"{head}{mean} (source.epoch_bytes {_human(source.epoch_bytes, exact=True)})"
+    counts = sorted({len(e) for e in epochs}) or [0]
+    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    per = f"{n} split{_s(counts[-1])}"
+    return f"{head} of {per} (source.splits_per_epoch {source.splits_per_epoch})"
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def _human(n: int, exact: bool = False) -> str:
+    """Bytes in binary units (``441 MiB``); ``exact``: a setting as a spec writes it
+    (``50MiB``, or its bytes when no unit divides it)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if exact and n % scale == 0:
+            return f"{n // scale}{unit}"
+        if not exact and n >= scale:
+            value = n / scale
+            return f"{value:.0f} {unit}" if value >= 10 else f"{value:.1f} {unit}"
+    return f"{n}B" if exact else f"{n} B"
 
 
 # ---------------------------------------------------------------------- the source's state
@@ -216,6 +294,7 @@ def resume_epochs(
     max_split_bytes: int | None,
     splits_per_epoch: int,
     checkpoint_id: int,
+    epoch_bytes: int | None = None,
 ) -> list[list[InputSplit]]:
     """The epochs of a run restored from a checkpoint whose source state is ``items`` (splits
     processed, each with its epoch, and splits still to read), over the input ``files`` listed
@@ -226,14 +305,15 @@ def resume_epochs(
     counted twice. Its processed epochs come back as they were; after them come the unread row
     groups of a partly read file (as recorded), then every other file as listed now: not yet
     read, its current version is what counts (a fixed malformed file, new files since the last
-    run). The epochs after the checkpoint are planned anew: the sink discards what it staged
-    for them on restore."""
+    run). The epochs after the checkpoint are planned anew, by the rule the spec gives now
+    (:func:`plan_epochs`): the sink discards what it staged for them on restore."""
     done: dict[int, list[InputSplit]] = {}
     pinned: dict[str, InputSplit] = {}
     items = split_items(items)
+    groups = _row_groups(items)
     for item in items:
         if is_processed(item):
-            split = InputSplit.from_state(item)
+            split = _with_bytes(InputSplit.from_state(item), groups)
             done.setdefault(int(item["epoch"]), []).append(split)
             pinned.setdefault(split.path, split)
     if sorted(done) != list(range(len(done))):
@@ -257,16 +337,39 @@ def resume_epochs(
                 "with the input it was taken with, or use a new job for the new input"
             )
     unread = sorted(
-        (
-            InputSplit.from_state(i)
-            for i in items
-            if not is_processed(i) and str(i["path"]) in pinned
-        ),
+        (_with_bytes(InputSplit.from_state(i), groups) for i in items if _unread_of(i, pinned)),
         key=_order,
     )
     rest = plan_splits([f for f in files if _path(f) not in pinned], source_format, max_split_bytes)
     epochs = [sorted(done[e], key=_order) for e in sorted(done)]
-    return epochs + epochs_of(unread + rest, splits_per_epoch)
+    return epochs + plan_epochs(unread + rest, splits_per_epoch, epoch_bytes)
+
+
+def _unread_of(item: dict[str, Any], pinned: dict[str, InputSplit]) -> bool:
+    """A split still to read of a file the checkpoint has partly read."""
+    return not is_processed(item) and str(item["path"]) in pinned
+
+
+def _row_groups(items: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """The row groups of each file the state has in runs: the file's runs, read or not, are
+    all in the state, so the last one's end is its number of row groups."""
+    ends: dict[str, int] = {}
+    for item in items:
+        groups = item.get("row_groups")
+        if groups is not None:
+            path = str(item["path"])
+            ends[path] = max(ends.get(path, 0), int(groups[1]))
+    return ends
+
+
+def _with_bytes(split: InputSplit, row_groups: dict[str, int]) -> InputSplit:
+    """A row-group run from the state, with its bytes (for ``epoch_bytes``) estimated without
+    reading the footer again: its share of its file's size by row groups."""
+    if split.row_groups is None or split.size is None:
+        return split
+    start, end = split.row_groups
+    total = max(row_groups.get(split.path, end), 1)
+    return replace(split, nbytes=split.size * (end - start) // total)
 
 
 def _order(split: InputSplit) -> tuple[str, int]:

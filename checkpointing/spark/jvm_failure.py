@@ -237,6 +237,11 @@ class JvmWatch:
         source = self.spec.source
         if not in_epoch:
             return ""
+        if source.epoch_bytes is not None:
+            return (
+                f" or lower the input per epoch (source.epoch_bytes, now "
+                f"{source.epoch_bytes.human_readable()})"
+            )
         if source.splits_per_epoch > 1:
             return (
                 f" or lower the input per epoch (source.splits_per_epoch, now "

@@ -152,6 +152,7 @@ def check_input(
             source.max_split_bytes,
             source.splits_per_epoch,
             metadata.checkpoint_id,
+            source.epoch_bytes,
         )
 
 

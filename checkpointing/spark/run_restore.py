@@ -22,8 +22,9 @@ from checkpointing.pipeline.operator_ids import SINK, SOURCE
 from checkpointing.pipeline.spec import PipelineSpec
 from checkpointing.pipeline.splits import (
     InputSplit,
-    epochs_of,
+    describe_epochs,
     is_processed,
+    plan_epochs,
     plan_splits,
     resume_epochs,
 )
@@ -157,6 +158,7 @@ class RunRestore:
                 phases["total_s"],
                 ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in phases.items()),
             )
+        log.info("job %s: %s", self.spec.job, describe_epochs(restored.epochs, self.spec.source))
         return restored
 
     def _decide(self) -> lookup.RestoreDecision:
@@ -186,7 +188,7 @@ class RunRestore:
         source state has no processed splits)."""
         source = self.spec.source
         splits = plan_splits(self.files, source.format.value, source.max_split_bytes)
-        return epochs_of(splits, source.splits_per_epoch)
+        return plan_epochs(splits, source.splits_per_epoch, source.epoch_bytes)
 
     def _load(
         self, metadata: CheckpointMetadata, phases: dict[str, float]
@@ -211,6 +213,7 @@ class RunRestore:
                 self.spec.source.max_split_bytes,
                 self.spec.source.splits_per_epoch,
                 metadata.checkpoint_id,
+                self.spec.source.epoch_bytes,
             )
             read_by = {
                 int(i["epoch"]): str(i["attempt"])

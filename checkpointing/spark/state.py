@@ -289,9 +289,9 @@ def check_source(
 ) -> None:
     """For a checkpoint whose source state has no processed splits (taken before they were
     recorded): the splits it says remain must be the ones this run would read next
-    (``planned``), otherwise the input (or ``splits_per_epoch``, ``max_split_bytes``) changed
-    since, and resuming would skip or repeat input. Newer checkpoints are resumed by
-    :func:`checkpointing.pipeline.splits.resume_epochs`."""
+    (``planned``), otherwise the input (or ``splits_per_epoch``, ``epoch_bytes``,
+    ``max_split_bytes``) changed since, and resuming would skip or repeat input. Newer
+    checkpoints are resumed by :func:`checkpointing.pipeline.splits.resume_epochs`."""
 
     def key(item: dict[str, Any]) -> str:
         return json.dumps(InputSplit.from_state(item).to_state(int(item["epoch"])))
@@ -310,7 +310,7 @@ def check_source(
             f"source: the input does not match checkpoint {checkpoint_id}: it has "
             f"{len(old)} split(s) left to read, this run plans {len(new)} "
             f"(only in the checkpoint: {missing[:2]}; only now: {extra[:2]}). Restore with "
-            "the input, splits_per_epoch and max_split_bytes it was taken with"
+            "the input, splits_per_epoch, epoch_bytes and max_split_bytes it was taken with"
         )
 
 

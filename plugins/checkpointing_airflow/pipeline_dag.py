@@ -177,7 +177,11 @@ def describe(spec: PipelineSpec) -> str:
         (
             "source",
             f"{spec.source.format} `{spec.source.path}`, "
-            f"{spec.source.splits_per_epoch} file(s) per epoch",
+            + (
+                f"epochs of up to {spec.source.epoch_bytes.human_readable()}"
+                if spec.source.epoch_bytes is not None
+                else f"{spec.source.splits_per_epoch} file(s) per epoch"
+            ),
         ),
         ("key", ", ".join(f"`{k}`" for k in spec.key)),
         ("aggregations", aggregations),
