@@ -15,7 +15,7 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.sql.selectable import ScalarSelect
 
 from checkpointing.errors import UnknownCheckpointError
-from checkpointing.ids import validate_checkpoint_id
+from checkpointing.ids import validate_checkpoint_id, validate_id
 from checkpointing.metastore import jobs
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.input_views import FILE_LIMIT, input_section
@@ -121,8 +121,8 @@ def list_checkpoints(
     offset: int = 0,
 ) -> list[dict[str, Any]]:
     """Newest first."""
-    jobs.require_job(metastore, job_id)
-    with metastore.transaction() as s:
+    with metastore.transaction() as s:  # the check and the read see one snapshot
+        jobs.job_row(s, validate_id(job_id, "job id"))
         query = select(Checkpoint, acked_count()).where(
             *_checkpoint_filter(job_id, status, checkpoint_type)
         )
@@ -140,8 +140,8 @@ def count_checkpoints(
     checkpoint_type: str | None = None,
 ) -> int:
     """How many checkpoints :func:`list_checkpoints` would list without a limit (for paging)."""
-    jobs.require_job(metastore, job_id)
-    with metastore.transaction() as s:
+    with metastore.transaction() as s:  # the check and the read see one snapshot
+        jobs.job_row(s, validate_id(job_id, "job id"))
         query = select(func.count()).select_from(Checkpoint)
         return int(s.scalar(query.where(*_checkpoint_filter(job_id, status, checkpoint_type))) or 0)
 
@@ -150,8 +150,8 @@ def checkpoint_detail(metastore: Metastore, job_id: str, checkpoint_id: int) -> 
     """One checkpoint with its properties, per operator subtask its ack, and the ``input`` its
     runs consumed (:func:`consumed_input`; None when the source did not acknowledge it)."""
     checkpoint_id = validate_checkpoint_id(checkpoint_id)
-    jobs.require_job(metastore, job_id)
-    with metastore.transaction() as s:
+    with metastore.transaction() as s:  # the check and the read see one snapshot
+        jobs.job_row(s, validate_id(job_id, "job id"))
         c = s.get(Checkpoint, (job_id, checkpoint_id))
         if c is None:
             raise UnknownCheckpointError(f"job {job_id} has no checkpoint {checkpoint_id}")
@@ -215,8 +215,8 @@ def consumed_input(
     read, the totals, and the files (at most ``file_limit``). None when the source did not
     acknowledge it."""
     checkpoint_id = validate_checkpoint_id(checkpoint_id)
-    jobs.require_job(metastore, job_id)
-    with metastore.transaction() as s:
+    with metastore.transaction() as s:  # the check and the read see one snapshot
+        jobs.job_row(s, validate_id(job_id, "job id"))
         if s.get(Checkpoint, (job_id, checkpoint_id)) is None:
             raise UnknownCheckpointError(f"job {job_id} has no checkpoint {checkpoint_id}")
         return input_section(s, job_id, checkpoint_id, file_limit)
@@ -227,8 +227,8 @@ def list_restores(
 ) -> list[dict[str, Any]]:
     """Restore decisions, newest first: which checkpoint each attempt restored (or planned to),
     at which parallelism, and the checkpoints it skipped as unusable (``fallbacks``)."""
-    jobs.require_job(metastore, job_id)
-    with metastore.transaction() as s:
+    with metastore.transaction() as s:  # the check and the read see one snapshot
+        jobs.job_row(s, validate_id(job_id, "job id"))
         query = (
             select(RestoreEvent)
             .where(RestoreEvent.job_id == job_id)
@@ -257,8 +257,8 @@ def list_restores(
 
 def count_restores(metastore: Metastore, job_id: str) -> int:
     """How many restores :func:`list_restores` would list without a limit (for paging)."""
-    jobs.require_job(metastore, job_id)
-    with metastore.transaction() as s:
+    with metastore.transaction() as s:  # the check and the read see one snapshot
+        jobs.job_row(s, validate_id(job_id, "job id"))
         query = select(func.count()).select_from(RestoreEvent)
         return int(s.scalar(query.where(RestoreEvent.job_id == job_id)) or 0)
 
@@ -267,8 +267,8 @@ def list_requests(
     metastore: Metastore, job_id: str, *, limit: int | None = None
 ) -> list[dict[str, Any]]:
     """Checkpoint and savepoint requests, newest first (periodic triggers are not requests)."""
-    jobs.require_job(metastore, job_id)
-    with metastore.transaction() as s:
+    with metastore.transaction() as s:  # the check and the read see one snapshot
+        jobs.job_row(s, validate_id(job_id, "job id"))
         query = (
             select(CheckpointRequest)
             .where(CheckpointRequest.job_id == job_id, CheckpointRequest.periodic.is_(False))
@@ -303,8 +303,8 @@ def checkpoint_stats(metastore: Metastore, job_id: str) -> dict[str, Any]:
     """A pipeline's checkpoints at a glance (Flink's checkpoint summary): counts by status,
     min/avg/max end-to-end duration and state size of the completed ones (subsumed included),
     and the latest completed, failed (aborted) and savepoint checkpoints and latest restore."""
-    jobs.require_job(metastore, job_id)
-    with metastore.transaction() as s:
+    with metastore.transaction() as s:  # the check and the read see one snapshot
+        jobs.job_row(s, validate_id(job_id, "job id"))
         own = Checkpoint.job_id == job_id
         counts = {
             status: int(n)
