@@ -15,6 +15,9 @@ from identical copies of the crashed state. Variants:
 * ``every-cli``: ``every``'s spec run by ``ckpt run``, a whole process as a user starts it
   (``spark_process``): the command's imports, preflight and progress included.
 * ``every-full``: ``every`` with ``checkpoint.incremental: false``: every checkpoint is full.
+* ``every-changelog``: ``every`` with ``sink.changelog: true``: each epoch's changed rows staged
+  and committed (the state merged every epoch), like the streaming peer's per-batch output.
+  Every other variant of ours publishes only the final table (``changelog: false``), as W does.
 * ``every-delta``: ``every`` writing a Delta table (``format: delta``, ``mode: upsert``, local)
   instead of the Parquet sink: with ``every``, the sinks' cost per checkpoint (``sink_cost``).
 * ``peer-changelog``: Spark Structured Streaming at its best here — ``readStream`` of the same
@@ -62,6 +65,7 @@ FULL_RUNS: dict[str, dict[str, Any]] = {
     "every": {**OURS, "every_epochs": True},
     "every-cli": {"process": "cli", "every_epochs": True},
     "every-full": {**OURS, "every_epochs": True, "incremental": False},
+    "every-changelog": {**OURS, "every_epochs": True, "sink_changelog": True},
     "every-delta": {**OURS, "every_epochs": True, "delta": True},
     "peer-changelog": {"peer": True, "changelog": True},
     "peer-rocksdb": {"peer": True, "changelog": False},

@@ -143,7 +143,10 @@ def write_spec(live: Path, task: dict[str, Any]) -> None:
         },
         "key": "user",
         "aggregations": AGGREGATIONS,
-        "sink": {"path": str(live / "sink")} | ({"format": "delta"} if task.get("delta") else {}),
+        # the final table only, as W writes (the state merged lazily); the changelog when asked
+        "sink": {"path": str(live / "sink")}
+        | ({"format": "delta"} if task.get("delta") else {})
+        | ({} if task.get("delta") or task.get("sink_changelog") else {"changelog": False}),
         "parallelism": task["spec_parallelism"],
         "checkpoint": checkpoint,
     }

@@ -209,7 +209,11 @@ class TableSpec(BaseModel):
 class SinkSpec(BaseModel):
     """``format: parquet`` (default): a local directory of staged/committed epochs and a final
     table; ``format: delta``: a Delta Lake table, local or ``s3://``, written ``mode: upsert``
-    (one row per key, the default) or ``mode: changelog`` (each epoch's rows, with ``epoch``)."""
+    (one row per key, the default) or ``mode: changelog`` (each epoch's rows, with ``epoch``).
+
+    ``changelog: false`` (parquet): publish only the final table, as a plain batch job does; no
+    epoch's changed rows are staged, so an aggregation's state is kept as partial aggregates per
+    epoch, merged when a checkpoint needs it whole (see :mod:`checkpointing.spark.lazy_state`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -217,6 +221,19 @@ class SinkSpec(BaseModel):
     format: Literal["parquet", "delta"] = "parquet"
     #: delta only; None: ``upsert``
     mode: Literal["upsert", "changelog"] | None = None
+    #: parquet only: stage and commit each epoch's changed rows under ``changelog/`` (the
+    #: default, for pipelines that read them); false: only the final table
+    changelog: bool = True
+
+    @field_validator("changelog")
+    @classmethod
+    def _changelog_for_parquet(cls, v: bool, info: ValidationInfo) -> bool:
+        if not v and info.data.get("format") == "delta":
+            raise ValueError(
+                "a format: delta sink commits every checkpoint's rows to its table; "
+                "changelog: false is for the parquet sink (its final table only)"
+            )
+        return v
 
     @field_validator("mode")
     @classmethod

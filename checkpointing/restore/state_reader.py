@@ -377,12 +377,17 @@ class CheckpointReader:
         self, op: OperatorState, handle: SubtaskStateHandle, groups: KeyGroupRange | None = None
     ) -> pa.Table:
         """A subtask's state (in ``groups``): its one file, or its chain merged (the last row
-        of a key wins), as a restore reads it."""
+        of a key wins, or partial aggregates combined: ``chain_merge``), as a restore reads it."""
         tables = []
         for f in handle.files():
             info = self._snapshot_info(op, handle, f)
             tables.append(read_keyed_snapshot(self._bytes(f), groups, path=f.handle))
-        return merge_chain(tables, _key_columns(info.schema, None))
+        try:
+            return merge_chain(tables, _key_columns(info.schema, None), handle.chain_merge)
+        except ValueError as exc:
+            raise CheckpointingError(
+                f"operator {op.operator_id!r} subtask {handle.subtask_index}: {exc}"
+            ) from None
 
 
 def inspect_state(

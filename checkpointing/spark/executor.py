@@ -103,10 +103,11 @@ def read_subtask_snapshots(
     key: list[str],
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """For each ``(part_key, urls, checksums, sizes, start, end)``: just those key groups of
-    an old subtask's state — its files, oldest first (one for a full snapshot, a chain for an
-    incremental one: the last row of a key wins), each verified and never read past its
-    recorded size — tagged with the new subtask's partition key."""
+    """For each ``(part_key, urls, checksums, sizes, start, end, aggregate)``: just those key
+    groups of an old subtask's state — its files, oldest first (one for a full snapshot, a chain
+    for an incremental one: the last row of a key wins, or with ``aggregate`` every row, partial
+    aggregates the driver's plan merges), each verified and never read past its recorded size —
+    tagged with the new subtask's partition key."""
     for batch in batches:
         for row in batch.to_pylist():
             groups = KeyGroupRange(row["start"], row["end"])
@@ -118,7 +119,10 @@ def read_subtask_snapshots(
                     row["urls"], row["checksums"], row["sizes"], strict=True
                 )
             ]
-            table = merge_chain(tables, key)
+            if row.get("aggregate"):
+                table = pa.concat_tables(tables, promote_options="none")
+            else:
+                table = merge_chain(tables, key)
             table = table.append_column(
                 SUBTASK, pa.array([row["part_key"]] * table.num_rows, pa.int32())
             )

@@ -33,6 +33,7 @@ from checkpointing.restore.assignment import StateAssignment, plan_restore, snap
 from checkpointing.sinks.protocol import Sink
 from checkpointing.spark.keys import partition_keys
 from checkpointing.spark.preflight import RunOptions, refuse_empty_start
+from checkpointing.spark.stages import AggregationStage
 from checkpointing.spark.state import (
     StageRun,
     SubtaskChain,
@@ -44,6 +45,7 @@ from checkpointing.spark.state import (
     through_epoch,
 )
 from checkpointing.spark.transform import InputTransform
+from checkpointing.state.incremental import CHAIN_AGGREGATE, CHAIN_REPLACE
 from checkpointing.state.metadata import CheckpointMetadata
 from checkpointing.state.object_store import ObjectInfo
 from checkpointing.state.storage import CheckpointStorage
@@ -263,8 +265,20 @@ class RunRestore:
                 metadata,
                 self.partition_keys,
                 s.key,
+                merge=_merge_of(s),
             )
             if s.chains is not None:
                 shared = self.storage.shared_url(self.spec.job)
-                chains[s.operator_id] = continued_chains(restored, metadata, shared, self.storage)
+                how = CHAIN_AGGREGATE if s.lazy else CHAIN_REPLACE
+                chains[s.operator_id] = continued_chains(
+                    restored, metadata, shared, self.storage, how
+                )
         return states, chains
+
+
+def _merge_of(s: StageRun) -> Callable[[DataFrame], DataFrame] | None:
+    """How a stage merges partial aggregates read back (an aggregate chain), if it can."""
+    stage = s.stage
+    if not isinstance(stage, AggregationStage):
+        return None
+    return lambda df: stage.compact([df])

@@ -49,7 +49,7 @@ from checkpointing.restore.recovery import pipeline_plan
 from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.spark.aggregations import AggregationPlan
 from checkpointing.spark.async_snapshot import AsyncSnapshots, StageWrite
-from checkpointing.spark.executor import read_row_groups
+from checkpointing.spark.input_reader import InputReader
 from checkpointing.spark.jvm_failure import JvmWatch, exception_chain
 from checkpointing.spark.keys import (
     KEY_GROUP,
@@ -58,7 +58,8 @@ from checkpointing.spark.keys import (
     key_group_column,
     partition_keys,
 )
-from checkpointing.spark.object_source import object_schema, read_object_splits
+from checkpointing.spark.lazy_state import add_epoch, compact, lazy_stage
+from checkpointing.spark.lazy_state import changes as lazy_changes
 from checkpointing.spark.preflight import (
     RestoreSourceError,
     RunOptions,
@@ -71,6 +72,7 @@ from checkpointing.spark.sinks import open_sink
 from checkpointing.spark.stages import AggregationStage, Stage
 from checkpointing.spark.state import (
     StageRun,
+    SubtaskChain,
     chained_stages,
     changed_rows,
     empty_state,
@@ -80,7 +82,7 @@ from checkpointing.spark.state import (
     through_epoch,
 )
 from checkpointing.spark.transform import InputTransform, TransformFn
-from checkpointing.state.object_store import is_object_url
+from checkpointing.state.incremental import CHAIN_AGGREGATE, CHAIN_REPLACE, needs_full
 from checkpointing.state.storage import CheckpointStorage
 from checkpointing.status import CheckpointType, JobStatus
 
@@ -177,6 +179,8 @@ class PipelineRun:
         else:
             raise SpecError("aggregations: needs at least one aggregation (or a stage)")
         self.stages = chained_stages(chain, spec.key)
+        if (lazy := lazy_stage(spec, self.stages)) is not None:  # only the final table is read
+            lazy.lazy = True
         for s in self.stages:  # a stage that tells its changed rows can snapshot just those
             s.chains = {} if spec.checkpoint.incremental and s.stage.incremental else None
         check_pipeline_sink(spec, storage.base_url)
@@ -194,8 +198,8 @@ class PipelineRun:
             plan_provider=lambda: self.plan,
             completion_listeners=[self._commit_sink],
         )
-        #: the source's rows' schema, fixed by the first read (and each stage's input from it)
-        self.input_schema: T.StructType | None = None
+        #: the source's reader; its schema, fixed by the first read, is each stage's input's
+        self.reader = InputReader(spark, spec)
         self.next_epoch = 0
         #: rows in the last epoch's input, when cheap to know (Parquet footers)
         self.last_epoch_rows: int | None = None
@@ -227,48 +231,10 @@ class PipelineRun:
 
     def _read(self, splits: Sequence[InputSplit]) -> DataFrame:
         """The transform's output over the rows of ``splits``; the first checks the stages."""
-        rows = self.inputs.apply(self._read_splits(splits))
+        rows = self.inputs.apply(self.reader.read(splits))
         if self.stages[0].input_schema is None:
             self._check_stages(rows.schema)
         return rows
-
-    def _read_splits(self, splits: Sequence[InputSplit]) -> DataFrame:
-        """The rows of ``splits``: whole files through Spark's own reader, row-group ranges of
-        big Parquet files through Arrow on the executors (only those row groups are read); on an
-        object store, every split through Arrow on the executors."""
-        if is_object_url(splits[0].path):
-            schema = self.input_schema or object_schema(splits[0])
-            return self._checked(read_object_splits(self.spark, splits, schema))
-        whole = [s.path for s in splits if s.row_groups is None]
-        ranged = [s for s in splits if s.row_groups is not None]
-        reader = self.spark.read.format(self.spec.source.format.value)
-        if self.spec.source.format.value == "csv":
-            reader = reader.options(header=self.spec.source.header, inferSchema=True)
-            reader = reader.option("mode", "FAILFAST")
-        if self.input_schema is None and not whole:
-            self.input_schema = self._checked(reader.load(ranged[0].path)).schema
-        if self.input_schema is not None:
-            reader = reader.schema(self.input_schema)
-        parts = [self._checked(reader.load(whole))] if whole else []
-        if ranged:
-            assert self.input_schema is not None
-            tasks = self.spark.createDataFrame(
-                [(s.path, *s.row_groups) for s in ranged if s.row_groups is not None],
-                "path string, start int, end int",
-            ).repartition(len(ranged))
-            parts.append(
-                tasks.mapInArrow(partial(read_row_groups, self.input_schema), self.input_schema)
-            )
-        df = parts[0]
-        for part in parts[1:]:
-            df = df.unionByName(part)
-        return df
-
-    def _checked(self, df: DataFrame) -> DataFrame:
-        """The first input read fixes its schema for every later read."""
-        if self.input_schema is None:
-            self.input_schema = df.schema
-        return df
 
     def _check_stages(self, schema: T.StructType) -> None:
         """The first rows (the transform's output) fit the key and the stages, whose state
@@ -410,16 +376,22 @@ class PipelineRun:
                 f"in epoch {epoch} while merging the state of stage {s.operator_id!r}",
                 True,
             )
-            state = s.state if s.state is not None else self._empty_state(s)
-            step = s.stage.step(state, rows, partial(self._keyed, s.key))
+            if s.state is None:
+                s.state = self._empty_state(s)
+            if s.lazy:  # the last stage, whose changed rows nobody reads: no merge, no output
+                track, reset = s.chains is not None, self.snapshots.inflight is None
+                add_epoch(s, epoch, rows, partial(self._keyed, s.key), track=track, reset=reset)
+                return
+            step = s.stage.step(s.state, rows, partial(self._keyed, s.key))
             s.state, rows = step.state, step.output
             if s.chains is not None:  # incremental: the next snapshot writes these rows
                 if step.changed_state is None:
                     raise TypeError(f"{s.stage!r} is incremental: its step must give changed_state")
                 reset = self.snapshots.inflight is None
                 s.track_changes(epoch, step.changed_state, MAX_DIRTY_EPOCHS, reset=reset)
-        self.doing = (f"in epoch {epoch} while staging its rows in the sink", True)
-        self.sink.stage(epoch, rows)
+        if self.spec.sink.changelog:
+            self.doing = (f"in epoch {epoch} while staging its rows in the sink", True)
+            self.sink.stage(epoch, rows)
 
     def _keyed(self, key: Sequence[str], df: DataFrame) -> DataFrame:
         """``df`` with its key group and subtask, partitioned by subtask like the state."""
@@ -525,15 +497,26 @@ class PipelineRun:
     ) -> StageWrite:
         """What one keyed stage's subtasks will write, fixed now (its state, changes and chains
         as of this boundary); the returned call writes it from the executors."""
-        state = s.state if s.state is not None else self._empty_state(s)
-        args = (self.plan, self.storage)
+        if s.state is None:
+            s.state = self._empty_state(s)
+        state, args = s.state, (self.plan, self.storage)
         where = (self.partition_keys, self.max_parallelism)
         if not incremental or s.chains is None:
+            state = compact(s) if s.lazy else state  # a full snapshot needs the state whole
             return lambda: (snapshot_stage(state, s, *args, location_url, *where)[0], {})
-        chains, changes = dict(s.chains), changed_rows(s)
+        chains = dict(s.chains)
+        if not s.lazy:
+            changes, how = changed_rows(s), CHAIN_REPLACE
+        else:  # the epochs' partial aggregates; a subtask whose chain is cut writes it whole
+            cut = (
+                needs_full(chains.get(i, SubtaskChain([], {})).files)
+                for i in range(self.parallelism)
+            )
+            state = compact(s) if any(cut) else state
+            changes, how = lazy_changes(s), CHAIN_AGGREGATE
         shared = self.storage.shared_checkpoint_url(self.spec.job, checkpoint_id)
         return lambda: snapshot_stage(
-            state, s, *args, shared, *where, chains=chains, changes=changes
+            state, s, *args, shared, *where, chains=chains, changes=changes, chain_merge=how
         )
 
     def _source_state(self, first_epoch: int) -> list[dict[str, Any]]:
@@ -565,7 +548,9 @@ class PipelineRun:
                 f"job {self.spec.job}: the final checkpoint did not complete; see `ckpt list`"
             )
         last = self.stages[-1]
-        state = last.state if last.state is not None else self._empty_state(last)
+        if last.state is None:
+            last.state = self._empty_state(last)
+        state = compact(last) if last.lazy else last.state
         self.doing = ("while publishing the final table", False)
         token = f"{self.spec.job}-{self.attempt}"
         self.result.final_path = self.sink.publish_final(last.stage.final(state), token)

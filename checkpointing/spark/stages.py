@@ -141,6 +141,25 @@ class AggregationStage:
         changed = merged.where(F.col(_CHANGED)).drop(_CHANGED)
         return StepResult(merged.drop(_CHANGED), self.plan.final(changed), changed)
 
+    def partials_of(self, rows: DataFrame, keyed: Keyed) -> DataFrame:
+        """The partial aggregates of one epoch's ``rows``, one row per key, partitioned by
+        subtask like the state: what a lazily merged state (:mod:`~checkpointing.spark.lazy_state`)
+        adds per epoch instead of merging."""
+        on = [SUBTASK, KEY_GROUP, *self.plan.key]
+        return keyed(rows).groupBy(*on).agg(*self.plan.partials(rows.schema))
+
+    def compact(self, parts: Sequence[DataFrame]) -> DataFrame:
+        """``parts`` (states or partial aggregates, several rows of a key allowed) merged into
+        one row per key, still partitioned by subtask (a union and a ``groupBy``, no shuffle)."""
+        on = [SUBTASK, KEY_GROUP, *self.plan.key]
+        first, rest = parts[0], list(parts[1:])
+        if not rest:
+            return self.plan.merge(first, first.where(F.lit(False)), on)  # keeps partitioning
+        delta = rest[0]
+        for part in rest[1:]:
+            delta = delta.unionByName(part)
+        return self.plan.merge(first, delta, on)
+
     def final(self, state: DataFrame) -> DataFrame:
         return self.plan.final(state)
 

@@ -10,7 +10,7 @@ dealt round-robin over their subtasks. What runs on the executors is
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -35,7 +35,7 @@ from checkpointing.spark.executor import (
 )
 from checkpointing.spark.keys import KEY_GROUP, SUBTASK
 from checkpointing.spark.stages import Stage
-from checkpointing.state.incremental import needs_full
+from checkpointing.state.incremental import CHAIN_AGGREGATE, CHAIN_REPLACE, needs_full
 from checkpointing.state.keygroups import KeyGroupRange, key_group_range
 from checkpointing.state.metadata import ChainedFile, CheckpointMetadata
 from checkpointing.state.storage import CheckpointStorage
@@ -65,7 +65,12 @@ class StageRun:
     #: the next snapshot is full); None when this stage's snapshots are always full
     chains: dict[int, SubtaskChain] | None = None
     #: the state rows changed in each epoch since then, newest last: the next snapshot's changes
+    #: (for a lazily merged state, the epochs' partial aggregates)
     dirty: list[tuple[int, DataFrame]] = field(default_factory=list)
+    #: merged lazily (:mod:`~checkpointing.spark.lazy_state`): ``state`` is the base, these the
+    #: partial aggregates of the epochs since it was last compacted
+    lazy: bool = False
+    deltas: list[DataFrame] = field(default_factory=list)
 
     def track_changes(self, epoch: int, changed: DataFrame, limit: int, *, reset: bool) -> None:
         """Keep the epoch's changed state rows (its step's ``changed_state``) for the next
@@ -139,13 +144,15 @@ def snapshot_stage(
     *,
     chains: Mapping[int, SubtaskChain] | None = None,
     changes: DataFrame | None = None,
+    chain_merge: str = CHAIN_REPLACE,
 ) -> tuple[list[TaskAck], dict[int, SubtaskChain]]:
     """Every subtask of one keyed stage writes its snapshot of ``state`` into ``dir_url`` from
     the executor; the acks of the stage's tasks in ``plan``, and each subtask's chain after it.
 
     Incremental (``chains`` given, and ``changes``: the rows changed since the chains' checkpoint,
     with their epoch in :data:`SEQ`): a subtask whose chain may grow writes only its changed
-    rows and references the chain; the others (no chain yet, or one to cut) write in full."""
+    rows and references the chain; the others (no chain yet, or one to cut) write in full.
+    ``chain_merge``: how the chain's files combine, recorded in each handle that has a chain."""
     keys, key, operator_id = list(partition_keys), list(s.key), s.operator_id
     parallelism = len(keys)
     incremental = chains is not None
@@ -203,6 +210,8 @@ def snapshot_stage(
             continue
         if len(files) > 1:
             meta["chain"] = [f.model_dump() for f in files[:-1]]
+            if chain_merge != CHAIN_REPLACE:
+                meta["chain_merge"] = chain_merge
         last = files[-1]
         acks.append(
             TaskAck(
@@ -223,11 +232,13 @@ def continued_chains(
     metadata: CheckpointMetadata,
     shared_url: str,
     storage: CheckpointStorage,
+    chain_merge: str = CHAIN_REPLACE,
 ) -> dict[int, SubtaskChain]:
     """After a restore, the chains the new subtasks' incremental snapshots may build on: a
     subtask that restores exactly one old subtask's key groups, all of them, from files under
     the job's ``shared/`` (an incremental checkpoint's, which the registry keeps while referenced),
-    continues its chain; any other (rescaled, or restored from a savepoint) starts with a full
+    continues its chain — if its files combine as this run's will (``chain_merge``); any other
+    (rescaled, restored from a savepoint, or a chain of the other kind) starts with a full
     snapshot."""
     handles = {h.handle: h for h in metadata.handles()}
     out = {}
@@ -241,6 +252,7 @@ def continued_chains(
             or KeyGroupRange(*old.key_groups) != t.key_groups
             or t.reads[0].key_groups != t.key_groups
             or not all(storage.contains(f.handle, shared_url) for f in files)
+            or (len(files) > 1 and (old.chain_merge or CHAIN_REPLACE) != chain_merge)
         ):
             continue
         out[t.subtask_index] = SubtaskChain(files, dict(old.group_bytes or {}))
@@ -322,12 +334,16 @@ def restore_stage(
     metadata: CheckpointMetadata,
     partition_keys: Sequence[int],
     key: Sequence[str],
+    merge: Callable[[DataFrame], DataFrame] | None = None,
 ) -> DataFrame:
     """One stage's state restored from ``metadata`` as ``restored`` assigns it: each new
     subtask's executor reads just its key groups of the old snapshot files; partitioned by
     subtask as the state always is (``empty`` gives the schema, and is the state when there is
-    nothing to read)."""
-    files = {h.handle: h.files() for h in metadata.handles()}
+    nothing to read). Chains of partial aggregates (``chain_merge: aggregate``) are merged by
+    ``merge`` (the stage's own, one row per key from many); a stage without one cannot restore
+    them."""
+    handles = {h.handle: h for h in metadata.handles()}
+    files = {url: h.files() for url, h in handles.items()}
     reads = [
         (
             partition_keys[t.subtask_index],
@@ -336,17 +352,27 @@ def restore_stage(
             [f.size for f in files[r.url]],  # bounds the executor's read of each file
             r.key_groups.start,
             r.key_groups.end,
+            handles[r.url].chain_merge == CHAIN_AGGREGATE and len(files[r.url]) > 1,
         )
         for t in restored.subtasks
         for r in t.reads
     ]
     if not reads:
         return empty
+    aggregated = any(r[-1] for r in reads)
+    if aggregated and merge is None:
+        raise SpecError(
+            f"checkpoint {metadata.checkpoint_id}: the state of operator "
+            f"{restored.operator_id!r} is a chain of partial aggregates, which only an "
+            "aggregation stage can restore"
+        )
     tasks = spark.createDataFrame(
         reads,
         "part_key int, urls array<string>, checksums array<string>, sizes array<long>, "
-        "start int, end int",
+        "start int, end int, aggregate boolean",
     ).repartition(len(reads))
     reader = partial(read_subtask_snapshots, storage, empty.schema.names, list(key))
-    loaded = tasks.mapInArrow(reader, empty.schema)
-    return loaded.repartition(len(partition_keys), SUBTASK).localCheckpoint(eager=True)
+    loaded = tasks.mapInArrow(reader, empty.schema).repartition(len(partition_keys), SUBTASK)
+    if aggregated and merge is not None:
+        loaded = merge(loaded)
+    return loaded.localCheckpoint(eager=True)

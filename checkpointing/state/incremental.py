@@ -11,6 +11,14 @@ checkpoints, with key-group-indexed files so that a rescaled subtask reads only 
 A chain is cut (the next snapshot is *materialised* in full) when its changes add up to as many
 bytes as its full snapshot, or it has :data:`MAX_DELTAS` of them: a restore then reads at most
 about twice the state. Pure Arrow, no Spark: the executors and ``ckpt inspect`` share it.
+
+How a chain's files combine is its handle's ``chain_merge``: :data:`CHAIN_REPLACE` (the default: the
+last row of a key wins, each change is the key's whole new state) or :data:`CHAIN_AGGREGATE` (each
+change holds the partial aggregates of the epochs since the previous file, merged with the
+rows before by the aggregation: what a lazily merged aggregation state writes, see
+:mod:`checkpointing.spark.lazy_state`). A restore merges an aggregate chain in Spark with the
+stage's own merge; :func:`merge_partials` is the Arrow merge of the partial kinds a reader
+without the pipeline (``ckpt inspect``) can combine from the column names alone.
 """
 
 from __future__ import annotations
@@ -22,6 +30,11 @@ import pyarrow.compute as pc
 
 from checkpointing.state.metadata import ChainedFile
 from checkpointing.state.snapshot import KEY_GROUP_COLUMN
+
+#: chain_merge values: the last row of a key wins / rows are partial aggregates, merged
+CHAIN_REPLACE, CHAIN_AGGREGATE = "replace", "aggregate"
+#: partial-aggregate columns a reader can merge by name (``__<kind>_<output>``) and how
+_PARTIAL_MERGES = {"__cnt_": "sum", "__sum_": "sum", "__min_": "min", "__max_": "max"}
 
 #: changes after a full snapshot before the next is full again
 MAX_DELTAS = 8
@@ -52,10 +65,39 @@ def last_per_key(table: pa.Table, key: Sequence[str]) -> pa.Table:
     return table.take(pc.take(last.column(f"{_ROW}_max"), rows))
 
 
-def merge_chain(tables: Sequence[pa.Table], key: Sequence[str]) -> pa.Table:
-    """One subtask's state from its chain's tables, oldest first: the last row of each key, in
-    key-group order as a single snapshot's rows are."""
+def merge_chain(
+    tables: Sequence[pa.Table], key: Sequence[str], how: str | None = CHAIN_REPLACE
+) -> pa.Table:
+    """One subtask's state from its chain's tables, oldest first, in key-group order as a single
+    snapshot's rows are: the last row of each key (``how`` :data:`CHAIN_REPLACE` or None), or the
+    partial aggregates merged (:data:`CHAIN_AGGREGATE`, see :func:`merge_partials`)."""
     if len(tables) == 1:
         return tables[0]
-    merged = last_per_key(pa.concat_tables(tables, promote_options="none"), key)
+    table = pa.concat_tables(tables, promote_options="none")
+    merged = merge_partials(table, key) if how == CHAIN_AGGREGATE else last_per_key(table, key)
     return merged.sort_by(KEY_GROUP_COLUMN) if KEY_GROUP_COLUMN in merged.column_names else merged
+
+
+def merge_partials(table: pa.Table, key: Sequence[str]) -> pa.Table:
+    """One row per key of ``table``'s partial aggregates: counts and sums added, minima and
+    maxima taken (nulls ignored, as SQL's); the other columns must be the key's own (e.g. its
+    key group). Refuses partial kinds that need the pipeline's aggregation to merge (sets,
+    sketches, moments): only a restore merges those."""
+    if table.num_rows == 0:
+        return table
+    aggregates, plain = [], [c for c in table.column_names if c not in key]
+    for column in list(plain):
+        how = next((h for p, h in _PARTIAL_MERGES.items() if column.startswith(p)), None)
+        if how is not None:
+            aggregates.append((column, how))
+            plain.remove(column)
+        elif column.startswith("__") and column != KEY_GROUP_COLUMN:
+            raise ValueError(
+                f"column {column!r} is a partial aggregate only the pipeline's restore can merge "
+                "(its chain of partial aggregates is merged when restored)"
+            )
+    aggregates += [(c, "min") for c in plain]  # a key's own columns: one value per key
+    grouped = table.group_by(list(key), use_threads=False).aggregate(aggregates)
+    names = {f"{c}_{h}": c for c, h in aggregates}
+    grouped = grouped.rename_columns([names.get(c, c) for c in grouped.column_names])
+    return grouped.select(table.column_names).cast(table.schema)

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -58,6 +58,10 @@ class StateDescriptor(BaseModel):
     #: the changes after it); the subtask's state is their rows then this file's, the last
     #: row of a key winning. ``group_bytes`` counts the bytes of every file.
     chain: list[ChainedFile] | None = Field(default=None, max_length=MAX_CHAIN)
+    #: how the chain's files combine (:mod:`checkpointing.state.incremental`): ``replace`` (None:
+    #: the last row of a key wins) or ``aggregate`` (each file after the first holds partial
+    #: aggregates, merged by the stage's aggregation)
+    chain_merge: Literal["replace", "aggregate"] | None = None
     #: key groups this snapshot wrote (all non-empty ones for a full snapshot): informational
     changed_groups: int | None = Field(default=None, ge=0)
 
@@ -76,6 +80,8 @@ class StateDescriptor(BaseModel):
             raise ValueError("group_bytes must not be negative")
         if self.chain and self.key_groups is None:
             raise ValueError("chain needs key_groups")
+        if self.chain_merge is not None and self.key_groups is None:
+            raise ValueError("chain_merge needs key_groups")
         return self
 
 
