@@ -51,6 +51,8 @@ DEFINITIONS = {
     "every-full": "'every' with checkpoint.incremental: false (every checkpoint writes the whole "
     "state)",
     "every-delta": "'every' with sink format: delta (mode: upsert, a local table)",
+    "every-tenth": "'every' with source.epoch_bytes = ceil(1.1 x input bytes / 10) instead of "
+    "splits_per_epoch: 10 epochs, a checkpoint after each (the issue's 'at least every 10 %')",
     "every-changelog": "'every' with sink.changelog: true (each epoch's changed rows staged and "
     "committed, the state merged every epoch); every other variant of ours has "
     "changelog: false (the final table only, as W)",

@@ -17,6 +17,7 @@ CPU seconds are those of the worker's process tree over ``run_s``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -134,13 +135,15 @@ def write_spec(live: Path, task: dict[str, Any]) -> None:
     # checkpoint.incremental is applied to the loaded spec (work_ours), not written here: the
     # spec file loader may not accept the field yet
     checkpoint: dict[str, Any] = {"every_epochs": 1} if task["every_epochs"] else {}
+    source: dict[str, Any] = {"format": "parquet", "path": f"{task['data']}/*.parquet"}
+    if task.get("epoch_fraction"):  # epochs by work: that fraction of the input each
+        total = sum(p.stat().st_size for p in Path(task["data"]).glob("*.parquet"))
+        source["epoch_bytes"] = math.ceil(total / task["epoch_fraction"] * 1.1)
+    else:
+        source["splits_per_epoch"] = task["files_per_epoch"]
     spec = {
         "job": JOB,
-        "source": {
-            "format": "parquet",
-            "path": f"{task['data']}/*.parquet",
-            "splits_per_epoch": task["files_per_epoch"],
-        },
+        "source": source,
         "key": "user",
         "aggregations": AGGREGATIONS,
         # the final table only, as W writes (the state merged lazily); the changelog when asked

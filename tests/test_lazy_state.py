@@ -18,6 +18,7 @@ from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.spec import SpecError, load_spec
 from checkpointing.restore import lookup
 from checkpointing.restore.state_reader import inspect_state
+from checkpointing.state import incremental
 from checkpointing.state.incremental import CHAIN_AGGREGATE, merge_chain
 from checkpointing.state.metadata import CheckpointMetadata
 from checkpointing.state.storage import FileSystemCheckpointStorage
@@ -42,6 +43,12 @@ def final_of(spark: Any, spec: Any) -> pd.DataFrame:
     return sink_of(spec).read_final(spark).toPandas().sort_values("user").reset_index(drop=True)
 
 
+def checkpoint_of(metastore: Metastore, storage: Any, checkpoint_id: int) -> CheckpointMetadata:
+    decision = lookup.load_checkpoint(metastore, storage, "lazy", checkpoint_id)
+    assert decision.metadata is not None
+    return decision.metadata
+
+
 def aggregate_handles(metadata: CheckpointMetadata) -> list[Any]:
     [op] = [o for o in metadata.operators if o.operator_id == "aggregate"]
     return [s for s in op.subtasks if s.handle]
@@ -53,7 +60,9 @@ def test_partial_aggregate_chains_are_exact_across_crashes_restores_and_rescale(
     from checkpointing.spark import lazy_state
     from checkpointing.spark.runtime import SimulatedCrash
 
-    monkeypatch.setattr(lazy_state, "MAX_DELTAS", 2)  # compaction in memory every 2 epochs
+    # compaction in memory every 2 epochs, and a chain cut after 2 changes
+    monkeypatch.setattr(lazy_state, "MAX_DELTAS", 2)
+    monkeypatch.setattr(incremental, "MAX_DELTAS", 2)
     events = write_events(tmp_path / "events")
     frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
     source = f'{{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}'
@@ -63,20 +72,20 @@ def test_partial_aggregate_chains_are_exact_across_crashes_restores_and_rescale(
     assert_matches_pandas(reference, frames)
 
     sink = f"{{path: {tmp_path / 'lazy-out'}, changelog: false}}"
-    spec = make_spec(tmp_path, "lazy", source, sink=sink, checkpoint={"every_epochs": 1})
+    checkpoint = {"every_epochs": 1, "retained": 3}
+    spec = make_spec(tmp_path, "lazy", source, sink=sink, checkpoint=checkpoint)
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ck'}")
     with pytest.raises(SimulatedCrash):
-        run(spark, spec, metastore, storage, crash_after_epochs=4)
+        run(spark, spec, metastore, storage, crash_after_epochs=2)
     assert not (tmp_path / "lazy-out" / "changelog").exists()  # nothing staged per epoch
     assert not list((tmp_path / "lazy-out").glob("_staging/epoch-*"))
-    before = lookup.find_latest_valid(metastore, storage, "lazy").metadata
-    assert before is not None
-    chained = [h for h in aggregate_handles(before) if h.chain]
+    first = checkpoint_of(metastore, storage, 2)
+    chained = [h for h in aggregate_handles(first) if h.chain]
     assert chained and all(h.chain_merge == CHAIN_AGGREGATE for h in chained)
-    # inspect merges the chain's partials: the state after epoch 3 is pandas' over 4 files
-    view = inspect_state(metastore, storage, "lazy", before.checkpoint_id, "aggregate")
+    # inspect merges the chain's partials: the state after epoch 1 is pandas' over 2 files
+    view = inspect_state(metastore, storage, "lazy", 2, "aggregate")
     got = pd.DataFrame(view.rows).set_index("user").sort_index()
-    head = pd.concat(frames[:4])
+    head = pd.concat(frames[:2])
     pd.testing.assert_series_equal(
         got["__cnt_n"], head.groupby("user").size(), check_names=False, check_dtype=False
     )
@@ -84,17 +93,19 @@ def test_partial_aggregate_chains_are_exact_across_crashes_restores_and_rescale(
         got["__max_max_q"], head.groupby("user")["quantity"].max(), check_names=False
     )
 
-    # the same parallelism: the chains are read, merged, and the next checkpoint builds on them
+    # the same parallelism: the restore merges the chains, the next checkpoint continues them,
+    # the one after cuts them (the state compacted, written whole)
     with pytest.raises(SimulatedCrash):
-        run(spark, spec, metastore, storage, crash_after_epochs=1)
-    after = lookup.find_latest_valid(metastore, storage, "lazy").metadata
-    assert after is not None and after.checkpoint_id > before.checkpoint_id
-    old_bases = {h.files()[0].handle for h in aggregate_handles(before)}
-    assert old_bases & {h.files()[0].handle for h in aggregate_handles(after)}
+        run(spark, spec, metastore, storage, crash_after_epochs=2)
+    bases = {h.files()[0].handle for h in aggregate_handles(first)}
+    continued = checkpoint_of(metastore, storage, 3)
+    assert bases == {h.files()[0].handle for h in aggregate_handles(continued)}
+    cut = checkpoint_of(metastore, storage, 4)
+    assert all(not h.chain for h in aggregate_handles(cut))
 
     # rescaled 3 -> 4: every new subtask merges its key groups of the old partials
     result = run(spark, spec, metastore, storage, parallelism=4)
-    assert result.epochs_run == [EPOCHS - 1]
+    assert result.epochs_run == list(range(4, EPOCHS))
     pd.testing.assert_frame_equal(final_of(spark, spec), reference)
 
 

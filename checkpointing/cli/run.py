@@ -159,6 +159,7 @@ def _run_on_spark(
     master: str | None,
 ) -> Any:
     """The run, with its progress shown; a Spark error is one line here (details in the log)."""
+    from checkpointing.spark.restarts import run_with_restarts
     from checkpointing.spark.runtime import PipelineRun
     from checkpointing.spark.session import spark_session, stop_session
 
@@ -166,8 +167,16 @@ def _run_on_spark(
     progress, on_epoch, holder = _progress(spec)
     try:
         with progress:
-            holder["run"] = PipelineRun(spec, spark, metastore, storage, options, on_epoch=on_epoch)
-            return holder["run"].run()
+
+            def start(opts: RunOptions) -> PipelineRun:
+                holder["run"] = PipelineRun(
+                    spec, spark, metastore, storage, opts, on_epoch=on_epoch
+                )
+                return holder["run"]
+
+            return run_with_restarts(
+                start, options, attempts=spec.restarts, delay=spec.restart_delay
+            )
     except CheckpointingError:
         raise
     except Exception as exc:  # Spark errors: one line here, the details are in the log

@@ -298,6 +298,12 @@ class PipelineSpec(BaseModel):
     )
     checkpoint: CheckpointSpec = CheckpointSpec()
     storage: str | None = None
+    #: warm restarts (Flink's restart strategy): after a failure that leaves the Spark driver
+    #: alive (a task's, an executor's), the run restores its latest checkpoint inside the same
+    #: application, up to this many times, each only after the failed attempt completed a
+    #: checkpoint (so it resumes past where that attempt began); 0: none
+    restarts: int = Field(default=3, ge=0, le=100, strict=True)
+    restart_delay: timedelta = timedelta(seconds=1)
     # Deployment as an Airflow DAG (``dags/pipelines/*.yaml``); ``ckpt run`` ignores these.
     #: a cron expression or preset (``@daily``); none: triggered by hand or by a deploy
     schedule: str | None = None
@@ -316,7 +322,7 @@ class PipelineSpec(BaseModel):
     def _job_id(cls, v: str) -> str:
         return validate_id(v, "job")
 
-    @field_validator("retry_delay", mode="before")
+    @field_validator("retry_delay", "restart_delay", mode="before")
     @classmethod
     def _retry_delay(cls, v: Any) -> timedelta:
         delay = parse_duration(v)

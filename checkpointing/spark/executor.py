@@ -120,7 +120,9 @@ def read_subtask_snapshots(
                 )
             ]
             if row.get("aggregate"):
-                table = pa.concat_tables(tables, promote_options="none")
+                # files written from a merge and from an epoch's partials may differ in
+                # nullability only: unified
+                table = pa.concat_tables(tables, promote_options="default")
             else:
                 table = merge_chain(tables, key)
             table = table.append_column(

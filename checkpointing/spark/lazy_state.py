@@ -23,7 +23,7 @@ Exactness is the merge's: partial aggregates combine in any grouping (see
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -61,17 +61,21 @@ def add_epoch(
     if track:
         s.track_changes(epoch, delta, MAX_DIRTY, reset=reset)
     if len(s.deltas) >= MAX_DELTAS:
-        compact(s)
+        compact(s, lambda: delta.where(F.lit(False)))
 
 
-def compact(s: StageRun) -> DataFrame:
-    """Merge the deltas into the base (materialised, one row per key); the state as it is."""
-    assert s.state is not None, "the runtime gives every stage a state before its first epoch"
-    if s.deltas:
-        stage = s.stage
-        assert isinstance(stage, AggregationStage)
-        s.state = stage.compact([s.state, *s.deltas]).localCheckpoint(eager=True)
-        s.deltas = []
+def compact(s: StageRun, empty: Callable[[], DataFrame]) -> DataFrame:
+    """Merge the deltas into the base (materialised, one row per key); the state as it is.
+    No base yet (``s.state`` None: nothing restored, never compacted): one delta is the state
+    as it stands, several are merged among themselves, none give ``empty()``."""
+    stage = s.stage
+    assert isinstance(stage, AggregationStage)
+    if s.state is None and len(s.deltas) <= 1:
+        s.state = s.deltas[0] if s.deltas else empty()
+    elif s.deltas:
+        parts = s.deltas if s.state is None else [s.state, *s.deltas]
+        s.state = stage.compact(parts).localCheckpoint(eager=True)
+    s.deltas = []
     return s.state
 
 

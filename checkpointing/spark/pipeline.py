@@ -105,15 +105,25 @@ class Pipeline:
     ) -> RunResult:
         # the runtime (coordinator, SQLAlchemy) loads when a pipeline runs, not where it is
         # declared: a Python worker importing the module of a stage's function needs none of it
+        from checkpointing.spark.preflight import RunOptions
+        from checkpointing.spark.restarts import run_with_restarts
         from checkpointing.spark.runtime import PipelineRun
 
-        return PipelineRun(
-            self.spec,
-            spark,
-            metastore,
-            storage,
-            options,
-            on_epoch=on_epoch,
-            stages=self.stages,
-            transform=self.transform,
-        ).run()
+        def start(opts: RunOptions) -> PipelineRun:
+            return PipelineRun(
+                self.spec,
+                spark,
+                metastore,
+                storage,
+                opts,
+                on_epoch=on_epoch,
+                stages=self.stages,
+                transform=self.transform,
+            )
+
+        return run_with_restarts(
+            start,
+            options or RunOptions(),
+            attempts=self.spec.restarts,
+            delay=self.spec.restart_delay,
+        )

@@ -41,12 +41,15 @@ class RunOptions:
     :param crash_after_epochs: test hook — raise
         :class:`~checkpointing.spark.runtime.SimulatedCrash` after this many epochs
         of this attempt.
+    :param fail_task_after_epochs: test hook — after this many epochs of this attempt, the next
+        epoch's Spark job fails in a task (a real task failure: the driver stays alive).
     """
 
     restore: str = "latest"
     parallelism: int | None = None
     attempt: str | None = None
     crash_after_epochs: int | None = None
+    fail_task_after_epochs: int | None = None
     allow_non_restored_state: bool = False
     #: restore from a checkpoint or savepoint path of another job (refused otherwise)
     allow_other_job: bool = False

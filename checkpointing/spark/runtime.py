@@ -72,7 +72,6 @@ from checkpointing.spark.sinks import open_sink
 from checkpointing.spark.stages import AggregationStage, Stage
 from checkpointing.spark.state import (
     StageRun,
-    SubtaskChain,
     chained_stages,
     changed_rows,
     empty_state,
@@ -80,9 +79,10 @@ from checkpointing.spark.state import (
     remaining_splits,
     snapshot_stage,
     through_epoch,
+    writes_full,
 )
 from checkpointing.spark.transform import InputTransform, TransformFn
-from checkpointing.state.incremental import CHAIN_AGGREGATE, CHAIN_REPLACE, needs_full
+from checkpointing.state.incremental import CHAIN_AGGREGATE, CHAIN_REPLACE
 from checkpointing.state.storage import CheckpointStorage
 from checkpointing.status import CheckpointType, JobStatus
 
@@ -123,6 +123,8 @@ class RunResult:
     #: seconds the restore spent: finding and verifying the checkpoint, the input's schema,
     #: reading the state, the sink's recovery, in all
     restore_phases: dict[str, float] = field(default_factory=dict)
+    #: warm restarts before this attempt (see :mod:`~checkpointing.spark.restarts`)
+    restarts: int = 0
 
 
 class PipelineRun:
@@ -371,17 +373,20 @@ class PipelineRun:
 
     def _process_splits(self, epoch: int, splits: Sequence[InputSplit]) -> None:
         rows = self._read(splits)
+        if len(self.result.epochs_run) == self.options.fail_task_after_epochs:  # test hook
+            failure = F.raise_error(F.lit(f"task failure injected in epoch {epoch}"))
+            rows = rows.where(F.coalesce(failure.cast("boolean"), F.lit(True)))
         for s in self.stages:  # each stage's changed rows are the next one's input
             self.doing = (
                 f"in epoch {epoch} while merging the state of stage {s.operator_id!r}",
                 True,
             )
-            if s.state is None:
-                s.state = self._empty_state(s)
             if s.lazy:  # the last stage, whose changed rows nobody reads: no merge, no output
                 track, reset = s.chains is not None, self.snapshots.inflight is None
                 add_epoch(s, epoch, rows, partial(self._keyed, s.key), track=track, reset=reset)
                 return
+            if s.state is None:
+                s.state = self._empty_state(s)
             step = s.stage.step(s.state, rows, partial(self._keyed, s.key))
             s.state, rows = step.state, step.output
             if s.chains is not None:  # incremental: the next snapshot writes these rows
@@ -497,22 +502,21 @@ class PipelineRun:
     ) -> StageWrite:
         """What one keyed stage's subtasks will write, fixed now (its state, changes and chains
         as of this boundary); the returned call writes it from the executors."""
-        if s.state is None:
-            s.state = self._empty_state(s)
-        state, args = s.state, (self.plan, self.storage)
-        where = (self.partition_keys, self.max_parallelism)
-        if not incremental or s.chains is None:
-            state = compact(s) if s.lazy else state  # a full snapshot needs the state whole
+        empty = partial(self._empty_state, s)
+        if s.state is None and not s.lazy:
+            s.state = empty()
+        args, where = (self.plan, self.storage), (self.partition_keys, self.max_parallelism)
+        if not incremental or s.chains is None:  # a full snapshot needs the state whole
+            state = compact(s, empty) if s.lazy else s.state
+            assert state is not None
             return lambda: (snapshot_stage(state, s, *args, location_url, *where)[0], {})
+        state = s.state if s.state is not None else empty()
         chains = dict(s.chains)
         if not s.lazy:
             changes, how = changed_rows(s), CHAIN_REPLACE
         else:  # the epochs' partial aggregates; a subtask whose chain is cut writes it whole
-            cut = (
-                needs_full(chains.get(i, SubtaskChain([], {})).files)
-                for i in range(self.parallelism)
-            )
-            state = compact(s) if any(cut) else state
+            cut = (writes_full(chains, i, CHAIN_AGGREGATE) for i in range(self.parallelism))
+            state = compact(s, empty) if any(cut) else state
             changes, how = lazy_changes(s), CHAIN_AGGREGATE
         shared = self.storage.shared_checkpoint_url(self.spec.job, checkpoint_id)
         return lambda: snapshot_stage(
@@ -548,9 +552,10 @@ class PipelineRun:
                 f"job {self.spec.job}: the final checkpoint did not complete; see `ckpt list`"
             )
         last = self.stages[-1]
-        if last.state is None:
-            last.state = self._empty_state(last)
-        state = compact(last) if last.lazy else last.state
+        if last.lazy:
+            state = compact(last, partial(self._empty_state, last))
+        else:
+            state = last.state if last.state is not None else self._empty_state(last)
         self.doing = ("while publishing the final table", False)
         token = f"{self.spec.job}-{self.attempt}"
         self.result.final_path = self.sink.publish_final(last.stage.final(state), token)

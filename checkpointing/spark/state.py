@@ -158,9 +158,7 @@ def snapshot_stage(
     incremental = chains is not None
     chains = chains or {}
     delta = {
-        i
-        for i in range(parallelism)
-        if incremental and not needs_full(chains.get(i, SubtaskChain([], {})).files)
+        i for i in range(parallelism) if incremental and not writes_full(chains, i, chain_merge)
     }
     full = [keys[i] for i in range(parallelism) if i not in delta]
     parts = []
@@ -225,6 +223,19 @@ def snapshot_stage(
             )
         )
     return acks, after
+
+
+def writes_full(chains: Mapping[int, SubtaskChain], subtask: int, chain_merge: str) -> bool:
+    """Whether an incremental snapshot writes ``subtask``'s state in full: it has no chain yet,
+    or one to cut. A subtask that had no keys at the chains' checkpoint (an empty chain) and
+    whose changes are partial aggregates writes just those: merged among themselves, they are
+    its whole state, so no compaction is needed for it."""
+    chain = chains.get(subtask)
+    if chain is None:
+        return True
+    if not chain.files and chain_merge == CHAIN_AGGREGATE:
+        return False
+    return needs_full(chain.files, chain_merge)
 
 
 def continued_chains(

@@ -40,18 +40,23 @@ _PARTIAL_MERGES = {"__cnt_": "sum", "__sum_": "sum", "__min_": "min", "__max_": 
 MAX_DELTAS = 8
 #: a chain whose changes' bytes reach this multiple of its full snapshot's is cut
 MAX_DELTA_RATIO = 1.0
+#: the same for a chain of partial aggregates: its restore merges every row anyway, and a cut
+#: costs the whole state's merge (a compaction), so it may read up to about 4x the state
+MAX_PARTIALS_RATIO = 3.0
 _ROW = "__ckpt_row"
 
 
-def needs_full(chain: Sequence[ChainedFile]) -> bool:
+def needs_full(chain: Sequence[ChainedFile], how: str | None = None) -> bool:
     """Whether the next snapshot of a subtask whose state spans ``chain`` (its full snapshot,
-    then the changes after it) must be full: no chain, or one long or heavy enough."""
+    then the changes after it, combined as ``how`` says) must be full: no chain, or one long or
+    heavy enough."""
     if not chain:
         return True
     base, deltas = chain[0], chain[1:]
     if len(deltas) >= MAX_DELTAS:
         return True
-    return sum(f.size for f in deltas) >= MAX_DELTA_RATIO * max(base.size, 1)
+    ratio = MAX_PARTIALS_RATIO if how == CHAIN_AGGREGATE else MAX_DELTA_RATIO
+    return sum(f.size for f in deltas) >= ratio * max(base.size, 1)
 
 
 def last_per_key(table: pa.Table, key: Sequence[str]) -> pa.Table:
@@ -73,7 +78,9 @@ def merge_chain(
     partial aggregates merged (:data:`CHAIN_AGGREGATE`, see :func:`merge_partials`)."""
     if len(tables) == 1:
         return tables[0]
-    table = pa.concat_tables(tables, promote_options="none")
+    # partials written by a merge and by an epoch may differ in nullability only: unified
+    promote = "default" if how == CHAIN_AGGREGATE else "none"
+    table = pa.concat_tables(tables, promote_options=promote)
     merged = merge_partials(table, key) if how == CHAIN_AGGREGATE else last_per_key(table, key)
     return merged.sort_by(KEY_GROUP_COLUMN) if KEY_GROUP_COLUMN in merged.column_names else merged
 
