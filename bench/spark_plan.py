@@ -30,6 +30,9 @@ from identical copies of the crashed state. Variants:
   ``trigger(availableNow=True)``, a fresh ``checkpointLocation``, update output mode written per
   micro-batch to Parquet by ``foreachBatch`` (the closest to our changelog sink).
 * ``peer-rocksdb``: the same with changelog checkpointing off (RocksDB snapshots every batch).
+* ``warm-restart``: ``every`` whose epoch after 80 % of the epochs fails in a Spark task (the
+  driver alive): the run restores its latest checkpoint in the same application (``restarts``)
+  and runs to the end — the total time with one task failure, as one process.
 * ``crash``: ``every`` killed (``SimulatedCrash``) after 80 % of the epochs; its metastore,
   checkpoint storage and sink are moved aside.
 * ``restore-p<N>``: from an identical copy of that crashed state, restart with ``--restore latest``
@@ -146,11 +149,11 @@ def base_task(s: Settings, data_dir: str, live: Path, files_per_epoch: int) -> d
 
 
 def main_runs(s: Settings) -> int:
-    return s.rounds * (len(FULL_RUNS) + 2 + len(s.rescale_to))
+    return s.rounds * (len(FULL_RUNS) + 3 + len(s.rescale_to))
 
 
 def sweep_runs(s: Settings) -> int:
-    return s.rounds * len(s.sizes) * (len(SWEEP_RUNS) + 2)
+    return s.rounds * len(s.sizes) * (len(SWEEP_RUNS) + 3)
 
 
 def measure(
@@ -171,6 +174,9 @@ def measure(
         label = f"{tag}round {r + 1}"
         for variant in rotated(list(variants), r):
             runner.one(variant, r, {**base, **FULL_RUNS[variant]}, tag=label)
+        # a task failure at the crash's point, the driver alive: a warm restart to the end
+        warm = {"every_epochs": True, "fail_task_after_epochs": s.crash_after_epochs}
+        runner.one("warm-restart", r, {**base, **OURS, **warm}, tag=label)
         crash = runner.one(
             "crash",
             r,

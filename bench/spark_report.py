@@ -63,6 +63,9 @@ DEFINITIONS = {
     "-> parquet per micro-batch",
     "peer-rocksdb": "'peer-changelog' with changelog checkpointing off (a RocksDB snapshot per "
     "micro-batch)",
+    "warm-restart": "'every' with fail_task_after_epochs = 80 % of the epochs: that epoch's "
+    "Spark job fails in a task (raise_error), the driver alive; the run restarts from its latest "
+    "checkpoint in the same application (spec restarts) and runs to the end",
     "crash": "'every' with crash_after_epochs = 80 % of the epochs (SimulatedCrash)",
     "restore-p<N>": "restart from a copy of the crashed run's metastore, checkpoints and sink with "
     "restore=latest at parallelism N, to the end (final table published)",

@@ -156,6 +156,8 @@ def ratios(rescale_to: tuple[int, ...], parallelism: int, runs: list[dict]) -> d
     info["every_vs_every_full"] = ratio(runs, "every", "every-full", 1.0)["value"]
     # what the changelog costs: merging the whole state every epoch and staging its changes
     info["every_changelog_vs_every"] = ratio(runs, "every-changelog", "every", 1.0)["value"]
+    # one task failure at 80 % and a warm restart, against the same run without a failure
+    info["warm_restart_vs_every"] = ratio(runs, "warm-restart", "every", 1.0)["value"]
     # what `ckpt run` adds to the instrumented worker (imports, preflight, progress), whole
     # processes both
     info["every_cli_vs_every"] = ratio(runs, "every-cli", "every", 1.0, "process_s")["value"]

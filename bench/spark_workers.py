@@ -160,6 +160,7 @@ def work_ours(spark: Any, task: dict[str, Any]) -> dict[str, Any]:
     from checkpointing.metastore.engine import Metastore
     from checkpointing.pipeline.spec import load_spec
     from checkpointing.spark.preflight import RunOptions
+    from checkpointing.spark.restarts import run_with_restarts
     from checkpointing.spark.runtime import PipelineRun, SimulatedCrash
     from checkpointing.state.storage import FileSystemCheckpointStorage
 
@@ -180,18 +181,28 @@ def work_ours(spark: Any, task: dict[str, Any]) -> dict[str, Any]:
         restore="latest" if not task["fresh"] else "none",
         parallelism=task["parallelism"],
         crash_after_epochs=task.get("crash_after_epochs"),
+        fail_task_after_epochs=task.get("fail_task_after_epochs"),
     )
     epochs_ms: list[int] = []
-    run = timed_run_class(PipelineRun)(
-        spec, spark, metastore, storage, options, on_epoch=lambda _e, ms: epochs_ms.append(ms)
-    )
-    sink_s = sink_cost.time_sink(run.sink)
+    started: list[Any] = []
+    sink_s: dict[str, float] = {}
+
+    def start(opts: RunOptions) -> Any:  # each attempt timed; the warm variant has two
+        started.append(
+            timed_run_class(PipelineRun)(
+                spec, spark, metastore, storage, opts, on_epoch=lambda _e, ms: epochs_ms.append(ms)
+            )
+        )
+        sink_s.update(sink_cost.time_sink(started[-1].sink))
+        return started[-1]
+
     crashed = False
     with measured() as m:
         try:
-            result = run.run()
+            result = run_with_restarts(start, options, attempts=spec.restarts)
         except SimulatedCrash:
             crashed = True
+    run = started[-1]
     out: dict[str, Any] = {
         **m,
         "phases_s": {k: round(sum(v), 3) for k, v in run.bench_calls.items()},
@@ -213,6 +224,7 @@ def work_ours(spark: Any, task: dict[str, Any]) -> dict[str, Any]:
         delta = spec.sink.format == "delta"
         keys, events = sink_cost.output_counts(spark, result.final_path, delta)
         out.update(
+            restarts=result.restarts,
             epochs_run=len(result.epochs_run),
             restored_from=result.restored_from,
             restore_phases_s={k: round(v, 3) for k, v in result.restore_phases.items()},
