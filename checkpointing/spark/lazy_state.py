@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from checkpointing.pipeline.spec import PipelineSpec
 from checkpointing.spark.executor import SEQ
 from checkpointing.spark.stages import AggregationStage, Keyed
-from checkpointing.spark.state import StageRun
+from checkpointing.spark.state import MAX_DIRTY_EPOCHS, StageRun
 
 #: deltas kept in memory before they are merged into the base: bounds what a final merge or a
 #: full snapshot has to combine, and the materialised epochs the driver holds on to
@@ -59,7 +59,7 @@ def add_epoch(
     delta = stage.partials_of(rows, keyed).localCheckpoint(eager=True)
     s.deltas.append(delta)
     if track:
-        s.track_changes(epoch, delta, MAX_DIRTY, reset=reset)
+        s.track_changes(epoch, delta, MAX_DIRTY_EPOCHS, reset=reset)
     if len(s.deltas) >= MAX_DELTAS:
         compact(s, lambda: delta.where(F.lit(False)))
 
@@ -91,8 +91,3 @@ def changes(s: StageRun) -> DataFrame | None:
     parts = [df for _, df in s.dirty]
     merged = parts[0] if len(parts) == 1 else stage.compact(parts)
     return merged.withColumn(SEQ, F.lit(last))
-
-
-#: epochs of deltas kept for the next incremental snapshot without a completed checkpoint (as
-#: the eager path's changed rows: ``runtime.MAX_DIRTY_EPOCHS``)
-MAX_DIRTY = 4

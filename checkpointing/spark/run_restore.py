@@ -266,6 +266,7 @@ class RunRestore:
                 self.partition_keys,
                 s.key,
                 merge=_merge_of(s),
+                unmerged=s.lazy,  # merged with the next compaction's
             )
             if s.chains is not None:
                 shared = self.storage.shared_url(self.spec.job)

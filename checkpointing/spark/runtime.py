@@ -71,6 +71,7 @@ from checkpointing.spark.session import session_settings
 from checkpointing.spark.sinks import open_sink
 from checkpointing.spark.stages import AggregationStage, Stage
 from checkpointing.spark.state import (
+    MAX_DIRTY_EPOCHS,
     StageRun,
     chained_stages,
     changed_rows,
@@ -99,10 +100,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: epochs of changed rows kept for the next incremental snapshot before they are dropped (and
-#: the next snapshot is full): each holds the epoch's materialised state alive
-MAX_DIRTY_EPOCHS = 4
 
 
 class SimulatedCrash(RuntimeError):
@@ -318,7 +315,11 @@ class PipelineRun:
         self.epochs, self.read_by = restored.epochs, restored.read_by
         self.covered_epoch, self.next_epoch = restored.covered_epoch, restored.next_epoch
         for s in self.stages:
-            s.state = restored.states.get(s.operator_id, s.state)
+            state = restored.states.get(s.operator_id)
+            if state is not None and s.lazy:  # read back as partials: merged when compacted
+                s.state, s.deltas = self._empty_state(s), [state]
+            elif state is not None:
+                s.state = state
             if s.chains is not None:
                 s.chains = restored.chains.get(s.operator_id, s.chains)
         self.result.restored_from = restored.checkpoint_id

@@ -40,6 +40,10 @@ from checkpointing.state.keygroups import KeyGroupRange, key_group_range
 from checkpointing.state.metadata import ChainedFile, CheckpointMetadata
 from checkpointing.state.storage import CheckpointStorage
 
+#: epochs of changed rows (or a lazy state's deltas) kept for the next incremental snapshot
+#: before they are dropped and the next snapshot is full: each holds its epoch's rows alive
+MAX_DIRTY_EPOCHS = 4
+
 
 @dataclass
 class SubtaskChain:
@@ -346,13 +350,16 @@ def restore_stage(
     partition_keys: Sequence[int],
     key: Sequence[str],
     merge: Callable[[DataFrame], DataFrame] | None = None,
+    *,
+    unmerged: bool = False,
 ) -> DataFrame:
     """One stage's state restored from ``metadata`` as ``restored`` assigns it: each new
     subtask's executor reads just its key groups of the old snapshot files; partitioned by
     subtask as the state always is (``empty`` gives the schema, and is the state when there is
     nothing to read). Chains of partial aggregates (``chain_merge: aggregate``) are merged by
     ``merge`` (the stage's own, one row per key from many); a stage without one cannot restore
-    them."""
+    them. ``unmerged``: give their rows as read (several per key), for a lazily merged state
+    that merges them at its next compaction anyway."""
     handles = {h.handle: h for h in metadata.handles()}
     files = {url: h.files() for url, h in handles.items()}
     reads = [
@@ -371,7 +378,7 @@ def restore_stage(
     if not reads:
         return empty
     aggregated = any(r[-1] for r in reads)
-    if aggregated and merge is None:
+    if aggregated and merge is None and not unmerged:
         raise SpecError(
             f"checkpoint {metadata.checkpoint_id}: the state of operator "
             f"{restored.operator_id!r} is a chain of partial aggregates, which only an "
@@ -384,6 +391,6 @@ def restore_stage(
     ).repartition(len(reads))
     reader = partial(read_subtask_snapshots, storage, empty.schema.names, list(key))
     loaded = tasks.mapInArrow(reader, empty.schema).repartition(len(partition_keys), SUBTASK)
-    if aggregated and merge is not None:
+    if aggregated and merge is not None and not unmerged:
         loaded = merge(loaded)
     return loaded.localCheckpoint(eager=True)
