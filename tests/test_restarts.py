@@ -70,3 +70,25 @@ def test_a_task_failure_restarts_warm_from_the_latest_checkpoint_and_stays_exact
     disabled = events_spec(tmp_path, events, "disabled", restarts=0)
     with pytest.raises(InputError, match="task failure injected in epoch 2"):
         restarting(spark, disabled, metastore, storage, fail_task_after_epochs=2)
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("restarts: true", "restarts"),
+        ("restarts: -1", "restarts"),
+        ("restart_delay: -5s", "restart_delay"),
+    ],
+)
+def test_bad_restart_settings_are_refused_naming_the_field(
+    tmp_path: Path, line: str, field: str
+) -> None:
+    from checkpointing.pipeline.spec import SpecError, load_spec
+
+    spec = tmp_path / "p.yaml"
+    spec.write_text(
+        f"job: j\nsource: {{format: parquet, path: {tmp_path}/*.parquet}}\nkey: user\n"
+        f"aggregations: {{n: count()}}\nsink: {{path: {tmp_path}/out}}\n{line}\n"
+    )
+    with pytest.raises(SpecError, match=field):
+        load_spec(spec)
