@@ -379,3 +379,7 @@ def test_a_chain_needs_keys_and_distinct_operator_ids(
     ]
     with pytest.raises(ValueError, match="not both"):
         Pipeline(job="x", source={}, key="user", sink="out", stage=per_item(), stages=[per_item()])
+    with pytest.raises(ValueError, match="key: the first stage is keyed by it"):
+        Pipeline(job="x", source={}, sink="out", stage=per_item())
+    with pytest.raises(ValueError, match="key: a keyed job needs a stage"):
+        Pipeline(job="x", source={}, key="user", sink="out")

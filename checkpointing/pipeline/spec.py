@@ -1,6 +1,7 @@
 """The declarative pipeline spec (``PIPELINE.yaml``) run by ``ckpt run``.
 
-A source → one keyed aggregation stage → a sink, with the job's checkpoint configuration. The
+A source → an optional transform → a keyed aggregation stage (or none: a stateless pipeline,
+whose epochs' rows are appended to the sink) → a sink, with the job's checkpoint configuration. The
 format is documented in ``docs/pipeline-spec.md``. Every problem is reported with the file and
 the field (``routes.yaml: checkpoint.retained: …``); unknown or mistyped fields are errors, with
 a suggestion when a known field is close.
@@ -39,6 +40,8 @@ from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.state.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
 from checkpointing.state.object_store import ObjectStoreError, is_object_url, split_url
 
+#: the column of the epoch in a sink's changelog (the parquet sink's directories, Delta's column)
+EPOCH_COLUMN = "epoch"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: ``${NAME}`` in a path field; ``$`` otherwise is a plain character
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")
@@ -224,6 +227,9 @@ class SinkSpec(BaseModel):
     #: parquet only: stage and commit each epoch's changed rows under ``changelog/`` (the
     #: default, for pipelines that read them); false: only the final table
     changelog: bool = True
+    #: output columns whose values name Hive-style ``col=value/`` directories (parquet) or the
+    #: table's partition columns (delta); checked against the output before anything is written
+    partition_by: list[str] = []
 
     @field_validator("changelog")
     @classmethod
@@ -233,6 +239,23 @@ class SinkSpec(BaseModel):
                 "a format: delta sink commits every checkpoint's rows to its table; "
                 "changelog: false is for the parquet sink (its final table only)"
             )
+        return v
+
+    @field_validator("partition_by", mode="before")
+    @classmethod
+    def _partition_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("partition_by")
+    @classmethod
+    def _partition_columns(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _IDENT.match(name):
+                raise ValueError(f"{name!r} is not a column name")
+            if name.lower() == EPOCH_COLUMN:
+                raise ValueError(f"{name!r} is the sink's own epoch column: partition by another")
+        if len({n.lower() for n in v}) != len(v):
+            raise ValueError("partition columns repeat")
         return v
 
     @field_validator("mode")
@@ -255,11 +278,6 @@ class SinkSpec(BaseModel):
                 raise ValueError("expected s3://bucket/prefix/table") from None
         return v
 
-    @property
-    def table_mode(self) -> str:
-        """The Delta table's mode (``upsert`` unless ``changelog`` was asked for)."""
-        return self.mode or "upsert"
-
 
 class CheckpointSpec(BaseModel):
     """The job's checkpoint settings: those of :class:`CheckpointConfig` plus ``every_epochs``
@@ -281,8 +299,10 @@ class PipelineSpec(BaseModel):
 
     job: str
     source: SourceSpec
-    key: list[str]
-    #: required in a spec file; empty for a Python API job, whose stage is code (see
+    #: the keyed stage's key; none (with no aggregations): a stateless pipeline, whose epochs'
+    #: rows (after the transform) are appended to the sink exactly once
+    key: list[str] = []
+    #: required in a spec file with a key; empty for a Python API job, whose stage is code (see
     #: :class:`checkpointing.spark.pipeline.Pipeline`)
     aggregations: dict[str, Aggregation] = {}
     #: a Spark SQL ``SELECT`` over the view ``input`` (the epoch's rows) and the ``tables``,
@@ -339,7 +359,7 @@ class PipelineSpec(BaseModel):
     @classmethod
     def _key_columns(cls, v: list[str]) -> list[str]:
         if not v:
-            raise ValueError("needs at least one key column")
+            raise ValueError("needs at least one key column (leave key out for a stateless job)")
         for name in v:
             if not _IDENT.match(name):
                 raise ValueError(f"{name!r} is not a column name")
@@ -386,6 +406,24 @@ class PipelineSpec(BaseModel):
         clash = set(self.key) & set(self.aggregations)
         if clash:
             raise ValueError(f"aggregation names clash with key columns: {sorted(clash)}")
+        if self.aggregations and not self.key:
+            raise ValueError("key: Field required (the aggregations are per key)")
+        if not self.key:
+            self._check_stateless_sink()
+        elif self.aggregations and (
+            outside := [
+                c for c in self.sink.partition_by if c not in {*self.key, *self.aggregations}
+            ]
+        ):
+            raise ValueError(
+                f"sink.partition_by: {outside[0]!r} is not an output column "
+                f"(the output: {', '.join([*self.key, *self.aggregations])})"
+            )
+        if self.sink.partition_by and self.sink.format == "delta":
+            raise ValueError(
+                "sink.partition_by: a format: delta table is not partitioned yet (its upsert "
+                "files are buckets of keys): partition the parquet sink"
+            )
         if (
             self.source.epoch_bytes is not None
             and "splits_per_epoch" in self.source.model_fields_set
@@ -395,6 +433,31 @@ class PipelineSpec(BaseModel):
                 "by split count or by bytes, not both)"
             )
         return self
+
+    def _check_stateless_sink(self) -> None:
+        """A stateless job appends its epochs' rows: there is no per-key table to keep."""
+        if self.sink.mode == "upsert":
+            raise ValueError(
+                "sink.mode: upsert keeps one row per key, and the job has no key: leave mode "
+                "out (a stateless job appends its rows: changelog) or give a key"
+            )
+        if not self.sink.changelog:
+            raise ValueError(
+                "sink.changelog: false publishes a final table per key, and the job has no "
+                "key: a stateless job's output is its epochs' rows (leave changelog out)"
+            )
+
+    @property
+    def stateless(self) -> bool:
+        """No keyed stage (a spec with no key; a Python API job with no stage): the source's
+        split state is the only operator state, the sink appends each epoch's rows."""
+        return not self.key
+
+    @property
+    def sink_mode(self) -> str:
+        """The Delta table's mode: as given, else ``upsert`` for a keyed job and ``changelog``
+        (the epochs' rows appended) for a stateless one."""
+        return self.sink.mode or ("upsert" if self.key else "changelog")
 
     def resolve(self, path: str) -> str:
         """A path of the spec, relative to the spec file's directory."""
@@ -408,7 +471,10 @@ class PipelineSpec(BaseModel):
         path = self.resolve(self.sink.path)
         if self.sink.format == "delta":
             return path
-        return str(Path(path.removeprefix("file://")) / "final")
+        # a stateless job's table is its committed epochs (Spark reads epoch=<e>/ as a column)
+        return str(
+            Path(path.removeprefix("file://")) / ("changelog" if self.stateless else "final")
+        )
 
 
 def load_spec(
@@ -442,8 +508,12 @@ def load_spec(
         spec = PipelineSpec.model_validate(raw)
     except ValidationError as exc:
         raise SpecError(_with_suggestions(describe_validation_error(exc, str(path)))) from None
-    if "aggregations" not in raw:  # a file has no other way to say what the stage does
-        raise SpecError(f"{path}: aggregations: Field required")
+    if "key" in raw and "aggregations" not in raw:  # a file has no other way to say what the
+        # keyed stage does; without a key the job is stateless
+        raise SpecError(
+            f"{path}: aggregations: Field required (the keyed stage's; leave key out for a "
+            "stateless job)"
+        )
     if spec.tables and spec.transform is None:  # only a transform reads them
         raise SpecError(f"{path}: tables: nothing joins them: add a transform: over them")
     try:

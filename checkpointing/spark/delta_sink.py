@@ -43,6 +43,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from checkpointing.errors import StorageError
+from checkpointing.pipeline.spec import EPOCH_COLUMN
 from checkpointing.sinks.delta_files import (
     WRITTEN,
     DataFile,
@@ -78,7 +79,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EPOCH_COLUMN = "epoch"
 _BUCKET = "__bucket"
 
 

@@ -14,6 +14,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from checkpointing.pipeline.spec import SpecError
+
 #: the state's key-group and subtask columns (every stage's state carries them). The subtask
 #: column holds the subtask's *partition key* (see :func:`partition_keys`), not its index.
 KEY_GROUP, SUBTASK = "__key_group", "__subtask"
@@ -29,12 +31,30 @@ def check_key_columns(
     fields = {f.name: f.dataType for f in schema.fields}
     for name in columns:
         if name not in fields:
-            raise ValueError(f"{where}: column {name!r} is not in the input ({sorted(fields)})")
+            what = "output" if where.startswith("sink.") else "input"
+            raise ValueError(f"{where}: column {name!r} is not in the {what} ({sorted(fields)})")
         if not isinstance(fields[name], _KEY_TYPES):
             raise ValueError(
-                f"{where}: column {name!r} has type {fields[name].simpleString()}; key columns "
-                "must be string, integer, boolean or date"
+                f"{where}: column {name!r} has type {fields[name].simpleString()}; "
+                f"{'partition' if where.startswith('sink.') else 'key'} columns must be "
+                "string, integer, boolean or date"
             )
+
+
+def check_partition_columns(schema: T.StructType, columns: Sequence[str]) -> None:
+    """The sink's ``partition_by`` columns are in the output, of a type whose values make a
+    stable directory name (as a key's), and leave at least one column for the data files."""
+    if not columns:
+        return
+    try:
+        check_key_columns(schema, columns, where="sink.partition_by")
+    except ValueError as exc:  # the sink's field, not the transform's: said as such
+        raise SpecError(str(exc)) from None
+    if len(schema.fields) <= len(columns):
+        raise SpecError(
+            "sink.partition_by: every output column would be a directory name; keep at least "
+            f"one out of it (the output: {', '.join(f.name for f in schema.fields)})"
+        )
 
 
 def canonical_key_column(columns: Sequence[str]) -> Column:

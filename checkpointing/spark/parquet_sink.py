@@ -6,7 +6,8 @@ Layout under the sink directory ``<path>``::
 
     <path>/_ckpt_sink                   marker: the directory is this sink's (records the job)
     <path>/_staging/epoch-<e>/          staged (pre-committed) output of epoch e, complete
-    <path>/changelog/epoch=<e>/         committed output of epoch e (Spark partition discovery)
+    <path>/changelog/epoch=<e>/         committed output of epoch e (Spark partition discovery;
+                                        with ``partition_by``: ``epoch=<e>/col=value/…``)
     <path>/final-<token>/               a published final table (with its own _ckpt_sink)
     <path>/final -> final-<token>       relative symlink to the current final table
     <path>/**/.<name>.<uuid>.inprogress being written (or a symlink being swapped in)
@@ -64,6 +65,7 @@ from pyspark.sql import functions as F
 
 from checkpointing.errors import InvalidIdError, StorageError
 from checkpointing.ids import validate_id
+from checkpointing.pipeline.spec import EPOCH_COLUMN
 from checkpointing.sinks.guard import (
     check_owner,
     claim,
@@ -76,7 +78,6 @@ from checkpointing.state.storage import fsync_dir
 STAGING_DIR = "_staging"
 CHANGELOG_DIR = "changelog"
 FINAL_LINK = "final"
-EPOCH_COLUMN = "epoch"
 
 _MAX_EPOCH = 2**63 - 1
 _NUMBER = r"(0|[1-9][0-9]{0,18})"
@@ -97,12 +98,16 @@ class TwoPhaseCommitSink:
     """Stage per epoch, commit on checkpoint completion, publish a final table; see the module
     docstring for the layout and the limits."""
 
-    def __init__(self, path: str | Path, job: str | None = None) -> None:
+    def __init__(
+        self, path: str | Path, job: str | None = None, partition_by: Sequence[str] = ()
+    ) -> None:
         """``job``: the job writing (the runtime's); then a directory with foreign content or
         another job's marker is refused here, before anything is written. Without it the sink
-        only reads, or writes as no particular job."""
+        only reads, or writes as no particular job. ``partition_by``: columns whose values
+        name Hive-style ``col=value/`` directories in every epoch and in the final table."""
         self.path = local_sink_path(path)
         self.job = job
+        self.partition_by = list(partition_by)
         self.staging_dir = self.path / STAGING_DIR
         self.changelog_dir = self.path / CHANGELOG_DIR
         self.final_link = self.path / FINAL_LINK
@@ -151,7 +156,7 @@ class TwoPhaseCommitSink:
         self.staging_dir.mkdir(parents=True, exist_ok=True)
         target = self.staged_path(epoch)
         tmp = self.staging_dir / f".{target.name}.{uuid.uuid4().hex}.inprogress"
-        _write_parquet(df, tmp)
+        _write_parquet(df, tmp, self.partition_by)
         replaced: Path | None = None
         try:
             if target.exists() or target.is_symlink():
@@ -248,7 +253,7 @@ class TwoPhaseCommitSink:
         if (target.exists() or target.is_symlink()) and not _published_here(target):
             raise StorageError(f"{target} was not published by this sink; refusing to replace")
         tmp = _hidden(target, ".inprogress")
-        _write_parquet(df, tmp)
+        _write_parquet(df, tmp, self.partition_by)
         try:
             write_marker(tmp, {"job": self.job, "token": token})
         except StorageError:
@@ -392,11 +397,15 @@ def _hidden(path: Path, suffix: str) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex}{suffix}")
 
 
-def _write_parquet(df: DataFrame, dest: Path) -> None:
-    """Spark writes ``dest`` (a fresh hidden directory); the files are fsynced so a later rename
-    publishes durable data. On any failure ``dest`` is removed and the error propagates."""
+def _write_parquet(df: DataFrame, dest: Path, partition_by: Sequence[str] = ()) -> None:
+    """Spark writes ``dest`` (a fresh hidden directory), Hive-style partitioned by
+    ``partition_by``; the files are fsynced so a later rename publishes durable data. On any
+    failure ``dest`` is removed and the error propagates."""
     try:
-        df.write.mode("errorifexists").parquet(_uri(dest))
+        writer = df.write.mode("errorifexists")
+        if partition_by:
+            writer = writer.partitionBy(*partition_by)
+        writer.parquet(_uri(dest))
         _fsync_tree(dest)
     except BaseException:
         _remove_quietly(dest)

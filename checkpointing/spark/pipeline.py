@@ -1,5 +1,6 @@
-"""The Python API's job: :class:`Pipeline` — source → keyed stage(s) → sink, built in Python
-rather than a spec file, and run by :class:`~checkpointing.spark.runtime.PipelineRun` like one.
+"""The Python API's job: :class:`Pipeline` — source → keyed stage(s), or none → sink, built in
+Python rather than a spec file, and run by :class:`~checkpointing.spark.runtime.PipelineRun` like
+one.
 
 The stages it takes are :mod:`checkpointing.spark.stages`' (:class:`ArrowStage` for user Arrow
 code, :class:`AggregationStage` for declarative aggregations).
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 class Pipeline:
     """A Python API job — source → keyed ``stage`` (or a chain of ``stages``) → sink — as a
     :class:`PipelineSpec` without aggregations plus the stages, run by the same runtime (and
-    checkpoints) as a spec file.
+    checkpoints) as a spec file. With no stage and no key it is stateless: each epoch's rows
+    (after ``transform``) are appended to the sink exactly once.
 
     In a chain, each stage's input in an epoch is the rows the stage before it emitted (its
     ``changed`` rows) in that epoch — an append stream; the sink gets the last stage's. ``key``
@@ -55,7 +57,7 @@ class Pipeline:
         *,
         job: str,
         source: Mapping[str, Any] | SourceSpec,
-        key: str | Sequence[str],
+        key: str | Sequence[str] = (),
         sink: str | Mapping[str, Any] | SinkSpec,
         stage: Stage | None = None,
         stages: Sequence[Stage] = (),
@@ -70,14 +72,18 @@ class Pipeline:
         self.transform = None if isinstance(transform, str) else transform
         if isinstance(transform, str):
             fields["transform"] = transform
-        if (stage is None) == (not stages):
+        if stage is not None and stages:
             raise ValueError("give a stage, or a chain of stages (stages=[...]), not both")
+        if (stage is not None or stages) and not key:
+            raise ValueError("key: the first stage is keyed by it (a stateless job has no stage)")
+        if stage is None and not stages and key:
+            raise ValueError("key: a keyed job needs a stage (stage=... or stages=[...])")
         try:
             self.spec = PipelineSpec.model_validate(
                 {
                     "job": job,
                     "source": source,
-                    "key": [key] if isinstance(key, str) else list(key),
+                    **({"key": [key] if isinstance(key, str) else list(key)} if key else {}),
                     "sink": {"path": sink} if isinstance(sink, str) else sink,
                     "parallelism": parallelism,
                     "checkpoint": checkpoint if checkpoint is not None else {},
@@ -91,8 +97,8 @@ class Pipeline:
             check_pipeline_sink(self.spec)
         except ConfigError as exc:
             raise SpecError(f"pipeline {job}: {exc}") from None
-        chain = list(stages) if stages else [stage]
-        self.stages: list[Stage] = [chain[0].with_key(self.spec.key), *chain[1:]]  # type: ignore[union-attr]
+        chain = list(stages) if stages else [stage] if stage is not None else []
+        self.stages: list[Stage] = [chain[0].with_key(self.spec.key), *chain[1:]] if chain else []
 
     def run(
         self,

@@ -55,6 +55,7 @@ from checkpointing.spark.keys import (
     KEY_GROUP,
     SUBTASK,
     check_key_columns,
+    check_partition_columns,
     key_group_column,
     partition_keys,
 )
@@ -175,6 +176,8 @@ class PipelineRun:
             chain = [stage]
         elif spec.aggregations:
             chain = [AggregationStage(AggregationPlan(spec.key, spec.aggregations))]
+        elif spec.stateless:  # the epochs' rows go to the sink as they are
+            chain = []
         else:
             raise SpecError("aggregations: needs at least one aggregation (or a stage)")
         self.stages = chained_stages(chain, spec.key)
@@ -183,7 +186,7 @@ class PipelineRun:
         for s in self.stages:  # a stage that tells its changed rows can snapshot just those
             s.chains = {} if spec.checkpoint.incremental and s.stage.incremental else None
         check_pipeline_sink(spec, storage.base_url)
-        self.sink = open_sink(spec, job=spec.job, key=self.stages[-1].key)
+        self.sink = open_sink(spec, job=spec.job, key=self.stages[-1].key if self.stages else None)
         self.operators = [SOURCE, *(s.operator_id for s in self.stages), SINK]
         self.plan = pipeline_plan(
             self.attempt, self.parallelism, self.max_parallelism, self.operators
@@ -199,6 +202,8 @@ class PipelineRun:
         )
         #: the source's reader; its schema, fixed by the first read, is each stage's input's
         self.reader = InputReader(spark, spec)
+        #: the first rows' schema was checked against the stages and the sink
+        self.checked = False
         self.next_epoch = 0
         #: rows in the last epoch's input, when cheap to know (Parquet footers)
         self.last_epoch_rows: int | None = None
@@ -231,19 +236,22 @@ class PipelineRun:
     def _read(self, splits: Sequence[InputSplit]) -> DataFrame:
         """The transform's output over the rows of ``splits``; the first checks the stages."""
         rows = self.inputs.apply(self.reader.read(splits))
-        if self.stages[0].input_schema is None:
+        if not self.checked:
             self._check_stages(rows.schema)
+            self.checked = True
         return rows
 
     def _check_stages(self, schema: T.StructType) -> None:
         """The first rows (the transform's output) fit the key and the stages, whose state
-        schemas they fix: e.g. key columns exist, aggregated columns are numeric."""
+        schemas they fix: e.g. key columns exist, aggregated columns are numeric; and the
+        sink's partition columns are in what the last stage emits."""
         with self.inputs.naming_output():
             for s in self.stages:
                 s.input_schema = schema
                 check_key_columns(schema, s.key)
                 s.stage.check(schema)
                 schema = s.stage.output_schema(schema)  # what it emits: the next one's input
+            check_partition_columns(schema, self.spec.sink.partition_by)
 
     # ------------------------------------------------------------------ run
 
@@ -395,7 +403,7 @@ class PipelineRun:
                     raise TypeError(f"{s.stage!r} is incremental: its step must give changed_state")
                 reset = self.snapshots.inflight is None
                 s.track_changes(epoch, step.changed_state, MAX_DIRTY_EPOCHS, reset=reset)
-        if self.spec.sink.changelog:
+        if self.spec.sink.changelog or not self.stages:
             self.doing = (f"in epoch {epoch} while staging its rows in the sink", True)
             self.sink.stage(epoch, rows)
 
@@ -552,12 +560,16 @@ class PipelineRun:
             raise RuntimeError(
                 f"job {self.spec.job}: the final checkpoint did not complete; see `ckpt list`"
             )
+        self.doing = ("while publishing the final table", False)
+        if not self.stages:  # stateless: the committed epochs are the table
+            self.result.final_path = self.spec.final_location()
+            self.coordinator.shutdown(JobStatus.FINISHED)
+            return
         last = self.stages[-1]
         if last.lazy:
             state = compact(last, partial(self._empty_state, last))
         else:
             state = last.state if last.state is not None else self._empty_state(last)
-        self.doing = ("while publishing the final table", False)
         token = f"{self.spec.job}-{self.attempt}"
         self.result.final_path = self.sink.publish_final(last.stage.final(state), token)
         self.coordinator.shutdown(JobStatus.FINISHED)

@@ -32,9 +32,9 @@ def open_sink(
             path,
             job=job,
             key=list(key or spec.key),
-            mode=spec.sink.table_mode,
+            mode=spec.sink_mode,
             max_parallelism=spec.max_parallelism,
         )
     from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
-    return TwoPhaseCommitSink(path, job=job)
+    return TwoPhaseCommitSink(path, job=job, partition_by=spec.sink.partition_by)

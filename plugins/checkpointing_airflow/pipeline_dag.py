@@ -150,10 +150,12 @@ def check_deployment(spec: PipelineSpec) -> None:
 
 def summary(spec: PipelineSpec) -> str:
     """One line for the DAG list."""
-    return (
-        f"{spec.source.format} {Path(spec.source.path).name} → "
-        f"{', '.join(spec.aggregations)} by {', '.join(spec.key)} → {spec.sink.path}"
+    middle = (
+        "stateless" + (" (transform)" if spec.transform else "")
+        if spec.stateless
+        else f"{', '.join(spec.aggregations)} by {', '.join(spec.key)}"
     )
+    return f"{spec.source.format} {Path(spec.source.path).name} → {middle} → {spec.sink.path}"
 
 
 def describe(spec: PipelineSpec) -> str:
@@ -183,8 +185,11 @@ def describe(spec: PipelineSpec) -> str:
                 else f"{spec.source.splits_per_epoch} file(s) per epoch"
             ),
         ),
-        ("key", ", ".join(f"`{k}`" for k in spec.key)),
-        ("aggregations", aggregations),
+        *(
+            [("stage", "stateless: each epoch's rows appended to the sink exactly once")]
+            if spec.stateless
+            else [("key", ", ".join(f"`{k}`" for k in spec.key)), ("aggregations", aggregations)]
+        ),
         ("sink", _sink_doc(spec)),
         ("parallelism", f"{spec.parallelism} (max parallelism {spec.max_parallelism})"),
         (
@@ -213,9 +218,14 @@ def describe(spec: PipelineSpec) -> str:
 def _sink_doc(spec: PipelineSpec) -> str:
     """The sink, as the DAG's documentation describes it."""
     if spec.sink.format == "delta":
-        mode = spec.sink.table_mode
+        mode = spec.sink_mode
         return f"`{spec.sink.path}` (a Delta Lake table, {mode} mode; one commit per checkpoint)"
-    return f"`{spec.sink.path}` (final table in `final/`, epochs in `changelog/`)"
+    parts = (
+        f", partitioned by {', '.join(spec.sink.partition_by)}" if spec.sink.partition_by else ""
+    )
+    if spec.stateless:
+        return f"`{spec.sink.path}` (the committed epochs in `changelog/`{parts})"
+    return f"`{spec.sink.path}` (final table in `final/`, epochs in `changelog/`{parts})"
 
 
 def _table_params(spec: PipelineSpec) -> dict[str, Any]:

