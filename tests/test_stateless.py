@@ -235,3 +235,51 @@ def test_python_api_stateless_pipeline_crashes_and_appends_each_epoch_once(
     got = got[want.columns].sort_values(key).reset_index(drop=True)
     want = want.sort_values(key).reset_index(drop=True)
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
+
+
+@sqlite_only
+@pytest.mark.usefixtures("executors_see_s3")
+def test_stateless_append_to_a_partitioned_delta_table_on_s3_crashes_and_resumes_rescaled(
+    flights: Path, tmp_path: Path, metastore: Metastore, s3_bucket: str, spark: Any
+) -> None:
+    """Each epoch's rows once in a Delta table on S3 partitioned by origin: the table's
+    partition columns, each file's partitionValues (the column not in the file), one commit per
+    checkpoint, equal to pandas after a crash and a resume at another parallelism."""
+    import pyarrow.parquet as pq
+
+    from checkpointing.sinks.delta_files import filesystem
+    from checkpointing.spark.runtime import SimulatedCrash
+    from tests.delta_helpers import delta_log, read_table, txn_counts
+
+    url = f"s3://{s3_bucket}/late"
+    spec = load_spec(
+        _spec(tmp_path, flights),
+        {
+            "source": {"format": "parquet", "path": f"{flights}/flights-2013-02-*.parquet",
+                       "splits_per_epoch": 4},
+            "sink": {"path": url, "format": "delta", "partition_by": ["origin"]},
+        },
+    )  # fmt: skip
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    with pytest.raises(SimulatedCrash):
+        run(spark, spec, metastore, storage, crash_after_epochs=2)
+    result = run(spark, spec, metastore, storage, parallelism=2)
+    assert result.epochs_run == [2] and result.restored_from is not None
+
+    files = sorted(flights.glob("flights-2013-02-*.parquet"))
+    want = pd.concat(
+        _expected(files[i : i + 4], tmp_path / "planes.parquet").assign(epoch=i // 4)
+        for i in range(0, len(files), 4)
+    )
+    got = read_table(url, [*COLUMNS, "epoch"])
+    for e in range(3):
+        assert _rows(got[got.epoch == e]) == _rows(want[want.epoch == e]), f"epoch {e}"
+    log = delta_log(url)
+    metadata = next(a["metaData"] for a in log[0] if "metaData" in a)
+    assert metadata["partitionColumns"] == ["origin"]
+    adds = [a["add"] for actions in log for a in actions if "add" in a]
+    assert {a["partitionValues"]["origin"] for a in adds} == {"EWR", "JFK", "LGA"}
+    filesystem_, root = filesystem(url)
+    for add in adds:  # the partition column lives in the log, not in the file
+        assert "origin" not in pq.read_schema(f"{root}/{add['path']}", filesystem=filesystem_).names
+    assert set(txn_counts(url, JOB).values()) == {1}  # every checkpoint committed once

@@ -419,10 +419,10 @@ class PipelineSpec(BaseModel):
                 f"sink.partition_by: {outside[0]!r} is not an output column "
                 f"(the output: {', '.join([*self.key, *self.aggregations])})"
             )
-        if self.sink.partition_by and self.sink.format == "delta":
+        if self.sink.partition_by and self.sink_mode == "upsert":
             raise ValueError(
-                "sink.partition_by: a format: delta table is not partitioned yet (its upsert "
-                "files are buckets of keys): partition the parquet sink"
+                "sink.partition_by: a format: delta upsert table is not partitioned (its files "
+                "are buckets of keys): partition a mode: changelog table or the parquet sink"
             )
         if (
             self.source.epoch_bytes is not None

@@ -4,7 +4,9 @@ executor writes them (pre-commit), and listing and deleting the sink's own files
 A file is named ``ckpt-<job>-e<epoch>-<g|p><n>-<uuid>.parquet`` in the table's root: the job
 that wrote it, the epoch whose rows it holds, then ``g<bucket>`` (upsert: one file per bucket of
 key groups, rewritten copy-on-write) or ``p<partition>`` (changelog: one file per Spark
-partition of an epoch). The name is all a restore needs to tell the sink's files from anyone
+partition of an epoch; with partition columns, one file per Spark partition and partition
+value, its values in the Add action and not in the file, as Delta stores them). The name is all a
+restore needs to tell the sink's files from anyone
 else's, and which epoch and bucket they belong to; the sink never deletes a file whose name does
 not parse, or names another job.
 
@@ -52,8 +54,12 @@ WRITTEN = pa.schema(
         ("rows", pa.int64()),
         ("stats", pa.string()),
         ("mtime", pa.int64()),
+        ("partition_values", pa.string()),  # JSON {column: text or null}; "{}" unpartitioned
     ]
 )
+#: bounds of a partition-values entry read back from the sink's list state
+_MAX_PARTITION_COLUMNS = 64
+_MAX_PARTITION_VALUE = 4096
 _STRING_STATS_MAX = 64
 
 
@@ -69,21 +75,51 @@ class DataFile:
     rows: int
     stats: str | None = None
     mtime: int = 0
+    #: a partitioned table's values of this file's rows (Delta's ``partitionValues``)
+    partition_values: tuple[tuple[str, str | None], ...] = ()
 
     def item(self) -> list[Any]:
         """Its entry in the sink's list state: small, JSON-able (stats are left out)."""
-        return [self.part, self.path, self.size, self.rows]
+        item: list[Any] = [self.part, self.path, self.size, self.rows]
+        return [*item, dict(self.partition_values)] if self.partition_values else item
 
     @classmethod
     def from_item(cls, epoch: int, item: Any) -> DataFile:
-        part, path, size, rows = item
+        part, path, size, rows, *more = item
         parsed = parse_name(str(path))
-        if parsed is None or parsed[1] != epoch or parsed[3] != int(part):
+        if parsed is None or parsed[1] != epoch or parsed[3] != int(part) or len(more) > 1:
             raise ValueError(f"sink state: {path!r} is not a data file of epoch {epoch}")
-        return cls(epoch, int(part), str(path), int(size), int(rows))
+        values = partition_values(more[0]) if more else ()
+        return cls(epoch, int(part), str(path), int(size), int(rows), partition_values=values)
 
     def add_stats(self) -> str:
         return self.stats or json.dumps({"numRecords": self.rows})
+
+
+def partition_values(raw: Any) -> tuple[tuple[str, str | None], ...]:
+    """Partition values as stored (a JSON object of column → text or null), checked and
+    bounded: they come from a snapshot or an executor, and go into the table's log."""
+    if isinstance(raw, str):
+        raw = json.loads(raw)
+    if not isinstance(raw, dict) or len(raw) > _MAX_PARTITION_COLUMNS:
+        raise ValueError(f"sink state: partition values {str(raw)[:80]!r} are not a mapping")
+    for name, value in raw.items():
+        if not isinstance(name, str) or not (value is None or isinstance(value, str)):
+            raise ValueError(f"sink state: partition value {name!r}: expected text or null")
+        if len(name) > _MAX_PARTITION_VALUE or len(value or "") > _MAX_PARTITION_VALUE:
+            raise ValueError(f"sink state: partition value {name[:80]!r} is too long")
+    return tuple(sorted(raw.items()))
+
+
+def partition_text(value: Any) -> str | None:
+    """A partition value as Delta's ``partitionValues`` writes it (null stays null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, date):
+        return value.isoformat()
+    return str(value)
 
 
 def file_name(job: str, epoch: int, kind: str, part: int) -> str:
@@ -190,9 +226,12 @@ def write_partition(
     schema: pa.Schema,
     partition: int,
     batches: Iterator[pa.RecordBatch],
+    partition_by: list[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Changelog, on an executor: one Spark partition's rows of the epoch (``epoch`` column
-    added) as one file; one :data:`WRITTEN` row, none for an empty partition."""
+    added) as one file — with ``partition_by``, one file per partition value, without those
+    columns (their values go into the Add action); one :data:`WRITTEN` row per file, none for
+    an empty partition."""
     rows = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     if not rows:
         return
@@ -200,11 +239,26 @@ def write_partition(
     table = table.append_column("epoch", pa.array([epoch] * table.num_rows, pa.int64()))
     table = table.select(schema.names).cast(schema)
     filesystem_, root = filesystem(url)
-    written = _write(filesystem_, root, file_name(job, epoch, "p", partition), partition, table)
-    yield from written.to_batches()
+    if not partition_by:
+        name = file_name(job, epoch, "p", partition)
+        yield from _write(filesystem_, root, name, partition, table).to_batches()
+        return
+    data = [n for n in schema.names if n not in partition_by]
+    for values in table.select(partition_by).group_by(partition_by).aggregate([]).to_pylist():
+        match = None
+        for column, value in values.items():
+            test = pc.is_null(table[column]) if value is None else pc.equal(table[column], value)
+            match = test if match is None else pc.and_(match, test)
+        part = table.filter(pc.fill_null(match, False)).select(data)
+        texts = json.dumps({c: partition_text(v) for c, v in values.items()})
+        name = file_name(job, epoch, "p", partition)
+        written = _write(filesystem_, root, name, partition, part, texts)
+        yield from written.to_batches()
 
 
-def _write(filesystem_: Any, root: str, name: str, part: int, table: pa.Table) -> pa.Table:
+def _write(
+    filesystem_: Any, root: str, name: str, part: int, table: pa.Table, values: str = "{}"
+) -> pa.Table:
     import pyarrow.parquet as pq
 
     path = f"{root}/{name}"
@@ -218,6 +272,7 @@ def _write(filesystem_: Any, root: str, name: str, part: int, table: pa.Table) -
             "rows": [table.num_rows],
             "stats": [file_stats(table)],
             "mtime": [int(time.time() * 1000)],
+            "partition_values": [values],
         },
         schema=WRITTEN,
     )

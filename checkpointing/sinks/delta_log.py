@@ -193,6 +193,17 @@ def check_schema(table: DeltaTable, url: str, schema: pa.Schema) -> None:
         )
 
 
+def check_partitions(table: DeltaTable, url: str, partition_by: Sequence[str]) -> None:
+    """The table's partition columns are the spec's (a table keeps those it was created with)."""
+    have = list(table.metadata().partition_columns)
+    if have != list(partition_by):
+        raise ConfigError(
+            f"sink.partition_by: {url}: the Delta table is partitioned by "
+            f"{have or 'nothing'}, the spec says {list(partition_by) or 'nothing'}; use another "
+            "table location"
+        )
+
+
 def _columns(fields: Sequence[tuple[str, str]]) -> str:
     return ", ".join(f"{n} {t.removeprefix('PrimitiveType(').rstrip(')')}" for n, t in fields)
 
@@ -273,9 +284,17 @@ def referenced_files(url: str, table: DeltaTable) -> set[str]:
 # ============================================================================ writes
 
 
-def create_table(url: str, job: str, mode: str, schema: pa.Schema, buckets: int) -> DeltaTable:
+def create_table(
+    url: str,
+    job: str,
+    mode: str,
+    schema: pa.Schema,
+    buckets: int,
+    partition_by: Sequence[str] = (),
+) -> DeltaTable:
     """Create the (empty) table, its first commit recording the job, the mode and the number
-    of upsert buckets (which must never change for the table)."""
+    of upsert buckets (which must never change for the table), partitioned by
+    ``partition_by``."""
     from deltalake import DeltaTable
     from deltalake.transaction import CommitProperties
 
@@ -292,6 +311,7 @@ def create_table(url: str, job: str, mode: str, schema: pa.Schema, buckets: int)
             url,
             schema,
             mode="error",
+            partition_by=list(partition_by) or None,
             storage_options=options,
             commit_properties=CommitProperties(custom_metadata=meta),
         )
@@ -323,7 +343,10 @@ def commit_files(
 
     now = int(time.time() * 1000)
     actions: list[Any] = [RemoveAction(p, True, now, s, {}) for p, s in sorted(removes.items())]
-    actions += [AddAction(f.path, f.size, {}, f.mtime or now, True, f.add_stats()) for f in adds]
+    actions += [
+        AddAction(f.path, f.size, dict(f.partition_values), f.mtime or now, True, f.add_stats())
+        for f in adds
+    ]
     meta = {
         JOB_KEY: job,
         CHECKPOINT_KEY: checkpoint_id,

@@ -51,6 +51,7 @@ from checkpointing.sinks.delta_files import (
     delete_own_files,
     list_own_files,
     parse_name,
+    partition_values,
     write_bucket,
     write_partition,
 )
@@ -59,6 +60,7 @@ from checkpointing.sinks.delta_log import (
     NO_CHECKPOINT,
     check_location,
     check_owner,
+    check_partitions,
     check_schema,
     commit_files,
     create_table,
@@ -93,11 +95,16 @@ class DeltaSink:
         key: Sequence[str],
         mode: str = "upsert",
         max_parallelism: int = 128,
+        partition_by: Sequence[str] = (),
     ) -> None:
         """Reads only: refuses a location ``job`` may not write to (see
-        :func:`checkpointing.sinks.delta_log.check_location`)."""
+        :func:`checkpointing.sinks.delta_log.check_location`). ``partition_by``: the table's
+        partition columns (changelog only: an upsert table's files are buckets of keys)."""
         if mode not in ("upsert", "changelog"):
             raise ValueError(f"sink.mode: {mode!r} is not upsert or changelog")
+        if partition_by and mode == "upsert":
+            raise ValueError("sink.partition_by: a Delta upsert table is not partitioned")
+        self.partition_by = list(partition_by)
         self.path = table_url(path)
         self.job = job
         self.key = list(key)
@@ -146,11 +153,14 @@ class DeltaSink:
         if self._table is None:
             self._table = open_table(self.path)
         if self._table is None:
-            self._table = create_table(self.path, self.job, self.mode, schema, self.buckets)
+            self._table = create_table(
+                self.path, self.job, self.mode, schema, self.buckets, self.partition_by
+            )
             log.info("sink: created Delta table %s (%s)", self.path, self.mode)
         elif self._schema is None:
             check_owner(self._table, self.path, self.job)
             check_schema(self._table, self.path, schema)
+            check_partitions(self._table, self.path, self.partition_by)
         self._schema = schema
         return self._table
 
@@ -192,17 +202,27 @@ class DeltaSink:
             keyed = df.withColumn(_BUCKET, self._bucket_column())
             written = keyed.groupBy(_BUCKET).applyInArrow(merge, from_arrow_schema(WRITTEN))
         else:
+            parts = self.partition_by
 
             def append(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 from pyspark import TaskContext
 
                 context = TaskContext.get()
                 partition = context.partitionId() if context is not None else 0
-                yield from write_partition(url, job, epoch, schema, partition, batches)
+                yield from write_partition(url, job, epoch, schema, partition, batches, parts)
 
             written = df.mapInArrow(append, from_arrow_schema(WRITTEN))
         files = [
-            DataFile(epoch, r.part, r.path, r.size, r.rows, r.stats, r.mtime)
+            DataFile(
+                epoch,
+                r.part,
+                r.path,
+                r.size,
+                r.rows,
+                r.stats,
+                r.mtime,
+                partition_values(r.partition_values),
+            )
             for r in written.collect()  # one small row per file written
         ]
         with self._lock:

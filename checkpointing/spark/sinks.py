@@ -34,6 +34,7 @@ def open_sink(
             key=list(key or spec.key),
             mode=spec.sink_mode,
             max_parallelism=spec.max_parallelism,
+            partition_by=spec.sink.partition_by,
         )
     from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
