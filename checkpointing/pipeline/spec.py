@@ -209,7 +209,10 @@ class TableSpec(BaseModel):
 class SinkSpec(BaseModel):
     """``format: parquet`` (default): a local directory of staged/committed epochs and a final
     table; ``format: delta``: a Delta Lake table, local or ``s3://``, written ``mode: upsert``
-    (one row per key, the default) or ``mode: changelog`` (each epoch's rows, with ``epoch``).
+    (one row per key, the default) or ``mode: changelog`` (each epoch's rows, with ``epoch``);
+    ``format: iceberg``: the Iceberg table ``table: namespace.name`` of pyiceberg's SQL
+    ``catalog`` (a SQLAlchemy URL; default: a SQLite file in a local warehouse) in the warehouse
+    ``path`` (local or ``s3://``), written ``mode: upsert`` (the default) or ``mode: append``.
 
     ``changelog: false`` (parquet): publish only the final table, as a plain batch job does; no
     epoch's changed rows are staged, so an aggregation's state is kept as partial aggregates per
@@ -218,9 +221,14 @@ class SinkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str
-    format: Literal["parquet", "delta"] = "parquet"
-    #: delta only; None: ``upsert``
-    mode: Literal["upsert", "changelog"] | None = None
+    format: Literal["parquet", "delta", "iceberg"] = "parquet"
+    #: iceberg only (required there): ``namespace.table``
+    table: str | None = Field(default=None, validate_default=True)
+    #: iceberg only: the SQL catalog's SQLAlchemy URL (SQLite or PostgreSQL); None: a SQLite
+    #: file ``catalog.db`` in the (local) warehouse
+    catalog: str | None = Field(default=None, validate_default=True)
+    #: delta (upsert, changelog) and iceberg (upsert, append) only; None: ``upsert``
+    mode: Literal["upsert", "changelog", "append"] | None = None
     #: parquet only: stage and commit each epoch's changed rows under ``changelog/`` (the
     #: default, for pipelines that read them); false: only the final table
     changelog: bool = True
@@ -228,21 +236,60 @@ class SinkSpec(BaseModel):
     @field_validator("changelog")
     @classmethod
     def _changelog_for_parquet(cls, v: bool, info: ValidationInfo) -> bool:
-        if not v and info.data.get("format") == "delta":
+        fmt = info.data.get("format")
+        if not v and fmt in ("delta", "iceberg"):
             raise ValueError(
-                "a format: delta sink commits every checkpoint's rows to its table; "
+                f"a format: {fmt} sink commits every checkpoint's rows to its table; "
                 "changelog: false is for the parquet sink (its final table only)"
             )
         return v
 
+    @field_validator("table")
+    @classmethod
+    def _table_for_iceberg(cls, v: str | None, info: ValidationInfo) -> str | None:
+        from checkpointing.sinks.iceberg_table import parse_identifier
+
+        if info.data.get("format") != "iceberg":
+            if v is not None:
+                raise ValueError("only a format: iceberg sink names a table")
+            return v
+        if v is None:
+            raise ValueError("a format: iceberg sink needs its table: namespace.table")
+        parse_identifier(v)
+        return v
+
+    @field_validator("catalog")
+    @classmethod
+    def _catalog_for_iceberg(cls, v: str | None, info: ValidationInfo) -> str | None:
+        from checkpointing.sinks.iceberg_table import check_catalog_url
+
+        if info.data.get("format") != "iceberg":
+            if v is not None:
+                raise ValueError("only a format: iceberg sink has a catalog")
+            return v
+        if v is None:
+            if is_object_url(str(info.data.get("path") or "")):
+                raise ValueError(
+                    "an s3:// warehouse needs a catalog: a SQLAlchemy URL of SQLite or "
+                    "PostgreSQL (postgresql+psycopg://host/db; the password from PGPASSWORD "
+                    "or ~/.pgpass)"
+                )
+            return v
+        return check_catalog_url(v)
+
     @field_validator("mode")
     @classmethod
-    def _mode_for_delta(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is not None and info.data.get("format") == "parquet":
+    def _mode_for_tables(cls, v: str | None, info: ValidationInfo) -> str | None:
+        fmt = info.data.get("format")
+        if v is not None and fmt == "parquet":
             raise ValueError(
-                "only a format: delta sink has a mode (the parquet sink writes a changelog "
-                "and a final table)"
+                "only a format: delta or iceberg sink has a mode (the parquet sink writes a "
+                "changelog and a final table)"
             )
+        if fmt == "delta" and v == "append":
+            raise ValueError("a format: delta sink's mode is upsert or changelog")
+        if fmt == "iceberg" and v == "changelog":
+            raise ValueError("a format: iceberg sink's mode is upsert or append")
         return v
 
     @field_validator("path")
@@ -257,7 +304,7 @@ class SinkSpec(BaseModel):
 
     @property
     def table_mode(self) -> str:
-        """The Delta table's mode (``upsert`` unless ``changelog`` was asked for)."""
+        """The table's mode (``upsert`` unless ``changelog`` or ``append`` was asked for)."""
         return self.mode or "upsert"
 
 
@@ -404,10 +451,16 @@ class PipelineSpec(BaseModel):
 
     def final_location(self) -> str:
         """Where readers find a finished job's final table: the Parquet sink's ``<path>/final``
-        link, or the Delta table itself (which holds it, in upsert mode, or the changelog)."""
+        link, the Delta table itself (which holds it, in upsert mode, or the changelog), or the
+        Iceberg table's location (``<warehouse>/<namespace>/<table>``, ``sink.table`` in
+        ``sink.catalog``)."""
         path = self.resolve(self.sink.path)
         if self.sink.format == "delta":
             return path
+        if self.sink.format == "iceberg" and self.sink.table:
+            from checkpointing.sinks.iceberg_table import parse_identifier, table_location
+
+            return table_location(path, parse_identifier(self.sink.table))
         return str(Path(path.removeprefix("file://")) / "final")
 
 

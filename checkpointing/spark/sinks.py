@@ -2,8 +2,9 @@
 :mod:`checkpointing.sinks.protocol`.
 
 Which sink a spec gets is :func:`open_sink`'s choice (``sink.format``): the Parquet directory
-sink (:mod:`checkpointing.spark.parquet_sink`, local) or a Delta Lake table
-(:mod:`checkpointing.spark.delta_sink`, local or on an object store).
+sink (:mod:`checkpointing.spark.parquet_sink`, local), a Delta Lake table
+(:mod:`checkpointing.spark.delta_sink`, local or on an object store) or an Iceberg table in a
+SQL catalog (:mod:`checkpointing.spark.iceberg_sink`, local or S3 warehouse).
 """
 
 from __future__ import annotations
@@ -30,6 +31,18 @@ def open_sink(
 
         return DeltaSink(
             path,
+            job=job,
+            key=list(key or spec.key),
+            mode=spec.sink.table_mode,
+            max_parallelism=spec.max_parallelism,
+        )
+    if spec.sink.format == "iceberg":
+        from checkpointing.spark.iceberg_sink import IcebergSink
+
+        return IcebergSink(
+            path,
+            table=spec.sink.table or "",
+            catalog=spec.sink.catalog,
             job=job,
             key=list(key or spec.key),
             mode=spec.sink.table_mode,

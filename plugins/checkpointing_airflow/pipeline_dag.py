@@ -215,6 +215,12 @@ def _sink_doc(spec: PipelineSpec) -> str:
     if spec.sink.format == "delta":
         mode = spec.sink.table_mode
         return f"`{spec.sink.path}` (a Delta Lake table, {mode} mode; one commit per checkpoint)"
+    if spec.sink.format == "iceberg":
+        mode = spec.sink.table_mode
+        return (
+            f"`{spec.sink.table}` in `{spec.sink.path}` (an Iceberg table, {mode} mode; one "
+            "snapshot per checkpoint)"
+        )
     return f"`{spec.sink.path}` (final table in `final/`, epochs in `changelog/`)"
 
 
