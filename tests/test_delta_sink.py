@@ -346,7 +346,9 @@ def _load(tmp_path: Path, name: str, sink: str, source: str | None = None, extra
 
 
 def test_spec_refusals(tmp_path: Path) -> None:
-    with pytest.raises(SpecError, match=r"sink\.mode: .*only a format: delta sink has a mode"):
+    with pytest.raises(
+        SpecError, match=r"sink\.mode: .*only a format: delta or iceberg sink has a mode"
+    ):
         _load(tmp_path, "a", "{path: out, mode: upsert}")
     with pytest.raises(SpecError) as err:
         _load(tmp_path, "b", "{path: s3://bucket/tables/t}")

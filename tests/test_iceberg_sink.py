@@ -198,7 +198,9 @@ def test_append_mode_and_a_checkpoint_over_several_epochs(spark: Any, tmp_path: 
     restarted = _sink(warehouse, None, "raw.events", "append")  # crash before the commit
     assert restarted.recover(3, checkpoint_id=6, state=state) == ([3], [])
     assert restarted.recover(3, checkpoint_id=6, state=state) == ([], [])
-    _assert_equal(_read(catalog, warehouse, "raw.events", ["n", "user"]), _expected_append(range(4)))
+    _assert_equal(
+        _read(catalog, warehouse, "raw.events", ["n", "user"]), _expected_append(range(4))
+    )
     assert _commits(catalog, warehouse, "raw.events") == Counter({5: 1, 6: 1})
 
 
@@ -271,7 +273,7 @@ def test_pipeline_crash_resume_rescaled_from_the_older_checkpoint(
 def _load(tmp_path: Path, name: str, sink: str) -> Any:
     path = tmp_path / f"{name}.yaml"
     path.write_text(
-        f"job: {name}\nsource: {{format: parquet, path: \"{tmp_path}/in/*.parquet\"}}\n"
+        f'job: {name}\nsource: {{format: parquet, path: "{tmp_path}/in/*.parquet"}}\n'
         f"key: user\naggregations: {{n: count()}}\nsink: {sink}\n"
     )
     return load_spec(path)

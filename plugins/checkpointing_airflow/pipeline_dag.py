@@ -152,8 +152,14 @@ def summary(spec: PipelineSpec) -> str:
     """One line for the DAG list."""
     return (
         f"{spec.source.format} {Path(spec.source.path).name} → "
-        f"{', '.join(spec.aggregations)} by {', '.join(spec.key)} → {spec.sink.path}"
+        f"{', '.join(spec.aggregations)} by {', '.join(spec.key)} → {_sink_name(spec)}"
     )
+
+
+def _sink_name(spec: PipelineSpec) -> str:
+    if spec.sink.format == "iceberg":
+        return f"{spec.sink.table} (Iceberg, {spec.sink.path})"
+    return spec.sink.path
 
 
 def describe(spec: PipelineSpec) -> str:
