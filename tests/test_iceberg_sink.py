@@ -10,9 +10,13 @@ sink. Bad specs and foreign tables are refused in one line naming the field, not
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import subprocess
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ from checkpointing.pipeline import datasets
 from checkpointing.pipeline.spec import SpecError, load_spec
 from checkpointing.sinks.delta_files import list_own_files
 from checkpointing.state.storage import FileSystemCheckpointStorage
+from tests.ckpt_process import CKPT, ckpt_env, kill_at_a_random_moment
 from tests.spark_pipeline import AGGS, EPOCHS, make_spec, run, write_events
 
 JOB = "icejob"
@@ -38,8 +43,6 @@ SCHEMA = "user string, n long, total double"
 
 def _catalog(catalog_url: str, warehouse: str) -> Any:
     """pyiceberg's own SQL catalog over the same database (the test's reader, not the sink's)."""
-    import os
-
     from pyiceberg.catalog.sql import SqlCatalog
 
     props = {}
@@ -101,18 +104,6 @@ def _assert_equal(got: pd.DataFrame, want: pd.DataFrame) -> None:
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
 
 
-@pytest.fixture(params=["local-sqlite", "s3-postgresql"])
-def place(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
-    """(warehouse, catalog URL): a local warehouse with its default SQLite catalog, or an S3
-    warehouse with a PostgreSQL catalog."""
-    if request.param == "local-sqlite":
-        warehouse = str(tmp_path / "warehouse")
-        return warehouse, f"sqlite:///{warehouse}/catalog.db"
-    bucket = request.getfixturevalue("s3_bucket")
-    request.getfixturevalue("executors_see_s3")
-    return f"s3://{bucket}/lake", request.getfixturevalue("pg_url")
-
-
 def _sink(
     warehouse: str, catalog: str | None, name: str, mode: str = "upsert", job: str = JOB
 ) -> Any:
@@ -123,12 +114,11 @@ def _sink(
     )
 
 
-def test_upsert_commit_replay_crash_recover_and_rollback(
-    spark: Any, place: tuple[str, str], request: pytest.FixtureRequest
-) -> None:
-    warehouse, catalog = place
-    name = f"analytics.totals_{abs(hash(request.node.name)) % 10**6}"
-    default = None if warehouse.startswith("/") else catalog  # local: the default catalog
+def test_upsert_commit_replay_crash_recover_and_rollback(spark: Any, tmp_path: Path) -> None:
+    """A local warehouse with its default SQLite catalog (the end-to-end test below writes an
+    S3 warehouse with a PostgreSQL catalog)."""
+    warehouse = str(tmp_path / "warehouse")
+    catalog, name, default = f"sqlite:///{warehouse}/catalog.db", "analytics.totals", None
     sink = _sink(warehouse, default, name)
     sink.stage(0, _df(spark, 0))
     assert _read(catalog, warehouse, name, ["user"]).empty  # staged: no reader sees it
@@ -265,6 +255,96 @@ def test_pipeline_crash_resume_rescaled_from_the_older_checkpoint(
     assert lineage[-1] == 0 and newest not in lineage and older in lineage
     assert lineage[0] == max(counts) == completed_ids(metastore, JOB)[-1]
     metastore.dispose()
+
+
+@pytest.fixture
+def catalog_pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for the Iceberg catalog's tables (not the metastore's, whose
+    schema tests compare every table with the models), dropped after."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from tests.conftest import PG_URL
+
+    admin_url = make_url(PG_URL)
+    name = f"ckpt_iceberg_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield admin_url.set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def _expected_totals(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    return datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
+
+
+@pytest.mark.timeout(600)
+def test_ckpt_run_on_s3_with_a_postgresql_catalog_killed_at_a_random_moment_then_rescaled(
+    s3_bucket: str, catalog_pg_url: str, tmp_path: Path
+) -> None:
+    """``ckpt run`` with input, checkpoints and the warehouse on S3 and the catalog on
+    PostgreSQL, SIGKILLed at a seeded random moment, resumed at another parallelism: the
+    table equals pandas, and every checkpoint is committed as one snapshot, once."""
+    import boto3
+
+    pg_url = catalog_pg_url
+    seed = int(os.environ.get("CKPT_TEST_SEED") or random.randrange(10_000))
+    print(f"seed {seed} (rerun with CKPT_TEST_SEED={seed})")
+    local = write_events(tmp_path / "events")
+    client = boto3.client("s3")
+    for path in sorted(local.glob("*.parquet")):
+        client.upload_file(str(path), s3_bucket, f"in/{path.name}")
+    aggs = ", ".join(f"{k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
+    name = "analytics.totals"
+    spec = tmp_path / "pipeline.yaml"
+    spec.write_text(
+        f"""
+job: {JOB}
+source: {{format: parquet, path: "s3://{s3_bucket}/in/*.parquet"}}
+key: user
+aggregations: {{{aggs}}}
+sink: {{format: iceberg, path: "s3://{s3_bucket}/lake", table: {name}, catalog: "{pg_url}"}}
+parallelism: 2
+max_parallelism: 8
+checkpoint: {{every_epochs: 1, retained: 2}}
+storage: s3://{s3_bucket}/checkpoints
+"""
+    )
+    env = ckpt_env(tmp_path / "home")
+    kill_at_a_random_moment(spec, env, random.Random(seed), JOB)
+    resumed = subprocess.run(
+        [CKPT, "run", str(spec), "--parallelism", "3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert resumed.returncode == 0, f"seed {seed}: {resumed.stderr[-2000:]}"
+    assert f"final table {name} (Iceberg, at s3://{s3_bucket}/lake/" in resumed.stdout
+
+    warehouse = f"s3://{s3_bucket}/lake"
+    frames = [pd.read_parquet(p) for p in sorted(local.glob("*.parquet"))]
+    want = _expected_totals(frames)
+    got = _read(pg_url, warehouse, name, ["user"])[want.columns.tolist()]
+    pd.testing.assert_frame_equal(got.astype({"user": object}), want, check_dtype=False)
+    counts = _commits(pg_url, warehouse, name)
+    assert counts and set(counts.values()) == {1}, (seed, counts)
+    store = Metastore(f"sqlite:///{tmp_path / 'home' / 'metastore.db'}")
+    try:  # every checkpoint that completed (the killed run's in-flight one did not) is a snapshot
+        completed = {
+            r["checkpoint_id"]
+            for r in views.list_checkpoints(store, JOB)
+            if r["status"] in ("COMPLETED", "SUBSUMED", "DISCARDED")
+        }
+        assert set(counts) == completed, (seed, counts, completed)
+        restores = sorted(views.list_restores(store, JOB), key=lambda r: r["restore_id"])
+        assert len(restores) == 2 and restores[1]["parallelism"] == 3, restores
+        assert restores[1]["checkpoint_id"] in (None, *counts), restores
+    finally:
+        store.dispose()
 
 
 # ============================================================================ refusals
