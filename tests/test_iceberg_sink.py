@@ -397,6 +397,11 @@ def test_refusals_name_the_field_and_write_nothing(spark: Any, tmp_path: Path) -
     assert spec.sink.table_mode == "append"
     spec = _load(tmp_path, "ok2", "{path: wh, format: iceberg, table: a.b}")
     assert spec.final_location() == f"{tmp_path}/wh/a/b" and spec.sink.table_mode == "upsert"
+    assert spec.catalog_url() is None  # the sink's default: catalog.db in the warehouse
+    spec = _load(
+        tmp_path, "ok3", "{path: wh, format: iceberg, table: a.b, catalog: sqlite:///c.db}"
+    )
+    assert spec.catalog_url() == f"sqlite:///{tmp_path}/c.db"  # the spec folder's, as paths
     assert not (tmp_path / "wh").exists()
 
     warehouse = str(tmp_path / "warehouse")

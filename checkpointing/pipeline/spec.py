@@ -43,7 +43,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: ``${NAME}`` in a path field; ``$`` otherwise is a plain character
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")
 #: the fields where ``${CKPT_HOME}`` may be used: the paths
-PATH_FIELDS = (("source", "path"), ("sink", "path"), ("storage",))
+PATH_FIELDS = (("source", "path"), ("sink", "path"), ("sink", "catalog"), ("storage",))
 _AGG = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)\s*$", re.DOTALL)
 #: the aggregation functions by the number of columns they take (``count`` takes 0 or 1)
 AGGREGATE_FUNCTIONS: dict[str, tuple[int, ...]] = {
@@ -225,8 +225,8 @@ class SinkSpec(BaseModel):
     #: iceberg only (required there): ``namespace.table``
     table: str | None = Field(default=None, validate_default=True)
     #: iceberg only: the SQL catalog's SQLAlchemy URL (SQLite or PostgreSQL); None: a SQLite
-    #: file ``catalog.db`` in the (local) warehouse
-    catalog: str | None = Field(default=None, validate_default=True)
+    #: file ``catalog.db`` in the (local) warehouse. Not in the repr: it may hold a password
+    catalog: str | None = Field(default=None, validate_default=True, repr=False)
     #: delta (upsert, changelog) and iceberg (upsert, append) only; None: ``upsert``
     mode: Literal["upsert", "changelog", "append"] | None = None
     #: parquet only: stage and commit each epoch's changed rows under ``changelog/`` (the
@@ -448,6 +448,14 @@ class PipelineSpec(BaseModel):
         if "://" in path or Path(path).is_absolute() or self.spec_path is None:
             return path
         return str((self.spec_path.parent / path).resolve())
+
+    def catalog_url(self) -> str | None:
+        """An Iceberg sink's catalog URL, a relative SQLite path resolved against the spec's
+        folder (as the spec's paths are); None: the sink's default."""
+        url = self.sink.catalog
+        if url and url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+            return "sqlite:///" + self.resolve(url.removeprefix("sqlite:///"))
+        return url
 
     def final_location(self) -> str:
         """Where readers find a finished job's final table: the Parquet sink's ``<path>/final``

@@ -176,7 +176,13 @@ def io_properties(warehouse: str, environ: Mapping[str, str] | None = None) -> d
 
 def open_catalog(catalog_url: str, warehouse: str) -> SqlCatalog:
     """pyiceberg's SQL catalog at ``catalog_url`` (its tables created when missing)."""
-    from pyiceberg.catalog.sql import SqlCatalog
+    try:
+        from pyiceberg.catalog.sql import SqlCatalog
+    except ImportError:
+        raise ConfigError(
+            "sink.format: iceberg needs pyiceberg: pip install "
+            "'airflow-spark-checkpointing[iceberg]'"
+        ) from None
 
     if catalog_url.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(catalog_url.removeprefix("sqlite:///")) or ".", exist_ok=True)

@@ -42,7 +42,7 @@ def open_sink(
         return IcebergSink(
             path,
             table=spec.sink.table or "",
-            catalog=spec.sink.catalog,
+            catalog=spec.catalog_url(),
             job=job,
             key=list(key or spec.key),
             mode=spec.sink.table_mode,
