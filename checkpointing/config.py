@@ -198,7 +198,8 @@ def describe_validation_error(exc: ValidationError, source: str, prefix: str = "
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
-        got = repr(err.get("input"))
+        # a URL's password (a catalog's, a metastore's) is never shown
+        got = re.sub(r"(://[^/\s:@'\"]*:)[^@\s]*@", r"\1***@", repr(err.get("input")))
         if len(got) > 60:
             got = got[:57] + "..."
         # a check across fields (no location) names its fields itself: no dump of the whole input

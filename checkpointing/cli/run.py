@@ -120,9 +120,12 @@ def run(
             soft_wrap=True,
         )
         return
+    final = result.final_path
+    if spec.sink.format == "iceberg":
+        final = f"{spec.sink.table} (Iceberg, at {final})"
     out.print(
         f"job {spec.job} finished: {len(result.epochs_run)} of {result.epochs_total} epochs run "
-        f"({source}); checkpoints {result.checkpoints}; final table {result.final_path}",
+        f"({source}); checkpoints {result.checkpoints}; final table {final}",
         soft_wrap=True,
     )
 

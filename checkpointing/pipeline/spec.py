@@ -46,7 +46,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: ``${NAME}`` in a path field; ``$`` otherwise is a plain character
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")
 #: the fields where ``${CKPT_HOME}`` may be used: the paths
-PATH_FIELDS = (("source", "path"), ("sink", "path"), ("storage",))
+PATH_FIELDS = (("source", "path"), ("sink", "path"), ("sink", "catalog"), ("storage",))
 _AGG = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)\s*$", re.DOTALL)
 #: the aggregation functions by the number of columns they take (``count`` takes 0 or 1)
 AGGREGATE_FUNCTIONS: dict[str, tuple[int, ...]] = {
@@ -212,7 +212,10 @@ class TableSpec(BaseModel):
 class SinkSpec(BaseModel):
     """``format: parquet`` (default): a local directory of staged/committed epochs and a final
     table; ``format: delta``: a Delta Lake table, local or ``s3://``, written ``mode: upsert``
-    (one row per key, the default) or ``mode: changelog`` (each epoch's rows, with ``epoch``).
+    (one row per key, the default) or ``mode: changelog`` (each epoch's rows, with ``epoch``);
+    ``format: iceberg``: the Iceberg table ``table: namespace.name`` of pyiceberg's SQL
+    ``catalog`` (a SQLAlchemy URL; default: a SQLite file in a local warehouse) in the warehouse
+    ``path`` (local or ``s3://``), written ``mode: upsert`` (the default) or ``mode: append``.
 
     ``changelog: false`` (parquet): publish only the final table, as a plain batch job does; no
     epoch's changed rows are staged, so an aggregation's state is kept as partial aggregates per
@@ -221,9 +224,14 @@ class SinkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str
-    format: Literal["parquet", "delta"] = "parquet"
-    #: delta only; None: ``upsert``
-    mode: Literal["upsert", "changelog"] | None = None
+    format: Literal["parquet", "delta", "iceberg"] = "parquet"
+    #: iceberg only (required there): ``namespace.table``
+    table: str | None = Field(default=None, validate_default=True)
+    #: iceberg only: the SQL catalog's SQLAlchemy URL (SQLite or PostgreSQL); None: a SQLite
+    #: file ``catalog.db`` in the (local) warehouse. Not in the repr: it may hold a password
+    catalog: str | None = Field(default=None, validate_default=True, repr=False)
+    #: delta (upsert, changelog) and iceberg (upsert, append) only; None: ``upsert``
+    mode: Literal["upsert", "changelog", "append"] | None = None
     #: parquet only: stage and commit each epoch's changed rows under ``changelog/`` (the
     #: default, for pipelines that read them); false: only the final table
     changelog: bool = True
@@ -234,9 +242,10 @@ class SinkSpec(BaseModel):
     @field_validator("changelog")
     @classmethod
     def _changelog_for_parquet(cls, v: bool, info: ValidationInfo) -> bool:
-        if not v and info.data.get("format") == "delta":
+        fmt = info.data.get("format")
+        if not v and fmt in ("delta", "iceberg"):
             raise ValueError(
-                "a format: delta sink commits every checkpoint's rows to its table; "
+                f"a format: {fmt} sink commits every checkpoint's rows to its table; "
                 "changelog: false is for the parquet sink (its final table only)"
             )
         return v
@@ -258,14 +267,52 @@ class SinkSpec(BaseModel):
             raise ValueError("partition columns repeat")
         return v
 
+    @field_validator("table")
+    @classmethod
+    def _table_for_iceberg(cls, v: str | None, info: ValidationInfo) -> str | None:
+        from checkpointing.sinks.iceberg_table import parse_identifier
+
+        if info.data.get("format") != "iceberg":
+            if v is not None:
+                raise ValueError("only a format: iceberg sink names a table")
+            return v
+        if v is None:
+            raise ValueError("a format: iceberg sink needs its table: namespace.table")
+        parse_identifier(v)
+        return v
+
+    @field_validator("catalog")
+    @classmethod
+    def _catalog_for_iceberg(cls, v: str | None, info: ValidationInfo) -> str | None:
+        from checkpointing.sinks.iceberg_table import check_catalog_url
+
+        if info.data.get("format") != "iceberg":
+            if v is not None:
+                raise ValueError("only a format: iceberg sink has a catalog")
+            return v
+        if v is None:
+            if is_object_url(str(info.data.get("path") or "")):
+                raise ValueError(
+                    "an s3:// warehouse needs a catalog: a SQLAlchemy URL of SQLite or "
+                    "PostgreSQL (postgresql+psycopg://host/db; the password from PGPASSWORD "
+                    "or ~/.pgpass)"
+                )
+            return v
+        return check_catalog_url(v)
+
     @field_validator("mode")
     @classmethod
-    def _mode_for_delta(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is not None and info.data.get("format") == "parquet":
+    def _mode_for_tables(cls, v: str | None, info: ValidationInfo) -> str | None:
+        fmt = info.data.get("format")
+        if v is not None and fmt == "parquet":
             raise ValueError(
-                "only a format: delta sink has a mode (the parquet sink writes a changelog "
-                "and a final table)"
+                "only a format: delta or iceberg sink has a mode (the parquet sink writes a "
+                "changelog and a final table)"
             )
+        if fmt == "delta" and v == "append":
+            raise ValueError("a format: delta sink's mode is upsert or changelog")
+        if fmt == "iceberg" and v == "changelog":
+            raise ValueError("a format: iceberg sink's mode is upsert or append")
         return v
 
     @field_validator("path")
@@ -419,6 +466,11 @@ class PipelineSpec(BaseModel):
                 f"sink.partition_by: {outside[0]!r} is not an output column "
                 f"(the output: {', '.join([*self.key, *self.aggregations])})"
             )
+        if self.sink.partition_by and self.sink.format == "iceberg":
+            raise ValueError(
+                "sink.partition_by: an Iceberg table is not partitioned yet: partition a Delta "
+                "changelog table or the parquet sink"
+            )
         if self.sink.partition_by and self.sink_mode == "upsert":
             raise ValueError(
                 "sink.partition_by: a format: delta upsert table is not partitioned (its files "
@@ -455,9 +507,13 @@ class PipelineSpec(BaseModel):
 
     @property
     def sink_mode(self) -> str:
-        """The Delta table's mode: as given, else ``upsert`` for a keyed job and ``changelog``
-        (the epochs' rows appended) for a stateless one."""
-        return self.sink.mode or ("upsert" if self.key else "changelog")
+        """A table sink's mode: as given, else ``upsert`` for a keyed job and, for a stateless
+        one, the epochs' rows appended (Delta's ``changelog``, Iceberg's ``append``)."""
+        if self.sink.mode is not None:
+            return self.sink.mode
+        if self.key:
+            return "upsert"
+        return "append" if self.sink.format == "iceberg" else "changelog"
 
     def resolve(self, path: str) -> str:
         """A path of the spec, relative to the spec file's directory."""
@@ -465,12 +521,26 @@ class PipelineSpec(BaseModel):
             return path
         return str((self.spec_path.parent / path).resolve())
 
+    def catalog_url(self) -> str | None:
+        """An Iceberg sink's catalog URL, a relative SQLite path resolved against the spec's
+        folder (as the spec's paths are); None: the sink's default."""
+        url = self.sink.catalog
+        if url and url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+            return "sqlite:///" + self.resolve(url.removeprefix("sqlite:///"))
+        return url
+
     def final_location(self) -> str:
         """Where readers find a finished job's final table: the Parquet sink's ``<path>/final``
-        link, or the Delta table itself (which holds it, in upsert mode, or the changelog)."""
+        link, the Delta table itself (which holds it, in upsert mode, or the changelog), or the
+        Iceberg table's location (``<warehouse>/<namespace>/<table>``, ``sink.table`` in
+        ``sink.catalog``)."""
         path = self.resolve(self.sink.path)
         if self.sink.format == "delta":
             return path
+        if self.sink.format == "iceberg" and self.sink.table:
+            from checkpointing.sinks.iceberg_table import parse_identifier, table_location
+
+            return table_location(path, parse_identifier(self.sink.table))
         # a stateless job's table is its committed epochs (Spark reads epoch=<e>/ as a column)
         return str(
             Path(path.removeprefix("file://")) / ("changelog" if self.stateless else "final")

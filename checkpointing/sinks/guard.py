@@ -123,15 +123,15 @@ def check_sink_location(
 def check_pipeline_sink(spec: Any, storage: str | None = None) -> Path | str:
     """:func:`check_sink_location` for a :class:`~checkpointing.pipeline.spec.PipelineSpec` (its
     source glob, its ``storage`` or the given storage URL, the folder of its file, else the working
-    directory for a Python API job); for a Delta table on an object store,
+    directory for a Python API job); for a Delta table or an Iceberg warehouse on an object store,
     :func:`check_object_sink` (its URL is returned)."""
     storage_url = storage or (spec.storage and spec.resolve(spec.storage))
     sink = spec.resolve(spec.sink.path)
     if "://" in sink and not sink.startswith("file://"):
-        if spec.sink.format != "delta":
+        if spec.sink.format not in ("delta", "iceberg"):
             raise ConfigError(
                 f"{FIELD}: {sink} is not a local directory: the parquet sink writes local "
-                "files only; to write to an object store use format: delta"
+                "files only; to write to an object store use format: delta or iceberg"
             )
         return check_object_sink(sink, inputs=[spec.resolve(spec.source.path)], storage=storage_url)
     if spec.spec_path is not None:

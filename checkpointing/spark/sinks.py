@@ -2,8 +2,9 @@
 :mod:`checkpointing.sinks.protocol`.
 
 Which sink a spec gets is :func:`open_sink`'s choice (``sink.format``): the Parquet directory
-sink (:mod:`checkpointing.spark.parquet_sink`, local) or a Delta Lake table
-(:mod:`checkpointing.spark.delta_sink`, local or on an object store).
+sink (:mod:`checkpointing.spark.parquet_sink`, local), a Delta Lake table
+(:mod:`checkpointing.spark.delta_sink`, local or on an object store) or an Iceberg table in a
+SQL catalog (:mod:`checkpointing.spark.iceberg_sink`, local or S3 warehouse).
 """
 
 from __future__ import annotations
@@ -35,6 +36,18 @@ def open_sink(
             mode=spec.sink_mode,
             max_parallelism=spec.max_parallelism,
             partition_by=spec.sink.partition_by,
+        )
+    if spec.sink.format == "iceberg":
+        from checkpointing.spark.iceberg_sink import IcebergSink
+
+        return IcebergSink(
+            path,
+            table=spec.sink.table or "",
+            catalog=spec.catalog_url(),
+            job=job,
+            key=list(key or spec.key),
+            mode=spec.sink_mode,
+            max_parallelism=spec.max_parallelism,
         )
     from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 

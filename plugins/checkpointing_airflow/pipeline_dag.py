@@ -155,7 +155,13 @@ def summary(spec: PipelineSpec) -> str:
         if spec.stateless
         else f"{', '.join(spec.aggregations)} by {', '.join(spec.key)}"
     )
-    return f"{spec.source.format} {Path(spec.source.path).name} → {middle} → {spec.sink.path}"
+    return f"{spec.source.format} {Path(spec.source.path).name} → {middle} → {_sink_name(spec)}"
+
+
+def _sink_name(spec: PipelineSpec) -> str:
+    if spec.sink.format == "iceberg":
+        return f"{spec.sink.table} (Iceberg, {spec.sink.path})"
+    return spec.sink.path
 
 
 def describe(spec: PipelineSpec) -> str:
@@ -220,6 +226,11 @@ def _sink_doc(spec: PipelineSpec) -> str:
     if spec.sink.format == "delta":
         mode = spec.sink_mode
         return f"`{spec.sink.path}` (a Delta Lake table, {mode} mode; one commit per checkpoint)"
+    if spec.sink.format == "iceberg":
+        return (
+            f"`{spec.sink.table}` in `{spec.sink.path}` (an Iceberg table, {spec.sink_mode} "
+            "mode; one snapshot per checkpoint)"
+        )
     parts = (
         f", partitioned by {', '.join(spec.sink.partition_by)}" if spec.sink.partition_by else ""
     )
