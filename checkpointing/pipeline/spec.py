@@ -210,9 +210,10 @@ class TableSpec(BaseModel):
 
 
 class SinkSpec(BaseModel):
-    """``format: parquet`` (default): a local directory of staged/committed epochs and a final
-    table; ``format: delta``: a Delta Lake table, local or ``s3://``, written ``mode: upsert``
-    (one row per key, the default) or ``mode: changelog`` (each epoch's rows, with ``epoch``).
+    """``format: parquet`` (default): a local directory or an ``s3://bucket/prefix`` of
+    staged/committed epochs and a final table; ``format: delta``: a Delta Lake table, local or
+    ``s3://``, written ``mode: upsert`` (one row per key, the default) or ``mode: changelog``
+    (each epoch's rows, with ``epoch``).
 
     ``changelog: false`` (parquet): publish only the final table, as a plain batch job does; no
     epoch's changed rows are staged, so an aggregation's state is kept as partial aggregates per
@@ -466,11 +467,18 @@ class PipelineSpec(BaseModel):
         return str((self.spec_path.parent / path).resolve())
 
     def final_location(self) -> str:
-        """Where readers find a finished job's final table: the Parquet sink's ``<path>/final``
-        link, or the Delta table itself (which holds it, in upsert mode, or the changelog)."""
+        """Where readers find a finished job's output: the Delta table itself (which holds it,
+        in upsert mode, or the changelog); for the Parquet sink, a stateless job's committed
+        epochs (``<path>/changelog``) and a keyed job's final table (the ``<path>/final`` link).
+        On S3 a reader follows objects, not a listing: a stateless job's epochs are the
+        manifests' under ``<path>/_ckpt_commits/`` (returned: ``<path>/changelog``, where the
+        objects are) and a keyed job's final table is the pointer ``<path>/_ckpt_final.json``
+        (returned), see :mod:`checkpointing.sinks.s3_parquet`."""
         path = self.resolve(self.sink.path)
         if self.sink.format == "delta":
             return path
+        if is_object_url(path):
+            return f"{path.rstrip('/')}/" + ("changelog" if self.stateless else "_ckpt_final.json")
         # a stateless job's table is its committed epochs (Spark reads epoch=<e>/ as a column)
         return str(
             Path(path.removeprefix("file://")) / ("changelog" if self.stateless else "final")

@@ -2,7 +2,8 @@
 :mod:`checkpointing.sinks.protocol`.
 
 Which sink a spec gets is :func:`open_sink`'s choice (``sink.format``): the Parquet directory
-sink (:mod:`checkpointing.spark.parquet_sink`, local) or a Delta Lake table
+sink (:mod:`checkpointing.spark.parquet_sink`, local; :mod:`checkpointing.spark.s3_parquet_sink`
+on ``s3://``) or a Delta Lake table
 (:mod:`checkpointing.spark.delta_sink`, local or on an object store).
 """
 
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from checkpointing.sinks.protocol import Sink
+from checkpointing.state.object_store import is_object_url
 
 if TYPE_CHECKING:
     from checkpointing.pipeline.spec import PipelineSpec
@@ -36,6 +38,10 @@ def open_sink(
             max_parallelism=spec.max_parallelism,
             partition_by=spec.sink.partition_by,
         )
+    if is_object_url(path):
+        from checkpointing.spark.s3_parquet_sink import S3ParquetSink
+
+        return S3ParquetSink(path, job=job, partition_by=spec.sink.partition_by)
     from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
     return TwoPhaseCommitSink(path, job=job, partition_by=spec.sink.partition_by)
