@@ -68,6 +68,7 @@ def test_refusals_name_sink_path_and_write_nothing(s3_bucket: str, tmp_path: Pat
     with pytest.raises(ConfigError) as err:
         S3ParquetSink("s3://no-such-bucket-ckpt/out", job=JOB)
     _one_line(err.value, "does not exist")
+    assert not s3_parquet.SinkObjects(mine).put_new("_ckpt_sink", b"{}")  # a claim race lost
     with pytest.raises(ValueError, match="not an object the sink names"):
         s3_parquet.SinkObjects(mine).delete(["q3.csv"])  # the sink deletes only its own names
     assert sorted(_keys(s3_bucket, "")) == ["out/_ckpt_sink", "reports/q3.csv"]
@@ -93,6 +94,37 @@ def test_refusals_name_sink_path_and_write_nothing(s3_bucket: str, tmp_path: Pat
 
 
 # ============================================================================ unit level
+
+
+def test_hive_names_and_the_list_state_are_checked() -> None:
+    """Partition values are escaped as Hive and Spark escape them and read back as given; the
+    list state read back from a checkpoint names only the sink's own objects."""
+    import pyarrow as pa
+
+    from checkpointing.spark.s3_parquet_sink import Staged
+
+    assert s3_parquet.escape_value("a/b=c%d e") == "a%2Fb%3Dc%25d e"
+    assert (
+        s3_parquet.escape_value("") == s3_parquet.escape_value(None) == "__HIVE_DEFAULT_PARTITION__"
+    )
+    name = f"k=a%2Fb/d=__HIVE_DEFAULT_PARTITION__/part-00003-{'0' * 32}.parquet"
+    assert s3_parquet.partition_values(name) == {"k": "a/b", "d": None}
+    schema = s3_parquet.encode_schema(pa.schema([("k", pa.string())]))
+    good = {"epoch": 4, "run": "f" * 32, "schema": schema, "files": [[name, 10, 2]]}
+    assert Staged.from_item(good).item() == good
+    for bad in (
+        {**good, "files": [["../../other/x.parquet", 10, 2]]},
+        {**good, "files": [[name, -1, 2]]},
+        {**good, "run": "../x"},
+        {**good, "epoch": -1},
+        {**good, "schema": "x" * 100_000},
+    ):
+        with pytest.raises(ValueError):
+            Staged.from_item(bad)
+    assert not s3_parquet.is_own("changelog/epoch=1/notes.txt")
+    assert s3_parquet.is_own(f"changelog/epoch=1/{name}") and s3_parquet.is_own(
+        "_ckpt_commits/epoch-1.json"
+    )
 
 
 @pytest.mark.usefixtures("executors_see_s3")

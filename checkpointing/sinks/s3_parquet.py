@@ -267,7 +267,27 @@ class SinkObjects:
             raise self._error(f"cannot write {name} in", exc) from None
 
     def put_json(self, name: str, doc: dict[str, Any]) -> None:
-        self.put(name, json.dumps(doc, sort_keys=True, allow_nan=False).encode())
+        self.put(name, _json(doc))
+
+    def put_new(self, name: str, data: bytes) -> bool:
+        """A conditional PUT (``If-None-Match: *``): False when the object exists already. An
+        endpoint without conditional writes (``NotImplemented``) gets a plain PUT."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=self.key(name), Body=data, IfNoneMatch="*"
+            )
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return False
+            if code not in ("NotImplemented", "501"):
+                raise self._error(f"cannot write {name} in", exc) from None
+            self.put(name, data)
+        except Exception as exc:
+            raise self._error(f"cannot write {name} in", exc) from None
+        return True
 
     def copy(self, source: str, dest: str) -> None:
         """A server-side copy (multipart for big objects), replacing ``dest``."""
@@ -338,10 +358,12 @@ class SinkObjects:
         return True
 
     def claim(self, job: str | None) -> None:
-        """Mark the prefix as ``job``'s before the first write (idempotent)."""
+        """Mark the prefix as ``job``'s before the first write (idempotent). The marker is a
+        conditional PUT: of two jobs claiming an empty prefix at once, one wins and the other
+        is refused here."""
         if self.check_owner(job):
             return
-        self.put_json(MARKER, {"format": MARKER_FORMAT, "version": 1, "job": job})
+        self.put_new(MARKER, _json({"format": MARKER_FORMAT, "version": 1, "job": job}))
         self.check_owner(job)
 
     # ------------------------------------------------------------------ commits
@@ -356,6 +378,10 @@ class SinkObjects:
             for name in self.list(f"{COMMITS}/")
             if (m := _MANIFEST.fullmatch(name)) and int(m[1]) <= _MAX_EPOCH
         )
+
+
+def _json(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, allow_nan=False).encode()
 
 
 def manifest_name(epoch: int) -> str:

@@ -36,10 +36,11 @@ without it.
 Ownership as for the local sink: a ``_ckpt_sink`` marker object records the job; a prefix with
 other objects and no marker, or another job's marker, is refused before anything is written.
 
-Limits: one writer per prefix (the job's driver; the claim is check-then-PUT, not a conditional
-PUT); a reader that resolved the pointer to an older final table may lose its objects when a
-later publish deletes it (resolve again and retry); epochs must share one schema; the driver
-reads the committed rows whole in :meth:`~S3ParquetSink.read_changelog` (a test and small-table
+Limits: one writer per prefix (the job's driver; the marker is claimed with a conditional
+PUT, so two jobs cannot both claim an empty prefix, but nothing fences two runs of one job); a
+reader that resolved the pointer to an older final table may lose its objects when a later
+publish deletes it (resolve again and retry); epochs must share one schema; the driver reads
+the committed rows whole in :meth:`~S3ParquetSink.read_changelog` (a test and small-table
 convenience: big tables are read from the manifests' object lists, e.g. with DuckDB).
 """
 
