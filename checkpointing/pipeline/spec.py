@@ -420,7 +420,7 @@ class PipelineSpec(BaseModel):
                 f"sink.partition_by: {outside[0]!r} is not an output column "
                 f"(the output: {', '.join([*self.key, *self.aggregations])})"
             )
-        if self.sink.partition_by and self.sink_mode == "upsert":
+        if self.sink.partition_by and self.sink.format == "delta" and self.sink_mode == "upsert":
             raise ValueError(
                 "sink.partition_by: a format: delta upsert table is not partitioned (its files "
                 "are buckets of keys): partition a mode: changelog table or the parquet sink"
