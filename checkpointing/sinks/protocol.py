@@ -1,8 +1,9 @@
 """The two-phase-commit sink protocol (Flink's ``TwoPhaseCommitSinkFunction``), Spark-free: the
 runtime stages each epoch's rows, snapshots the staged but uncommitted epochs as the sink's list
 state, commits them when a checkpoint covering them completes, and on restore brings the sink in
-line with the restored checkpoint. The writers are :mod:`checkpointing.spark.parquet_sink` and
-:mod:`checkpointing.spark.delta_sink`, chosen by :func:`checkpointing.spark.sinks.open_sink`.
+line with the restored checkpoint. The writers are :mod:`checkpointing.spark.parquet_sink`,
+:mod:`checkpointing.spark.s3_parquet_sink` and :mod:`checkpointing.spark.delta_sink`, chosen by
+:func:`checkpointing.spark.sinks.open_sink`.
 """
 
 from __future__ import annotations
