@@ -80,8 +80,7 @@ def finished_job(metastore: Metastore, tmp_path: Path) -> Metastore:
     [
         ({}, ["--parallelism", "9"], 1, "error: --parallelism 9 exceeds max_parallelism 8"),
         ({"source": "nothing/*.parquet"}, [], 1, "source.path: "),
-        ({"sink": "s3://bucket/out"}, [], 1, "sink.path: s3://bucket/out is not a local "),
-        ({"sink": "s3://bucket/out"}, [], 1, "object store use format: delta"),
+        ({"sink": "gs://bucket/out"}, [], 1, "sink.path: 'gs://bucket/out': expected s3://"),
         ({}, ["--restore", "garbage"], 1, "error: --restore 'garbage': "),
         ({}, ["--restore", "42"], 1, "error: --restore '42': job etl has no checkpoint 42"),
         ({}, ["--restore", "99999999999999999999"], 1, "error: --restore '9999"),

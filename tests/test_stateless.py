@@ -180,7 +180,7 @@ def test_stateless_refusals_name_the_field_and_write_nothing(
     with pytest.raises(SpecError, match=r"sink.partition_by: 'dest' is not an output column"):
         load_spec(keyed, {"sink": {"path": "out", "partition_by": ["dest"]}})
     assert load_spec(keyed, {"sink": {"path": "out", "partition_by": "n"}}).sink.partition_by
-    with pytest.raises(SpecError, match=r"sink.partition_by: a format: delta table is not"):
+    with pytest.raises(SpecError, match=r"sink.partition_by: a format: delta upsert table is not"):
         load_spec(keyed, {"sink": {"path": "t", "format": "delta", "partition_by": ["origin"]}})
 
     # a partition column the transform's output lacks: refused at the first epoch's schema,

@@ -210,12 +210,13 @@ class TableSpec(BaseModel):
 
 
 class SinkSpec(BaseModel):
-    """``format: parquet`` (default): a local directory of staged/committed epochs and a final
-    table; ``format: delta``: a Delta Lake table, local or ``s3://``, written ``mode: upsert``
-    (one row per key, the default) or ``mode: changelog`` (each epoch's rows, with ``epoch``);
-    ``format: iceberg``: the Iceberg table ``table: namespace.name`` of pyiceberg's SQL
-    ``catalog`` (a SQLAlchemy URL; default: a SQLite file in a local warehouse) in the warehouse
-    ``path`` (local or ``s3://``), written ``mode: upsert`` (the default) or ``mode: append``.
+    """``format: parquet`` (default): a local directory or an ``s3://bucket/prefix`` of
+    staged/committed epochs and a final table; ``format: delta``: a Delta Lake table, local or
+    ``s3://``, written ``mode: upsert`` (one row per key, the default) or ``mode: changelog``
+    (each epoch's rows, with ``epoch``); ``format: iceberg``: the Iceberg table ``table:
+    namespace.name`` of pyiceberg's SQL ``catalog`` (a SQLAlchemy URL; default: a SQLite file in
+    a local warehouse) in the warehouse ``path`` (local or ``s3://``), written ``mode: upsert``
+    (the default) or ``mode: append``.
 
     ``changelog: false`` (parquet): publish only the final table, as a plain batch job does; no
     epoch's changed rows are staged, so an aggregation's state is kept as partial aggregates per
@@ -471,7 +472,7 @@ class PipelineSpec(BaseModel):
                 "sink.partition_by: an Iceberg table is not partitioned yet: partition a Delta "
                 "changelog table or the parquet sink"
             )
-        if self.sink.partition_by and self.sink_mode == "upsert":
+        if self.sink.partition_by and self.sink.format == "delta" and self.sink_mode == "upsert":
             raise ValueError(
                 "sink.partition_by: a format: delta upsert table is not partitioned (its files "
                 "are buckets of keys): partition a mode: changelog table or the parquet sink"
@@ -530,10 +531,14 @@ class PipelineSpec(BaseModel):
         return url
 
     def final_location(self) -> str:
-        """Where readers find a finished job's final table: the Parquet sink's ``<path>/final``
-        link, the Delta table itself (which holds it, in upsert mode, or the changelog), or the
-        Iceberg table's location (``<warehouse>/<namespace>/<table>``, ``sink.table`` in
-        ``sink.catalog``)."""
+        """Where readers find a finished job's output: the Delta table itself (which holds it,
+        in upsert mode, or the changelog); the Iceberg table's location
+        (``<warehouse>/<namespace>/<table>``, ``sink.table`` in ``sink.catalog``); for the Parquet
+        sink, a stateless job's committed epochs (``<path>/changelog``) and a keyed job's final
+        table (the ``<path>/final`` link). On S3 a reader follows objects, not a listing: a
+        stateless job's epochs are the manifests' under ``<path>/_ckpt_commits/`` (returned:
+        ``<path>/changelog``, where the objects are) and a keyed job's final table is the pointer
+        ``<path>/_ckpt_final.json`` (returned), see :mod:`checkpointing.sinks.s3_parquet`."""
         path = self.resolve(self.sink.path)
         if self.sink.format == "delta":
             return path
@@ -541,6 +546,8 @@ class PipelineSpec(BaseModel):
             from checkpointing.sinks.iceberg_table import parse_identifier, table_location
 
             return table_location(path, parse_identifier(self.sink.table))
+        if is_object_url(path):
+            return f"{path.rstrip('/')}/" + ("changelog" if self.stateless else "_ckpt_final.json")
         # a stateless job's table is its committed epochs (Spark reads epoch=<e>/ as a column)
         return str(
             Path(path.removeprefix("file://")) / ("changelog" if self.stateless else "final")

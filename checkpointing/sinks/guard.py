@@ -57,8 +57,8 @@ def local_sink_path(path: str | Path) -> Path:
                 raise ConfigError(f"sink path {path!r}: a file:// URL needs an absolute path")
         elif "://" in text:
             raise ConfigError(
-                f"sink path {path!r}: the parquet sink writes a local directory (path or "
-                "file:/// URL) only; for S3 use format: delta"
+                f"sink path {path!r}: this parquet sink writes a local directory (path or "
+                "file:/// URL); an s3:// prefix is written by the S3 parquet sink"
             )
     else:
         raise ConfigError(f"sink path must be a str or Path, got {type(path).__name__}")
@@ -123,16 +123,12 @@ def check_sink_location(
 def check_pipeline_sink(spec: Any, storage: str | None = None) -> Path | str:
     """:func:`check_sink_location` for a :class:`~checkpointing.pipeline.spec.PipelineSpec` (its
     source glob, its ``storage`` or the given storage URL, the folder of its file, else the working
-    directory for a Python API job); for a Delta table or an Iceberg warehouse on an object store,
-    :func:`check_object_sink` (its URL is returned)."""
+    directory for a Python API job); for a sink on an object store (a Delta table, an Iceberg
+    warehouse, or Parquet objects under an ``s3://`` prefix), :func:`check_object_sink` (its URL
+    is returned)."""
     storage_url = storage or (spec.storage and spec.resolve(spec.storage))
     sink = spec.resolve(spec.sink.path)
     if "://" in sink and not sink.startswith("file://"):
-        if spec.sink.format not in ("delta", "iceberg"):
-            raise ConfigError(
-                f"{FIELD}: {sink} is not a local directory: the parquet sink writes local "
-                "files only; to write to an object store use format: delta or iceberg"
-            )
         return check_object_sink(sink, inputs=[spec.resolve(spec.source.path)], storage=storage_url)
     if spec.spec_path is not None:
         spec_dir, name = Path(spec.spec_path).parent, "the spec's own folder"

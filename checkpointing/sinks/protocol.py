@@ -2,7 +2,8 @@
 runtime stages each epoch's rows, snapshots the staged but uncommitted epochs as the sink's list
 state, commits them when a checkpoint covering them completes, and on restore brings the sink in
 line with the restored checkpoint. The writers are :mod:`checkpointing.spark.parquet_sink`,
-:mod:`checkpointing.spark.delta_sink` and :mod:`checkpointing.spark.iceberg_sink`, chosen by
+:mod:`checkpointing.spark.s3_parquet_sink`, :mod:`checkpointing.spark.delta_sink` and
+:mod:`checkpointing.spark.iceberg_sink`, chosen by
 :func:`checkpointing.spark.sinks.open_sink`.
 """
 

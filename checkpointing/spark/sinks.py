@@ -2,9 +2,10 @@
 :mod:`checkpointing.sinks.protocol`.
 
 Which sink a spec gets is :func:`open_sink`'s choice (``sink.format``): the Parquet directory
-sink (:mod:`checkpointing.spark.parquet_sink`, local), a Delta Lake table
-(:mod:`checkpointing.spark.delta_sink`, local or on an object store) or an Iceberg table in a
-SQL catalog (:mod:`checkpointing.spark.iceberg_sink`, local or S3 warehouse).
+sink (:mod:`checkpointing.spark.parquet_sink`, local; :mod:`checkpointing.spark.s3_parquet_sink`
+on ``s3://``), a Delta Lake table (:mod:`checkpointing.spark.delta_sink`, local or on an object
+store) or an Iceberg table in a SQL catalog (:mod:`checkpointing.spark.iceberg_sink`, local or S3
+warehouse).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from checkpointing.sinks.protocol import Sink
+from checkpointing.state.object_store import is_object_url
 
 if TYPE_CHECKING:
     from checkpointing.pipeline.spec import PipelineSpec
@@ -49,6 +51,10 @@ def open_sink(
             mode=spec.sink_mode,
             max_parallelism=spec.max_parallelism,
         )
+    if is_object_url(path):
+        from checkpointing.spark.s3_parquet_sink import S3ParquetSink
+
+        return S3ParquetSink(path, job=job, partition_by=spec.sink.partition_by)
     from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 
     return TwoPhaseCommitSink(path, job=job, partition_by=spec.sink.partition_by)

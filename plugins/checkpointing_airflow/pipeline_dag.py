@@ -234,6 +234,12 @@ def _sink_doc(spec: PipelineSpec) -> str:
     parts = (
         f", partitioned by {', '.join(spec.sink.partition_by)}" if spec.sink.partition_by else ""
     )
+    if spec.sink.path.startswith("s3://"):
+        final = "" if spec.stateless else ", the final table named by `_ckpt_final.json`"
+        return (
+            f"`{spec.sink.path}` (Parquet objects: each committed epoch listed by its manifest "
+            f"in `_ckpt_commits/`{final}{parts})"
+        )
     if spec.stateless:
         return f"`{spec.sink.path}` (the committed epochs in `changelog/`{parts})"
     return f"`{spec.sink.path}` (final table in `final/`, epochs in `changelog/`{parts})"
