@@ -14,7 +14,7 @@ import re
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -36,37 +36,31 @@ from checkpointing.config import (
 )
 from checkpointing.errors import ConfigError
 from checkpointing.ids import validate_id
+from checkpointing.pipeline.aggregation_spec import AGGREGATE_FUNCTIONS, Aggregation
+from checkpointing.pipeline.sink_spec import EPOCH_COLUMN, SinkSpec
 from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.state.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
+
+__all__ = [
+    "AGGREGATE_FUNCTIONS",
+    "EPOCH_COLUMN",
+    "Aggregation",
+    "CheckpointSpec",
+    "PipelineSpec",
+    "SinkSpec",
+    "SourceFormat",
+    "SourceSpec",
+    "SpecError",
+    "TableSpec",
+    "load_spec",
+]
 from checkpointing.state.object_store import ObjectStoreError, is_object_url, split_url
 
-#: the column of the epoch in a sink's changelog (the parquet sink's directories, Delta's column)
-EPOCH_COLUMN = "epoch"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: ``${NAME}`` in a path field; ``$`` otherwise is a plain character
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")
 #: the fields where ``${CKPT_HOME}`` may be used: the paths
 PATH_FIELDS = (("source", "path"), ("sink", "path"), ("sink", "catalog"), ("storage",))
-_AGG = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)\s*$", re.DOTALL)
-#: the aggregation functions by the number of columns they take (``count`` takes 0 or 1)
-AGGREGATE_FUNCTIONS: dict[str, tuple[int, ...]] = {
-    "count": (0, 1),
-    "sum": (1,),
-    "min": (1,),
-    "max": (1,),
-    "avg": (1,),
-    "count_distinct": (1,),
-    "approx_count_distinct": (1,),
-    "max_by": (2,),
-    "min_by": (2,),
-    "stddev": (1,),
-    "variance": (1,),
-}
-_AGG_USAGE = (
-    "use count(), count(col), sum(col), min(col), max(col), avg(col), count_distinct(col), "
-    "approx_count_distinct(col), max_by(value, order), min_by(value, order), stddev(col) or "
-    "variance(col)"
-)
 
 
 class SpecError(ConfigError):
@@ -77,69 +71,6 @@ class SourceFormat(StrEnum):
     PARQUET = "parquet"
     CSV = "csv"
     JSON = "json"
-
-
-class Aggregation(BaseModel):
-    """``count()``, ``count(col)``, ``sum(col)``, ``min(col)``, ``max(col)``, ``avg(col)``,
-    ``count_distinct(col)``, ``approx_count_distinct(col)``, ``max_by(value, order)``,
-    ``min_by(value, order)``, ``stddev(col)``, ``variance(col)`` — SQL semantics: nulls are
-    ignored, and an aggregate over only nulls is null (counts: 0). ``order`` is the second column
-    of ``max_by``/``min_by`` (the one compared); ``column`` is the first (the one returned)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    function: Literal[
-        "count",
-        "sum",
-        "min",
-        "max",
-        "avg",
-        "count_distinct",
-        "approx_count_distinct",
-        "max_by",
-        "min_by",
-        "stddev",
-        "variance",
-    ]
-    column: str | None
-    order: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> Aggregation:
-        """``fn(a)`` or ``fn(a, b)``; an unknown function or a wrong number of columns is a
-        :class:`ValueError` saying what the function takes."""
-        match = _AGG.match(text) if isinstance(text, str) else None
-        function = match.group(1) if match else None
-        if match is None or function not in AGGREGATE_FUNCTIONS:
-            raise ValueError(f"{text!r} is not an aggregation: {_AGG_USAGE}")
-        inner = match.group(2).strip()
-        columns = [c.strip() for c in inner.split(",")] if inner else []
-        for column in columns:
-            if not _IDENT.match(column):
-                raise ValueError(f"{text.strip()}: {column!r} is not a column name")
-        arity = AGGREGATE_FUNCTIONS[function]
-        if len(columns) not in arity:
-            if arity == (2,):
-                raise ValueError(
-                    f"{text.strip()}: {function} needs two columns, {function}(value, order) "
-                    f"(the value of the row with the {function[:3]}imum order), e.g. "
-                    f"{function}(carrier, dep_delay)"
-                )
-            if not columns:
-                raise ValueError(f"{function}() needs a column, e.g. {function}(amount)")
-            raise ValueError(f"{text.strip()}: {function} takes one column, not {len(columns)}")
-        column = columns[0] if columns else None
-        order = columns[1] if len(columns) > 1 else None
-        return cls(function=function, column=column, order=order)  # type: ignore[arg-type]
-
-    def __str__(self) -> str:
-        columns = [c for c in (self.column, self.order) if c is not None]
-        return f"{self.function}({', '.join(columns)})"
-
-    @property
-    def columns(self) -> list[str]:
-        """The input columns it reads (none for ``count()``)."""
-        return [c for c in (self.column, self.order) if c is not None]
 
 
 class SourceSpec(BaseModel):
@@ -207,124 +138,6 @@ class TableSpec(BaseModel):
     def _object_store_path(cls, v: str, info: ValidationInfo) -> str:
         """On ``s3://``: Parquet objects read as the source's are (Arrow, no Hadoop jars)."""
         return _object_input_path(v, info, "s3:// tables are", "format")
-
-
-class SinkSpec(BaseModel):
-    """``format: parquet`` (default): a local directory or an ``s3://bucket/prefix`` of
-    staged/committed epochs and a final table; ``format: delta``: a Delta Lake table, local or
-    ``s3://``, written ``mode: upsert`` (one row per key, the default) or ``mode: changelog``
-    (each epoch's rows, with ``epoch``); ``format: iceberg``: the Iceberg table ``table:
-    namespace.name`` of pyiceberg's SQL ``catalog`` (a SQLAlchemy URL; default: a SQLite file in
-    a local warehouse) in the warehouse ``path`` (local or ``s3://``), written ``mode: upsert``
-    (the default) or ``mode: append``.
-
-    ``changelog: false`` (parquet): publish only the final table, as a plain batch job does; no
-    epoch's changed rows are staged, so an aggregation's state is kept as partial aggregates per
-    epoch, merged when a checkpoint needs it whole (see :mod:`checkpointing.spark.lazy_state`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    path: str
-    format: Literal["parquet", "delta", "iceberg"] = "parquet"
-    #: iceberg only (required there): ``namespace.table``
-    table: str | None = Field(default=None, validate_default=True)
-    #: iceberg only: the SQL catalog's SQLAlchemy URL (SQLite or PostgreSQL); None: a SQLite
-    #: file ``catalog.db`` in the (local) warehouse. Not in the repr: it may hold a password
-    catalog: str | None = Field(default=None, validate_default=True, repr=False)
-    #: delta (upsert, changelog) and iceberg (upsert, append) only; None: ``upsert``
-    mode: Literal["upsert", "changelog", "append"] | None = None
-    #: parquet only: stage and commit each epoch's changed rows under ``changelog/`` (the
-    #: default, for pipelines that read them); false: only the final table
-    changelog: bool = True
-    #: output columns whose values name Hive-style ``col=value/`` directories (parquet) or the
-    #: table's partition columns (delta); checked against the output before anything is written
-    partition_by: list[str] = []
-
-    @field_validator("changelog")
-    @classmethod
-    def _changelog_for_parquet(cls, v: bool, info: ValidationInfo) -> bool:
-        fmt = info.data.get("format")
-        if not v and fmt in ("delta", "iceberg"):
-            raise ValueError(
-                f"a format: {fmt} sink commits every checkpoint's rows to its table; "
-                "changelog: false is for the parquet sink (its final table only)"
-            )
-        return v
-
-    @field_validator("partition_by", mode="before")
-    @classmethod
-    def _partition_list(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else v
-
-    @field_validator("partition_by")
-    @classmethod
-    def _partition_columns(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if not _IDENT.match(name):
-                raise ValueError(f"{name!r} is not a column name")
-            if name.lower() == EPOCH_COLUMN:
-                raise ValueError(f"{name!r} is the sink's own epoch column: partition by another")
-        if len({n.lower() for n in v}) != len(v):
-            raise ValueError("partition columns repeat")
-        return v
-
-    @field_validator("table")
-    @classmethod
-    def _table_for_iceberg(cls, v: str | None, info: ValidationInfo) -> str | None:
-        from checkpointing.sinks.iceberg_table import parse_identifier
-
-        if info.data.get("format") != "iceberg":
-            if v is not None:
-                raise ValueError("only a format: iceberg sink names a table")
-            return v
-        if v is None:
-            raise ValueError("a format: iceberg sink needs its table: namespace.table")
-        parse_identifier(v)
-        return v
-
-    @field_validator("catalog")
-    @classmethod
-    def _catalog_for_iceberg(cls, v: str | None, info: ValidationInfo) -> str | None:
-        from checkpointing.sinks.iceberg_table import check_catalog_url
-
-        if info.data.get("format") != "iceberg":
-            if v is not None:
-                raise ValueError("only a format: iceberg sink has a catalog")
-            return v
-        if v is None:
-            if is_object_url(str(info.data.get("path") or "")):
-                raise ValueError(
-                    "an s3:// warehouse needs a catalog: a SQLAlchemy URL of SQLite or "
-                    "PostgreSQL (postgresql+psycopg://host/db; the password from PGPASSWORD "
-                    "or ~/.pgpass)"
-                )
-            return v
-        return check_catalog_url(v)
-
-    @field_validator("mode")
-    @classmethod
-    def _mode_for_tables(cls, v: str | None, info: ValidationInfo) -> str | None:
-        fmt = info.data.get("format")
-        if v is not None and fmt == "parquet":
-            raise ValueError(
-                "only a format: delta or iceberg sink has a mode (the parquet sink writes a "
-                "changelog and a final table)"
-            )
-        if fmt == "delta" and v == "append":
-            raise ValueError("a format: delta sink's mode is upsert or changelog")
-        if fmt == "iceberg" and v == "changelog":
-            raise ValueError("a format: iceberg sink's mode is upsert or append")
-        return v
-
-    @field_validator("path")
-    @classmethod
-    def _object_store_path(cls, v: str) -> str:
-        if is_object_url(v):
-            try:
-                split_url(v)
-            except ObjectStoreError:
-                raise ValueError("expected s3://bucket/prefix/table") from None
-        return v
 
 
 class CheckpointSpec(BaseModel):
