@@ -21,13 +21,21 @@ import pandas as pd
 import pytest
 
 from checkpointing.errors import ConfigError
+from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline import datasets
 from checkpointing.pipeline.spec import SpecError, load_spec
 from checkpointing.sinks import s3_parquet
 from checkpointing.state.object_store import filesystem_for
 from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.ckpt_process import CKPT, ckpt_env, kill_at_a_random_moment
-from tests.spark_pipeline import EPOCHS, assert_matches_pandas, events_spec, run, write_events
+from tests.spark_pipeline import (
+    EPOCHS,
+    assert_matches_pandas,
+    completed_ids,
+    events_spec,
+    run,
+    write_events,
+)
 from tests.test_stateless import COLUMNS, PER_EPOCH, TRANSFORM, _expected, _rows
 
 JOB = "flights-s3"
@@ -194,6 +202,10 @@ def test_stateless_partitioned_s3_parquet_killed_then_rescaled_equals_pandas(
     datasets.write_flights_by_day(source, flights[(flights.month == 3) & (flights.day <= 20)])
     datasets.write_planes(tmp_path)
     days = sorted(source.glob("flights-*.parquet"))
+    later = tmp_path / "later"  # the files that arrive after the first run: an incremental run
+    later.mkdir()
+    for f in days[15:]:
+        f.rename(later / f.name)
     url = f"s3://{s3_bucket}/lake/flights"
     transform = "\n".join(f"  {line}" for line in TRANSFORM.strip().splitlines())
     spec = tmp_path / "spec.yaml"
@@ -222,9 +234,22 @@ checkpoint: {{every_epochs: 1, retained: 2}}
         check=False,
     )
     assert resumed.returncode == 0, f"seed {seed}: {resumed.stderr[-2000:]}"
-    epochs = -(-len(days) // PER_EPOCH)
+    first = -(-15 // PER_EPOCH)
     ran = re.search(r"finished: (\d+) of (\d+) epochs run", resumed.stdout)
-    assert ran is not None and int(ran[2]) == epochs, (seed, done, resumed.stdout[-2000:])
+    assert ran is not None and int(ran[2]) == first, (seed, done, resumed.stdout[-2000:])
+    assert int(ran[1]) <= first - done + 1, (seed, done, ran[0])
+    for f in later.iterdir():  # the next days arrive: the next run appends only them
+        f.rename(source / f.name)
+    again = subprocess.run([CKPT, "run", str(spec)], env=env, capture_output=True, text=True)
+    assert again.returncode == 0, f"seed {seed}: {again.stderr[-2000:]}"
+    epochs = first + -(-(len(days) - 15) // PER_EPOCH)
+    assert f"finished: {epochs - first} of {epochs} epochs run" in again.stdout, again.stdout
+    # a stateless job has only the source and the sink operators: no empty keyed operator
+    url_db = f"sqlite:///{tmp_path / 'home' / 'metastore.db'}"
+    latest = max(completed_ids(Metastore(url_db), JOB))
+    shown = subprocess.run([CKPT, "--metastore-url", url_db, "show", JOB, str(latest)], env=env,
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "source" in shown and "sink" in shown and "aggregate" not in shown, shown
 
     keys = _keys(s3_bucket, "lake/flights/")
     manifests = s3_parquet.committed_manifests(url)
@@ -248,8 +273,10 @@ checkpoint: {{every_epochs: 1, retained: 2}}
 
     got = s3_parquet.read_committed(url).to_pandas()
     planes = tmp_path / datasets.PLANES_FILE
-    for e in range(epochs):  # each epoch's rows once, in the epoch that read them
-        want = _expected(days[e * PER_EPOCH : (e + 1) * PER_EPOCH], planes)
+    by_epoch = [days[:15][i : i + PER_EPOCH] for i in range(0, 15, PER_EPOCH)]
+    by_epoch += [days[15:][i : i + PER_EPOCH] for i in range(0, len(days) - 15, PER_EPOCH)]
+    for e, read in enumerate(by_epoch):  # each epoch's rows once, in the epoch that read them
+        want = _expected(read, planes)
         assert _rows(got[got.epoch == e]) == _rows(want), f"seed {seed}: epoch {e}"
     assert len(got) == len(_expected(days, planes))
     assert list(got.columns) == [*COLUMNS, "gained", "epoch"]  # the output's order, then epoch
