@@ -13,7 +13,7 @@ import re
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -21,6 +21,7 @@ from pydantic import (
     ByteSize,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -38,6 +39,9 @@ from checkpointing.ids import validate_id
 from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.state.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
 from checkpointing.state.object_store import ObjectStoreError, is_object_url, split_url
+
+if TYPE_CHECKING:
+    from checkpointing.pipeline.entry import PipelineCode
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: ``${NAME}`` in a path field; ``$`` otherwise is a plain character
@@ -286,8 +290,16 @@ class PipelineSpec(BaseModel):
     #: :class:`checkpointing.spark.pipeline.Pipeline`)
     aggregations: dict[str, Aggregation] = {}
     #: a Spark SQL ``SELECT`` over the view ``input`` (the epoch's rows) and the ``tables``,
-    #: run on every epoch (and again on a replayed one): it must be deterministic
+    #: or a Python function's entry point ``module.path:fn`` (``fn(input, tables) ->
+    #: DataFrame``), run on every epoch (and again on a replayed one): it must be deterministic
     transform: str | None = None
+    #: a Python pipeline: the entry point ``module.path:build`` of a function returning a
+    #: :class:`checkpointing.spark.Pipeline` (or of one), which gives the job; the spec file then
+    #: holds the deployment (:mod:`checkpointing.pipeline.entry`)
+    pipeline: str | None = None
+    #: ``.py``/``.zip``/``.egg`` files the entry points import from, relative to the spec file;
+    #: the driver puts them on ``sys.path``, spark-submit ships them (``--py-files``)
+    py_files: list[str] = []
     #: static inputs by name, each a view the transform may join
     tables: dict[str, TableSpec] = {}
     sink: SinkSpec
@@ -316,6 +328,8 @@ class PipelineSpec(BaseModel):
     tags: list[str] = []
     #: where the spec was loaded from (set by :func:`load_spec`, not part of the file)
     spec_path: Path | None = Field(default=None, exclude=True)
+    #: what its entry points resolved to (set by :func:`load_spec`)
+    _code: Any = PrivateAttr(default=None)
 
     @field_validator("job")
     @classmethod
@@ -352,6 +366,27 @@ class PipelineSpec(BaseModel):
     def _transform_text(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
             raise ValueError("is empty: give a SELECT over input, or leave it out")
+        return v
+
+    @field_validator("pipeline")
+    @classmethod
+    def _pipeline_entry(cls, v: str | None) -> str | None:
+        from checkpointing.pipeline.entry import is_entry_point
+
+        if v is not None and not is_entry_point(v):
+            raise ValueError(
+                f"{v!r} is not an entry point: expected module.path:name, e.g. my_pkg.jobs:build"
+            )
+        return v.strip() if v is not None else v
+
+    @field_validator("py_files")
+    @classmethod
+    def _py_file_names(cls, v: list[str]) -> list[str]:
+        from checkpointing.pipeline.entry import PY_FILE_SUFFIXES
+
+        for name in v:
+            if not name.endswith(PY_FILE_SUFFIXES):
+                raise ValueError(f"{name!r}: expected a .py, .zip or .egg file")
         return v
 
     @field_validator("tables")
@@ -396,6 +431,12 @@ class PipelineSpec(BaseModel):
             )
         return self
 
+    @property
+    def code(self) -> PipelineCode | None:
+        """What the spec's entry points (``pipeline:``, ``transform: module:fn``) resolved to
+        when :func:`load_spec` loaded it; None: it has none."""
+        return self._code
+
     def resolve(self, path: str) -> str:
         """A path of the spec, relative to the spec file's directory."""
         if "://" in path or Path(path).is_absolute() or self.spec_path is None:
@@ -438,12 +479,19 @@ def load_spec(
         raw = expand_path_variables(raw, {"CKPT_HOME": str(home or ckpt_home())})
     except ValueError as exc:
         raise SpecError(f"{path}: {exc}") from None
-    try:
-        spec = PipelineSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise SpecError(_with_suggestions(describe_validation_error(exc, str(path)))) from None
-    if "aggregations" not in raw:  # a file has no other way to say what the stage does
-        raise SpecError(f"{path}: aggregations: Field required")
+    from checkpointing.pipeline.entry import load_code, python_pipeline, resolve_py_files
+
+    raw = resolve_py_files(raw, path)
+    if "pipeline" in raw:  # the job is code: its Pipeline, with this file's deployment
+        spec, code = python_pipeline(raw, path)
+    else:
+        try:
+            spec = PipelineSpec.model_validate(raw)
+        except ValidationError as exc:
+            raise SpecError(_with_suggestions(describe_validation_error(exc, str(path)))) from None
+        if "aggregations" not in raw:  # a file has no other way to say what the stage does
+            raise SpecError(f"{path}: aggregations: Field required")
+        code = load_code(spec, path)
     if spec.tables and spec.transform is None:  # only a transform reads them
         raise SpecError(f"{path}: tables: nothing joins them: add a transform: over them")
     try:
@@ -458,6 +506,7 @@ def load_spec(
         check_pipeline_sink(spec)
     except ConfigError as exc:
         raise SpecError(f"{path}: {exc}") from None
+    spec._code = code
     return spec
 
 
