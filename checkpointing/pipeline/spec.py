@@ -366,6 +366,13 @@ class PipelineSpec(BaseModel):
     def _transform_text(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
             raise ValueError("is empty: give a SELECT over input, or leave it out")
+        from checkpointing.pipeline.entry import is_entry_point
+
+        if v is not None and len(v.split()) == 1 and not is_entry_point(v):  # SQL has spaces
+            raise ValueError(
+                f"{v.strip()!r} is neither a SELECT over input nor a Python function's entry "
+                "point module.path:fn"
+            )
         return v
 
     @field_validator("pipeline")
