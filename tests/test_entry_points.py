@@ -167,6 +167,10 @@ def test_a_python_pipelines_spec_is_its_pipeline_with_the_deployment_on_top(
         "AggregationStage"
     ]
     assert spec.code.transform is not None and spec.code.transform.__name__ == "customers"
+    # a Pipeline's static tables are read by its Python transform
+    with_tables = load_spec(write(tmp_path, PIPELINE.replace(":build", ":build_with_vips")))
+    assert list(with_tables.tables) == ["vips"] and with_tables.transform is None
+    assert with_tables.code is not None and with_tables.code.transform is not None
     with pytest.raises(SpecError, match="transform: 'a:b:c' is neither a SELECT over input nor"):
         load_spec(write(tmp_path, TRANSFORM.replace("ckpt_example.jobs:clean", "a:b:c")))
 

@@ -57,6 +57,29 @@ def is_entry_point(text: object) -> bool:
     return isinstance(text, str) and ENTRY_POINT.match(text.strip()) is not None
 
 
+def check_entry_field(field: str, value: Any) -> Any:
+    """The spec's validation of ``transform`` (a SELECT has spaces; without any it must be an
+    entry point), ``pipeline`` (an entry point) and ``py_files`` (``.py``/``.zip``/``.egg``)."""
+    if field == "transform" and value is not None and len(value.split()) == 1:
+        if not is_entry_point(value):
+            raise ValueError(
+                f"{value.strip()!r} is neither a SELECT over input nor a Python function's entry "
+                "point module.path:fn"
+            )
+    elif field == "pipeline" and value is not None:
+        if not is_entry_point(value):
+            raise ValueError(
+                f"{value!r} is not an entry point: expected module.path:name, e.g. "
+                "my_pkg.jobs:build"
+            )
+        return value.strip()
+    elif field == "py_files":
+        for name in value:
+            if not name.endswith(PY_FILE_SUFFIXES):
+                raise ValueError(f"{name!r}: expected a .py, .zip or .egg file")
+    return value
+
+
 class PipelineDefinition:
     """A job defined in code: its spec (without aggregations), the keyed stages it runs and its
     Python transform. :class:`checkpointing.spark.Pipeline` is the implementation; the core

@@ -366,35 +366,14 @@ class PipelineSpec(BaseModel):
     def _transform_text(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
             raise ValueError("is empty: give a SELECT over input, or leave it out")
-        from checkpointing.pipeline.entry import is_entry_point
-
-        if v is not None and len(v.split()) == 1 and not is_entry_point(v):  # SQL has spaces
-            raise ValueError(
-                f"{v.strip()!r} is neither a SELECT over input nor a Python function's entry "
-                "point module.path:fn"
-            )
         return v
 
-    @field_validator("pipeline")
+    @field_validator("transform", "pipeline", "py_files")
     @classmethod
-    def _pipeline_entry(cls, v: str | None) -> str | None:
-        from checkpointing.pipeline.entry import is_entry_point
+    def _entry_points(cls, v: Any, info: ValidationInfo) -> Any:
+        from checkpointing.pipeline.entry import check_entry_field
 
-        if v is not None and not is_entry_point(v):
-            raise ValueError(
-                f"{v!r} is not an entry point: expected module.path:name, e.g. my_pkg.jobs:build"
-            )
-        return v.strip() if v is not None else v
-
-    @field_validator("py_files")
-    @classmethod
-    def _py_file_names(cls, v: list[str]) -> list[str]:
-        from checkpointing.pipeline.entry import PY_FILE_SUFFIXES
-
-        for name in v:
-            if not name.endswith(PY_FILE_SUFFIXES):
-                raise ValueError(f"{name!r}: expected a .py, .zip or .egg file")
-        return v
+        return check_entry_field(str(info.field_name), v)
 
     @field_validator("tables")
     @classmethod
@@ -499,7 +478,8 @@ def load_spec(
         if "aggregations" not in raw:  # a file has no other way to say what the stage does
             raise SpecError(f"{path}: aggregations: Field required")
         code = load_code(spec, path)
-    if spec.tables and spec.transform is None:  # only a transform reads them
+    has_transform = spec.transform is not None or (code is not None and code.transform)
+    if spec.tables and not has_transform:  # only a transform reads them
         raise SpecError(f"{path}: tables: nothing joins them: add a transform: over them")
     try:
         _check_checkpoint_fields(raw.get("checkpoint"))

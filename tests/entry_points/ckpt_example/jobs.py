@@ -50,3 +50,23 @@ def build() -> Pipeline:
         max_parallelism=16,
         checkpoint={"every_epochs": 1, "retained": 2},
     )
+
+
+def with_vips(rows: DataFrame, tables: Mapping[str, DataFrame]) -> DataFrame:
+    """Each event flagged ``vip`` from the static table ``vips`` (a user column)."""
+    vips = tables["vips"].select("user", F.lit(True).alias("vip"))
+    return rows.join(vips, "user", "left").fillna({"vip": False})
+
+
+def build_with_vips() -> Pipeline:
+    """:func:`build` with a static table joined by its Python transform."""
+    pipeline = build()
+    return Pipeline(
+        job=JOB,
+        source=pipeline.spec.source,
+        key="user",
+        transform=with_vips,
+        tables={"vips": {"format": "parquet", "path": "vips.parquet"}},
+        stage=AggregationStage(AggregationPlan(["user"], AGGREGATIONS)),
+        sink="out",
+    )
