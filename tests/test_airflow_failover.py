@@ -3,6 +3,13 @@ spark-submit): a try that crashes after k epochs is retried, and the retry resum
 checkpoint at another parallelism (``parallelism_on_retry``), on Airflow's PostgreSQL metadata
 database, and the output is exactly-once.
 
+The pipeline is a Python one (issue 24): its spec names ``pipeline: ckpt_example.jobs:build``
+(``tests/entry_points``), shipped as a zip in ``py_files``; the DAG is the DAG factory's, the
+operator imports the code to plan the try and passes the zip to spark-submit as ``--py-files``,
+and the driver builds the same Pipeline from it. A YAML spec's DAG runs the same operator and
+driver: only the import of the code differs, and ``make demo`` and the DAG factory tests run
+those.
+
 The same failover with the same parallelism on Airflow's SQLite database is ``make demo``'s
 (``test_demo.test_demo_runs_the_pipeline_as_an_airflow_dag_crashes_resumes_and_verifies``, which
 asserts all that this test asserts, on the example pipeline). One scenario covers both the other
@@ -29,28 +36,20 @@ from tests.airflow_harness import (
     AirflowHome,
     assert_exactly_once,
     make_airflow_home,
-    write_events_spec,
 )
+from tests.entry_points import package_zip
 
 FILES = 4
 
+#: the pipelines DAG of one spec, as the DAG factory builds it; the first try crashes
 DAG = """
-from datetime import timedelta
+from checkpointing.pipeline.spec import load_spec
+from checkpointing_airflow.dag_factory import build_pipeline_dag
 
-import pendulum
-from airflow.sdk import DAG
-
-from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
-
-with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False):
-    CheckpointedSparkSubmitOperator(
-        task_id="run",
-        pipeline={spec!r},
-        retries={retries},
-        retry_delay=timedelta(seconds=1),
-        {extra}
-    )
+dag = build_pipeline_dag(load_spec({spec!r}), operator_args={{"fail_first_try_after_epochs": 2}})
 """
+#: the job ``ckpt_example.jobs:build`` returns: events/*.parquet → per-user AGGS → out
+JOB = "py_events"
 
 
 @pytest.fixture(scope="module")
@@ -81,17 +80,17 @@ def airflow(
         admin.dispose()
 
 
-def write_pipeline(
-    airflow: AirflowHome, tmp_path: Path, events: Path, job: str, **fields: object
-) -> Path:
-    return write_events_spec(
-        tmp_path / f"{job}.yaml",
-        job,
-        events,
-        tmp_path / "out",
-        checkpoint="{every_epochs: 1, retained: 2}",
-        **fields,
+def write_python_pipeline(directory: Path, events: Path, **fields: object) -> Path:
+    """A spec naming the Python pipeline, with ``fields`` (deployment fields) on top, in a
+    folder with the events (``events/``) and the package's zip beside it."""
+    (directory / "events").symlink_to(events)
+    package_zip(directory)
+    extra = "".join(f"{k}: {v}\n" for k, v in fields.items())
+    path = directory / f"{JOB}.yaml"
+    path.write_text(
+        f"job: {JOB}\npipeline: ckpt_example.jobs:build\npy_files: [ckpt_example.zip]\n{extra}"
     )
+    return path
 
 
 def metastore_of(airflow: AirflowHome) -> Metastore:
@@ -105,16 +104,17 @@ def run_lines(result: subprocess.CompletedProcess) -> list[str]:
 def test_a_crashed_try_is_retried_from_the_latest_checkpoint_at_another_parallelism(
     airflow: AirflowHome, events: Path, tmp_path: Path
 ) -> None:
-    parallelism_on_retry = 3  # the spec's parallelism is 2
-    job = "crash_rescaled_postgresql"
-    spec = write_pipeline(airflow, tmp_path, events, job, parallelism_on_retry=parallelism_on_retry)
-    airflow.write_dag(
-        job,
-        DAG.format(dag_id=job, spec=str(spec), retries=2, extra="fail_first_try_after_epochs=2,"),
+    parallelism_on_retry = 3  # the Pipeline's parallelism is 2
+    job = JOB
+    spec = write_python_pipeline(
+        tmp_path, events, retries=2, retry_delay="1s", parallelism_on_retry=parallelism_on_retry
     )
+    airflow.write_dag(job, DAG.format(spec=str(spec)))
     result = airflow.dags_test(job)
     logs = result.stdout + result.stderr
     assert result.returncode == 0, logs[-4000:]
+    # the operator shipped the code to spark-submit
+    assert re.search(r"--py-files \S*ckpt_example\.zip", logs), logs[-4000:]
     assert "crash injected after epoch 1" in logs  # try 1 really failed after 2 epochs
     # the callback planned the retry's restore, and the retry used that plan
     assert re.search(rf"failover: job {job}: attempt \S+-t2 restores checkpoint 2", logs), logs

@@ -39,6 +39,7 @@ from checkpointing_airflow.dag_factory import (
     plan_deploy,
     sync_dag_files,
 )
+from tests.entry_points import package_zip
 from tests.helpers import ack_all, complete, new_coordinator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +58,14 @@ def write_spec(directory: Path, name: str, **fields: Any) -> Path:
         "sink": {"path": f"out/{name}"},
         **fields,
     }
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def write_python_spec(directory: Path, name: str, entry: str, code: Path) -> Path:
+    """A Python pipeline's spec ``<name>.yaml``: the entry point, its code, a deployment."""
+    spec = {"job": "py_events", "pipeline": entry, "py_files": [str(code)], "retries": 1}
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -171,6 +180,11 @@ def parsed_by_airflow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     write_spec(pipelines, "good_a", schedule="@daily", tags=["team-a"])
     write_spec(pipelines, "good_b", schedule="0 3 * * *", retries=5)
     write_spec(pipelines, "broken", checkpoint={"retaind": 3})
+    # Python pipelines (issue 24): the code's zip outside the DAGs folder (Airflow would parse a
+    # .zip in it as packaged DAGs); one entry point builds a Pipeline, one returns a dict
+    code = package_zip(base)
+    write_python_spec(pipelines, "py_good", "ckpt_example.jobs:build", code)
+    write_python_spec(pipelines, "py_broken", "ckpt_example.broken:returns_a_dict", code)
     sync_dag_files(pipelines)
     write_spec(pipelines, "lonely")  # after sync: no DAG file
     metastore_url = f"sqlite:///{base / 'metastore.db'}"
@@ -208,11 +222,20 @@ def test_g_a_broken_pipeline_yaml_does_not_break_the_other_dags(
     parsed_by_airflow: dict[str, Any],
 ) -> None:
     errors = {e["filepath"]: e["error"] for e in _json_table(parsed_by_airflow["import_errors"])}
-    # exactly two files failed: the broken spec's DAG file and the directory check
-    assert set(errors) == {"pipelines/broken.py", "checkpoint_pipelines.py"}, errors
+    # exactly three files failed: the broken specs' DAG files and the directory check
+    assert set(errors) == {
+        "pipelines/broken.py",
+        "pipelines/py_broken.py",
+        "checkpoint_pipelines.py",
+    }, errors
     assert (
         "pipelines/broken.yaml: checkpoint.retaind: unknown field (did you mean 'retained'?)"
         in errors["pipelines/broken.py"]
+    )
+    # a Python pipeline whose entry point returns no Pipeline: its file, the field, the reason
+    assert (
+        "pipelines/py_broken.yaml: pipeline: ckpt_example.broken:returns_a_dict() returned a "
+        "dict, not a checkpointing.spark.Pipeline" in errors["pipelines/py_broken.py"]
     )
     assert "pipelines/lonely.yaml: no DAG file lonely.py" in errors["checkpoint_pipelines.py"]
     assert "good_a" not in errors["pipelines/broken.py"]
@@ -224,6 +247,7 @@ def test_g_a_broken_pipeline_yaml_does_not_break_the_other_dags(
     assert listed == {
         "good_a": f"{folder}/pipelines/good_a.py",
         "good_b": f"{folder}/pipelines/good_b.py",
+        "py_events": f"{folder}/pipelines/py_good.py",
         "nycflights13_routes": f"{folder}/pipelines/nycflights13.py",
         "nycflights13_seat_miles": f"{folder}/pipelines/nycflights13_seat_miles.py",
         "checkpoint_savepoint": f"{folder}/checkpoint_savepoint.py",
@@ -238,6 +262,7 @@ def test_g_a_broken_pipeline_yaml_does_not_break_the_other_dags(
     assert sorted(Path(e["filepath"]).name for e in local) == [
         "broken.py",
         "checkpoint_pipelines.py",
+        "py_broken.py",
     ]
 
 
@@ -317,6 +342,18 @@ def test_a_spec_becomes_a_dag_named_after_its_job_with_its_deployment_fields(
     (run,) = drill.tasks
     assert run.fail_first_try_after_epochs == 3 and run.retries == 4
     assert run.conf == {"spark.ui.enabled": "false"}
+
+    # a Python pipeline (issue 24): the DAG of the job its code builds, documented as code
+    code = package_zip(tmp_path)
+    write_python_spec(tmp_path, "py", "ckpt_example.jobs:build", code)
+    sync_dag_files(tmp_path)
+    python = dag_factory.pipeline_dag(tmp_path / "py.py")
+    assert python.dag_id == "py_events" and python.params["parallelism"] == 2
+    assert "`ckpt_example.jobs:build` (Python pipeline; stages `AggregationStage(" in python.doc_md
+    assert python.description.endswith("Python pipeline ckpt_example.jobs:build by user → out")
+    assert str(code) in python.doc_md
+    (run,) = python.tasks
+    assert run.retries == 1 and run.pipeline == str(tmp_path / "py.yaml")
 
     # a pipeline with static tables: the trigger form can accept a restore over changed ones
     assert "allow_changed_tables" not in dag.params

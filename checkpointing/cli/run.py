@@ -29,7 +29,14 @@ if TYPE_CHECKING:
 
 @handles_errors
 def run(
-    pipeline: Annotated[Path, typer.Argument(help="The pipeline spec (YAML).")],
+    pipeline: Annotated[
+        Path,
+        typer.Argument(
+            help="The pipeline spec (YAML). It may name Python code: pipeline: my_pkg.jobs:build "
+            "(a function returning a Pipeline) or transform: my_pkg.jobs:clean, imported from "
+            "the installed packages and the spec's py_files before Spark starts."
+        ),
+    ],
     restore: Annotated[
         str, typer.Option(help="latest (resume when there are checkpoints), none, an id, a path")
     ] = "latest",
@@ -75,7 +82,11 @@ def run(
         ),
     ] = None,
 ) -> None:
-    """Run a pipeline: epochs with checkpoints, resuming from the latest checkpoint."""
+    """Run a pipeline: epochs with checkpoints, resuming from the latest checkpoint.
+
+    A spec with pipeline: module.path:build runs the Pipeline that function returns, with the
+    spec's deployment fields; an entry point that does not import, or returns no Pipeline, is
+    refused before Spark starts."""
     from checkpointing.ids import validate_id
     from checkpointing.metastore.jobs import storage_url_for_run
     from checkpointing.pipeline.spec import load_spec
@@ -162,23 +173,21 @@ def _run_on_spark(
     master: str | None,
 ) -> Any:
     """The run, with its progress shown; a Spark error is one line here (details in the log)."""
-    from checkpointing.spark.restarts import run_with_restarts
-    from checkpointing.spark.runtime import PipelineRun
+    from checkpointing.spark.pipeline import run_spec
     from checkpointing.spark.session import spark_session, stop_session
 
     spark = spark_session(f"ckpt-{spec.job}", master)
     progress, on_epoch, holder = _progress(spec)
     try:
         with progress:
-
-            def start(opts: RunOptions) -> PipelineRun:
-                holder["run"] = PipelineRun(
-                    spec, spark, metastore, storage, opts, on_epoch=on_epoch
-                )
-                return holder["run"]
-
-            return run_with_restarts(
-                start, options, attempts=spec.restarts, delay=spec.restart_delay
+            return run_spec(
+                spec,
+                spark,
+                metastore,
+                storage,
+                options,
+                on_epoch=on_epoch,
+                on_start=lambda run: holder.__setitem__("run", run),
             )
     except CheckpointingError:
         raise

@@ -14,7 +14,7 @@ import re
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import TYPE_CHECKING, Any, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -22,6 +22,7 @@ from pydantic import (
     ByteSize,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -55,6 +56,9 @@ __all__ = [
     "load_spec",
 ]
 from checkpointing.state.object_store import ObjectStoreError, is_object_url, split_url
+
+if TYPE_CHECKING:
+    from checkpointing.pipeline.entry import PipelineCode
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: ``${NAME}`` in a path field; ``$`` otherwise is a plain character
@@ -167,8 +171,16 @@ class PipelineSpec(BaseModel):
     #: :class:`checkpointing.spark.pipeline.Pipeline`)
     aggregations: dict[str, Aggregation] = {}
     #: a Spark SQL ``SELECT`` over the view ``input`` (the epoch's rows) and the ``tables``,
-    #: run on every epoch (and again on a replayed one): it must be deterministic
+    #: or a Python function's entry point ``module.path:fn`` (``fn(input, tables) ->
+    #: DataFrame``), run on every epoch (and again on a replayed one): it must be deterministic
     transform: str | None = None
+    #: a Python pipeline: the entry point ``module.path:build`` of a function returning a
+    #: :class:`checkpointing.spark.Pipeline` (or of one), which gives the job; the spec file then
+    #: holds the deployment (:mod:`checkpointing.pipeline.entry`)
+    pipeline: str | None = None
+    #: ``.py``/``.zip``/``.egg`` files the entry points import from, relative to the spec file;
+    #: the driver puts them on ``sys.path``, spark-submit ships them (``--py-files``)
+    py_files: list[str] = []
     #: static inputs by name, each a view the transform may join
     tables: dict[str, TableSpec] = {}
     sink: SinkSpec
@@ -197,6 +209,8 @@ class PipelineSpec(BaseModel):
     tags: list[str] = []
     #: where the spec was loaded from (set by :func:`load_spec`, not part of the file)
     spec_path: Path | None = Field(default=None, exclude=True)
+    #: what its entry points resolved to (set by :func:`load_spec`)
+    _code: Any = PrivateAttr(default=None)
 
     @field_validator("job")
     @classmethod
@@ -234,6 +248,13 @@ class PipelineSpec(BaseModel):
         if v is not None and not v.strip():
             raise ValueError("is empty: give a SELECT over input, or leave it out")
         return v
+
+    @field_validator("transform", "pipeline", "py_files")
+    @classmethod
+    def _entry_points(cls, v: Any, info: ValidationInfo) -> Any:
+        from checkpointing.pipeline.entry import check_entry_field
+
+        return check_entry_field(str(info.field_name), v)
 
     @field_validator("tables")
     @classmethod
@@ -329,6 +350,12 @@ class PipelineSpec(BaseModel):
             return "upsert"
         return "append" if self.sink.format == "iceberg" else "changelog"
 
+    @property
+    def code(self) -> PipelineCode | None:
+        """What the spec's entry points (``pipeline:``, ``transform: module:fn``) resolved to
+        when :func:`load_spec` loaded it; None: it has none."""
+        return self._code
+
     def resolve(self, path: str) -> str:
         """A path of the spec, relative to the spec file's directory."""
         if "://" in path or Path(path).is_absolute() or self.spec_path is None:
@@ -394,17 +421,25 @@ def load_spec(
         raw = expand_path_variables(raw, {"CKPT_HOME": str(home or ckpt_home())})
     except ValueError as exc:
         raise SpecError(f"{path}: {exc}") from None
-    try:
-        spec = PipelineSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise SpecError(_with_suggestions(describe_validation_error(exc, str(path)))) from None
-    if "key" in raw and "aggregations" not in raw:  # a file has no other way to say what the
-        # keyed stage does; without a key the job is stateless
-        raise SpecError(
-            f"{path}: aggregations: Field required (the keyed stage's; leave key out for a "
-            "stateless job)"
-        )
-    if spec.tables and spec.transform is None:  # only a transform reads them
+    from checkpointing.pipeline.entry import load_code, python_pipeline, resolve_py_files
+
+    raw = resolve_py_files(raw, path)
+    if "pipeline" in raw:  # the job is code: its Pipeline, with this file's deployment
+        spec, code = python_pipeline(raw, path)
+    else:
+        try:
+            spec = PipelineSpec.model_validate(raw)
+        except ValidationError as exc:
+            raise SpecError(_with_suggestions(describe_validation_error(exc, str(path)))) from None
+        if "key" in raw and "aggregations" not in raw:  # a file has no other way to say what
+            # the keyed stage does; without a key the job is stateless
+            raise SpecError(
+                f"{path}: aggregations: Field required (the keyed stage's; leave key out for a "
+                "stateless job)"
+            )
+        code = load_code(spec, path)
+    has_transform = spec.transform is not None or (code is not None and code.transform)
+    if spec.tables and not has_transform:  # only a transform reads them
         raise SpecError(f"{path}: tables: nothing joins them: add a transform: over them")
     try:
         _check_checkpoint_fields(raw.get("checkpoint"))
@@ -418,6 +453,7 @@ def load_spec(
         check_pipeline_sink(spec)
     except ConfigError as exc:
         raise SpecError(f"{path}: {exc}") from None
+    spec._code = code
     return spec
 
 

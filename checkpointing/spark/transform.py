@@ -20,6 +20,7 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from checkpointing.pipeline.entry import is_entry_point, load_code
 from checkpointing.pipeline.spec import PipelineSpec, SpecError
 from checkpointing.pipeline.splits import InputSplit
 from checkpointing.pipeline.tables import TableFiles, check_tables, table_files, table_items
@@ -58,8 +60,13 @@ class InputTransform:
     def __init__(
         self, spark: SparkSession, spec: PipelineSpec, fn: TransformFn | None = None
     ) -> None:
-        if fn is not None and spec.transform is not None:
+        #: the SQL transform; ``transform: module:fn`` names a function instead
+        self.sql = None if is_entry_point(spec.transform) else spec.transform
+        if fn is not None and self.sql is not None:
             raise SpecError("transform: give a SQL transform or a Python function, not both")
+        if fn is None and self.sql is None and spec.transform is not None:
+            code = spec.code or load_code(spec, spec.spec_path or Path(spec.job))
+            fn = code.transform if code is not None else None
         self.spark, self.spec, self.fn = spark, spec, fn
         #: listed once per attempt: what its checkpoints record
         self.files: TableFiles = table_files(spec)
@@ -69,7 +76,7 @@ class InputTransform:
 
     @property
     def active(self) -> bool:
-        return self.fn is not None or self.spec.transform is not None
+        return self.fn is not None or self.sql is not None
 
     def __enter__(self) -> InputTransform:
         return self
@@ -151,7 +158,7 @@ class InputTransform:
             return out
         out = self._sql(rows, tables)
         if not self._checked:  # the same SQL every epoch: one check per attempt
-            self._check_deterministic(out, f"transform: {_short(self.spec.transform or '')}")
+            self._check_deterministic(out, f"transform: {_short(self.sql or '')}")
             self._checked = True
         return out
 
@@ -164,7 +171,7 @@ class InputTransform:
         try:
             for name, df in views.items():
                 df.createOrReplaceTempView(name)
-            return self.spark.sql(self.spec.transform or "")
+            return self.spark.sql(self.sql or "")
         except PySparkException as exc:
             raise SpecError(f"transform: {_first_line(exc)}") from None
         finally:

@@ -80,7 +80,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     try logs one line: how the driver ended (a signal by name), the last completed checkpoint
     and what the retry restores.
 
-    :param pipeline: path of the pipeline spec (YAML). (templated)
+    :param pipeline: path of the pipeline spec (YAML); one naming Python code
+        (``pipeline: my_pkg.jobs:build``) is imported here too, and its ``py_files`` are
+        passed to spark-submit as ``--py-files``. (templated)
     :param restore: the first try's restore: ``latest``, ``none``, a checkpoint id, or a
         savepoint path. Retries always resume from this run's latest checkpoint. (templated)
     :param parallelism: the job's parallelism; default: the spec's. (templated)
@@ -247,6 +249,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
                 spec, restore, parallelism, attempt, ti.try_number
             )
             self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
+            self.py_files = _with_py_files(self.py_files, spec.py_files)
             secrets = self.prepare_submit(self._driver_env(url, storage_url))
             self.submit(context, spec, metastore, secrets)
         return self._outcome(spec, metastore, attempt)
@@ -449,6 +452,14 @@ def _with(ours: Any, theirs: Any) -> list[Any]:
     """Our callback first, then the user's (one or a list)."""
     extra = [] if theirs is None else list(theirs) if isinstance(theirs, list | tuple) else [theirs]
     return [ours, *(c for c in extra if c is not ours)]
+
+
+def _with_py_files(given: str | None, spec_files: Sequence[str]) -> str | None:
+    """``--py-files``: the operator's own (comma-separated), then the spec's, once each: the
+    executors import a Python pipeline's code from them (the driver from the spec's too)."""
+    files = [f for f in (given or "").split(",") if f.strip()]
+    files += [f for f in spec_files if f not in files]
+    return ",".join(files) or None
 
 
 def _truthy(value: bool | str) -> bool:

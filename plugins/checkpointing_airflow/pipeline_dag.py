@@ -150,11 +150,11 @@ def check_deployment(spec: PipelineSpec) -> None:
 
 def summary(spec: PipelineSpec) -> str:
     """One line for the DAG list."""
-    middle = (
-        "stateless" + (" (transform)" if spec.transform else "")
-        if spec.stateless
-        else f"{', '.join(spec.aggregations)} by {', '.join(spec.key)}"
-    )
+    if spec.stateless:
+        middle = "stateless" + (" (transform)" if spec.transform or spec.code else "")
+    else:
+        computes = ", ".join(spec.aggregations) or f"Python pipeline {spec.pipeline or ''}".rstrip()
+        middle = f"{computes} by {', '.join(spec.key)}"
     return f"{spec.source.format} {Path(spec.source.path).name} → {middle} → {_sink_name(spec)}"
 
 
@@ -191,10 +191,14 @@ def describe(spec: PipelineSpec) -> str:
                 else f"{spec.source.splits_per_epoch} file(s) per epoch"
             ),
         ),
+        *_code_rows(spec),
         *(
             [("stage", "stateless: each epoch's rows appended to the sink exactly once")]
             if spec.stateless
-            else [("key", ", ".join(f"`{k}`" for k in spec.key)), ("aggregations", aggregations)]
+            else [
+                ("key", ", ".join(f"`{k}`" for k in spec.key)),
+                *([("aggregations", aggregations)] if aggregations else []),
+            ]
         ),
         ("sink", _sink_doc(spec)),
         ("parallelism", f"{spec.parallelism} (max parallelism {spec.max_parallelism})"),
@@ -219,6 +223,19 @@ def describe(spec: PipelineSpec) -> str:
         "path) and **Parallelism** (rescales the state). Take a savepoint with the "
         f"`{SAVEPOINT_DAG_ID}` DAG; start a new version from one with `{DEPLOY_DAG_ID}`.\n"
     )
+
+
+def _code_rows(spec: PipelineSpec) -> list[tuple[str, str]]:
+    """A spec naming Python code: the entry points, the stages they built, the shipped files."""
+    rows = []
+    if spec.pipeline:
+        stages = ", ".join(f"`{s!r}`" for s in spec.code.stages) if spec.code else "?"
+        rows.append(("code", f"`{spec.pipeline}` (Python pipeline; stages {stages})"))
+    if spec.transform:
+        rows.append(("transform", f"`{' '.join(spec.transform.split())[:200]}`"))
+    if spec.py_files:
+        rows.append(("py_files", ", ".join(f"`{f}`" for f in spec.py_files)))
+    return rows
 
 
 def _sink_doc(spec: PipelineSpec) -> str:
