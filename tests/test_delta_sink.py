@@ -11,10 +11,7 @@ refused in one line before anything is written."""
 from __future__ import annotations
 
 import json
-import os
-import random
 import re
-import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -29,13 +26,13 @@ from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline import datasets
 from checkpointing.pipeline.spec import SpecError
 from checkpointing.sinks.delta_files import list_own_files
-from checkpointing.state.storage import FileSystemCheckpointStorage
-from tests.ckpt_process import CKPT, ckpt_env, kill_at_a_random_moment
+from tests import sink_rows
+from tests.ckpt_process import ckpt_env
 from tests.delta_helpers import read_table, txn_counts
+from tests.sink_rows import epoch_df, epoch_rows, expected_upsert, staged_beyond_checkpoint_2
 from tests.spark_pipeline import AGGS, EPOCHS, make_spec, run, write_events
 
 JOB = "deltajob"
-SCHEMA = "user string, n long, total double"
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -53,27 +50,8 @@ def _sink(url: str, mode: str = "upsert", job: str = JOB) -> Any:
     return DeltaSink(url, job=job, key=["user"], mode=mode, max_parallelism=8)
 
 
-def _epoch_rows(epoch: int) -> list[tuple[str, int, float | None]]:
-    """Epoch ``e``'s changed rows: 40 users, some new, some seen before, one null total."""
-    rng = random.Random(epoch)
-    users = rng.sample(range(60), 40)
-    return [(f"u{u:02d}", epoch * 100 + u, None if u == 7 else float(u) + epoch) for u in users]
-
-
-def _df(spark: Any, epoch: int) -> Any:
-    return spark.createDataFrame(_epoch_rows(epoch), SCHEMA).repartition(3)
-
-
-def _expected_upsert(epochs: range | list[int]) -> pd.DataFrame:
-    latest: dict[str, tuple[str, int, float | None]] = {}
-    for e in epochs:
-        latest.update({row[0]: row for row in _epoch_rows(e)})
-    frame = pd.DataFrame(sorted(latest.values()), columns=["user", "n", "total"])
-    return frame.sort_values("user").reset_index(drop=True)
-
-
 def _expected_changelog(epochs: range | list[int]) -> pd.DataFrame:
-    rows = [(*row, e) for e in epochs for row in _epoch_rows(e)]
+    rows = [(*row, e) for e in epochs for row in epoch_rows(e)]
     frame = pd.DataFrame(rows, columns=["user", "n", "total", "epoch"])
     return frame.sort_values(["epoch", "user"]).reset_index(drop=True)
 
@@ -87,34 +65,31 @@ def _assert_equal(got: pd.DataFrame, want: pd.DataFrame) -> None:
 
 def test_upsert_stage_commit_crash_recover(spark: Any, table_url: str) -> None:
     sink = _sink(table_url)
-    sink.stage(0, _df(spark, 0))
+    sink.stage(0, epoch_df(spark, 0))
     assert read_table(table_url, ["user"]).empty  # staged: no reader sees it
     state = sink.snapshot_state(0)
     assert [item["epoch"] for item in state] == [0] and len(json.dumps(state)) < 4096
     assert sink.commit(0, 1) == [0]
-    _assert_equal(read_table(table_url, ["user"]), _expected_upsert([0]))
+    _assert_equal(read_table(table_url, ["user"]), expected_upsert([0]))
     assert sink.commit(0, 1) == []  # repeated: a no-op
     assert sink.committed_epochs() == [0]
 
-    sink.stage(1, _df(spark, 1))
-    sink.stage(2, _df(spark, 2))
-    checkpoint_2 = sink.snapshot_state(2)  # checkpoint 2 covers epochs <= 2 and completes...
-    sink.stage(3, _df(spark, 3))  # ...the job goes on, then dies before the commit
+    checkpoint_2 = staged_beyond_checkpoint_2(sink, spark)
     assert list_own_files(table_url, JOB)  # 1 committed + 3 staged epochs of files
-    _assert_equal(read_table(table_url, ["user"]), _expected_upsert([0]))
+    _assert_equal(read_table(table_url, ["user"]), expected_upsert([0]))
 
     restarted = _sink(table_url)
     committed, discarded = restarted.recover(2, checkpoint_id=2, state=checkpoint_2)
     assert (committed, discarded) == ([1, 2], [3])
     assert restarted.recovery_detail() is None
-    _assert_equal(read_table(table_url, ["user"]), _expected_upsert(range(3)))
+    _assert_equal(read_table(table_url, ["user"]), expected_upsert(range(3)))
     epochs_on_disk = {int(re.search(r"-e(\d+)-", n)[1]) for n in list_own_files(table_url, JOB)}
     assert 3 not in epochs_on_disk  # staged beyond the checkpoint: deleted
     again = _sink(table_url)
     assert again.recover(2, checkpoint_id=2, state=checkpoint_2) == ([], [])
-    again.stage(3, _df(spark, 3))
+    again.stage(3, epoch_df(spark, 3))
     assert again.commit(3, 3) == [3]
-    _assert_equal(read_table(table_url, ["user"]), _expected_upsert(range(4)))
+    _assert_equal(read_table(table_url, ["user"]), expected_upsert(range(4)))
     assert txn_counts(table_url, JOB) == Counter(
         {1: 1, 2: 1, 3: 1}
     )  # each checkpoint's commit once
@@ -130,23 +105,23 @@ def test_upsert_stage_commit_crash_recover(spark: Any, table_url: str) -> None:
     for name in (leftover, foreign, "notes.txt"):
         with filesystem_.open_output_stream(f"{root}/{name}") as out:
             out.write(b"x")
-    assert again.publish_final(_df(spark, 0), "token") == again.path
+    assert again.publish_final(epoch_df(spark, 0), "token") == again.path
     assert leftover not in list_own_files(table_url, JOB)
     for name in (foreign, "notes.txt"):
         assert filesystem_.get_file_info(f"{root}/{name}").size == 1
-    _assert_equal(read_table(table_url, ["user"]), _expected_upsert(range(4)))
+    _assert_equal(read_table(table_url, ["user"]), expected_upsert(range(4)))
 
 
 def test_changelog_and_superseded_staged_files(spark: Any, tmp_path: Path) -> None:
     url = str(tmp_path / "changelog")
     sink = _sink(url, "changelog")
     for epoch in range(3):  # a checkpoint every third epoch: one commit for three epochs
-        sink.stage(epoch, _df(spark, epoch))
+        sink.stage(epoch, epoch_df(spark, epoch))
     assert sink.commit(2, 5) == [0, 1, 2]
     got = read_table(url, ["epoch", "user"])
     assert str(got.epoch.dtype) == "int64"
     _assert_equal(got, _expected_changelog(range(3)))
-    sink.stage(3, _df(spark, 3))
+    sink.stage(3, epoch_df(spark, 3))
     state = sink.snapshot_state(3)
     restarted = _sink(url, "changelog")  # crash before checkpoint 6's commit
     assert restarted.recover(3, checkpoint_id=6, state=state) == ([3], [])
@@ -156,11 +131,11 @@ def test_changelog_and_superseded_staged_files(spark: Any, tmp_path: Path) -> No
 
     upsert = _sink(str(tmp_path / "upsert"))  # three epochs in one commit: one file per bucket
     for epoch in range(3):
-        upsert.stage(epoch, _df(spark, epoch))
+        upsert.stage(epoch, epoch_df(spark, epoch))
     upsert.commit(2, 1)
     names = list_own_files(upsert.path, JOB)
     assert len(names) == len({re.search(r"-g(\d+)-", n)[1] for n in names})  # no leftovers
-    _assert_equal(read_table(upsert.path, ["user"]), _expected_upsert(range(3)))
+    _assert_equal(read_table(upsert.path, ["user"]), expected_upsert(range(3)))
 
 
 def test_restore_from_an_older_checkpoint_restores_the_table_version(
@@ -170,7 +145,7 @@ def test_restore_from_an_older_checkpoint_restores_the_table_version(
     sink = _sink(url)
     states = {}
     for epoch in range(3):  # checkpoint epoch+1 covers epochs <= epoch, committed each time
-        sink.stage(epoch, _df(spark, epoch))
+        sink.stage(epoch, epoch_df(spark, epoch))
         states[epoch + 1] = sink.snapshot_state(epoch)
         sink.commit(epoch, epoch + 1)
     from deltalake import DeltaTable
@@ -187,10 +162,10 @@ def test_restore_from_an_older_checkpoint_restores_the_table_version(
         "table_checkpoint_id": 3,
     }
     assert DeltaTable(url).transaction_version(JOB) == 1
-    _assert_equal(read_table(url, ["user"]), _expected_upsert([0]))
-    restored.stage(1, _df(spark, 3))  # the recomputed epoch 1 (other rows, to tell them apart)
+    _assert_equal(read_table(url, ["user"]), expected_upsert([0]))
+    restored.stage(1, epoch_df(spark, 3))  # the recomputed epoch 1 (other rows, to tell them apart)
     assert restored.commit(1, 4) == [1]
-    _assert_equal(read_table(url, ["user"]), _expected_upsert([0, 3]))
+    _assert_equal(read_table(url, ["user"]), expected_upsert([0, 3]))
     assert restored.committed_epochs() == [0, 1]
     with pytest.raises(StorageError, match=r"^sink\.path: .* an empty start would write"):
         _sink(url).recover(None)  # (the runtime refuses it before: committed_epochs)
@@ -221,18 +196,12 @@ def test_pipeline_crash_and_older_restore(
     """In process: crash, then resume at another parallelism from the *older* of the two
     retained checkpoints (the table is ahead of it): the table is restored to that
     checkpoint's version (the restore event says so) and at the end equals pandas."""
-    from checkpointing.spark.runtime import SimulatedCrash
-    from tests.spark_pipeline import completed_ids
 
     url = str(tmp_path / "table")
     spec = _pipeline_spec(tmp_path, events, url, mode)
-    metastore_url = f"sqlite:///{tmp_path / 'metastore.db'}"
-    Metastore(metastore_url, check_schema=False).upgrade()
-    metastore = Metastore(metastore_url)
-    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
-    with pytest.raises(SimulatedCrash):
-        run(spark, spec, metastore, storage, crash_after_epochs=3)
-    older, newest = completed_ids(metastore, JOB)
+    metastore, storage, older, newest = sink_rows.crash_after_three_epochs(
+        spark, spec, tmp_path, JOB
+    )
     assert txn_counts(url, JOB)[newest] == 1
     result = run(spark, spec, metastore, storage, restore=str(older), parallelism=2)
     assert result.final_path == url and result.epochs_run == list(range(2, EPOCHS))
@@ -303,7 +272,7 @@ def test_refuses_foreign_tables_and_content(spark: Any, tmp_path: Path) -> None:
 
     url = str(tmp_path / "table")
     sink = _sink(url)
-    sink.stage(0, _df(spark, 0))
+    sink.stage(0, epoch_df(spark, 0))
     sink.commit(0, 1)
     with pytest.raises(ConfigError) as err:  # another job's table
         _sink(url, job="other")
@@ -376,50 +345,15 @@ def test_spec_refusals(tmp_path: Path) -> None:
 # ============================================================================ end to end
 
 
-def _e2e_spec(workdir: Path, bucket: str) -> Path:
-    aggs = ", ".join(f"{k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
-    spec = workdir / "pipeline.yaml"
-    spec.write_text(
-        f"""
-job: {JOB}
-source: {{format: parquet, path: "s3://{bucket}/in/*.parquet"}}
-key: user
-aggregations: {{{aggs}}}
-sink: {{path: "s3://{bucket}/tables/routes", format: delta}}
-parallelism: 2
-max_parallelism: 8
-checkpoint: {{every_epochs: 1, retained: 2}}
-storage: s3://{bucket}/checkpoints
-"""
-    )
-    return spec
-
-
 @pytest.mark.timeout(600)
 def test_ckpt_run_on_s3_killed_at_a_random_moment_then_rescaled(
     s3_bucket: str, tmp_path: Path
 ) -> None:
-    import boto3
-
-    seed = int(os.environ.get("CKPT_TEST_SEED") or random.randrange(10_000))
-    print(f"seed {seed} (rerun with CKPT_TEST_SEED={seed})")
-    rng = random.Random(seed)
-    local = write_events(tmp_path / "events")
-    client = boto3.client("s3")
-    for path in sorted(local.glob("*.parquet")):
-        client.upload_file(str(path), s3_bucket, f"in/{path.name}")
-    spec = _e2e_spec(tmp_path, s3_bucket)
-    env = ckpt_env(tmp_path / "home")
-    kill_at_a_random_moment(spec, env, rng, JOB)
-
-    resumed = subprocess.run(
-        [CKPT, "run", str(spec), "--parallelism", "3"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert resumed.returncode == 0, f"seed {seed}: {resumed.stderr[-2000:]}"
+    seed = sink_rows.chosen_seed()
+    local = sink_rows.events_on_s3(tmp_path, s3_bucket)
+    sink = f'{{path: "s3://{s3_bucket}/tables/routes", format: delta}}'
+    spec = sink_rows.s3_spec(tmp_path, s3_bucket, JOB, sink)
+    sink_rows.killed_then_resumed(spec, ckpt_env(tmp_path / "home"), seed, JOB)
     url = f"s3://{s3_bucket}/tables/routes"
     frames = [pd.read_parquet(p) for p in sorted(local.glob("*.parquet"))]
     _check_table(url, "upsert", frames)

@@ -11,9 +11,7 @@ sink. Bad specs and foreign tables are refused in one line naming the field, not
 from __future__ import annotations
 
 import os
-import random
 import re
-import subprocess
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -30,12 +28,12 @@ from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline import datasets
 from checkpointing.pipeline.spec import SpecError, load_spec
 from checkpointing.sinks.delta_files import list_own_files
-from checkpointing.state.storage import FileSystemCheckpointStorage
-from tests.ckpt_process import CKPT, ckpt_env, kill_at_a_random_moment
+from tests import sink_rows
+from tests.ckpt_process import ckpt_env
+from tests.sink_rows import epoch_df, epoch_rows, expected_upsert, staged_beyond_checkpoint_2
 from tests.spark_pipeline import AGGS, EPOCHS, make_spec, run, write_events
 
 JOB = "icejob"
-SCHEMA = "user string, n long, total double"
 
 
 # ============================================================================ reading back
@@ -75,26 +73,8 @@ def _commits(catalog_url: str, warehouse: str, name: str) -> Counter[int]:
 # ============================================================================ unit level
 
 
-def _epoch_rows(epoch: int) -> list[tuple[str, int, float | None]]:
-    """Epoch ``e``'s changed rows: 40 users, some new, some seen before, one null total."""
-    rng = random.Random(epoch)
-    users = rng.sample(range(60), 40)
-    return [(f"u{u:02d}", epoch * 100 + u, None if u == 7 else float(u) + epoch) for u in users]
-
-
-def _df(spark: Any, epoch: int) -> Any:
-    return spark.createDataFrame(_epoch_rows(epoch), SCHEMA).repartition(3)
-
-
-def _expected_upsert(epochs: range | list[int]) -> pd.DataFrame:
-    latest: dict[str, tuple[str, int, float | None]] = {}
-    for e in epochs:
-        latest.update({row[0]: row for row in _epoch_rows(e)})
-    return pd.DataFrame(sorted(latest.values()), columns=["user", "n", "total"])
-
-
 def _expected_append(epochs: range | list[int]) -> pd.DataFrame:
-    rows = [row for e in epochs for row in _epoch_rows(e)]
+    rows = [row for e in epochs for row in epoch_rows(e)]
     frame = pd.DataFrame(rows, columns=["user", "n", "total"])
     return frame.sort_values(["n", "user"]).reset_index(drop=True)
 
@@ -120,33 +100,30 @@ def test_upsert_commit_replay_crash_recover_and_rollback(spark: Any, tmp_path: P
     warehouse = str(tmp_path / "warehouse")
     catalog, name, default = f"sqlite:///{warehouse}/catalog.db", "analytics.totals", None
     sink = _sink(warehouse, default, name)
-    sink.stage(0, _df(spark, 0))
+    sink.stage(0, epoch_df(spark, 0))
     assert _read(catalog, warehouse, name, ["user"]).empty  # staged: no reader sees it
     state_1 = sink.snapshot_state(0)
     assert [item["epoch"] for item in state_1] == [0]
     assert sink.commit(0, 1) == [0]
-    _assert_equal(_read(catalog, warehouse, name, ["user"]), _expected_upsert([0]))
+    _assert_equal(_read(catalog, warehouse, name, ["user"]), expected_upsert([0]))
     assert sink.commit(0, 1) == []  # replayed: a no-op
     assert sink.committed_epochs() == [0]
 
-    sink.stage(1, _df(spark, 1))
-    sink.stage(2, _df(spark, 2))
-    state_2 = sink.snapshot_state(2)  # checkpoint 2 covers epochs <= 2 and completes...
-    sink.stage(3, _df(spark, 3))  # ...the job goes on, then dies before the commit
-    _assert_equal(_read(catalog, warehouse, name, ["user"]), _expected_upsert([0]))
+    state_2 = staged_beyond_checkpoint_2(sink, spark)
+    _assert_equal(_read(catalog, warehouse, name, ["user"]), expected_upsert([0]))
 
     restarted = _sink(warehouse, default, name)
     assert restarted.recover(2, checkpoint_id=2, state=state_2) == ([1, 2], [3])
     assert restarted.recovery_detail() is None
-    _assert_equal(_read(catalog, warehouse, name, ["user"]), _expected_upsert(range(3)))
+    _assert_equal(_read(catalog, warehouse, name, ["user"]), expected_upsert(range(3)))
     data = restarted.data
     epochs_on_disk = {int(re.search(r"-e(\d+)-", n)[1]) for n in list_own_files(data, JOB)}
     assert 3 not in epochs_on_disk  # staged beyond the checkpoint: deleted
     again = _sink(warehouse, default, name)
     assert again.recover(2, checkpoint_id=2, state=state_2) == ([], [])  # replayed: a no-op
-    again.stage(3, _df(spark, 3))
+    again.stage(3, epoch_df(spark, 3))
     assert again.commit(3, 3) == [3]
-    _assert_equal(_read(catalog, warehouse, name, ["user"]), _expected_upsert(range(4)))
+    _assert_equal(_read(catalog, warehouse, name, ["user"]), expected_upsert(range(4)))
     assert _commits(catalog, warehouse, name) == Counter({1: 1, 2: 1, 3: 1})
     # the current snapshot's summary: the job, the checkpoint, the last epoch
     current = _catalog(catalog, warehouse).load_table(name).current_snapshot()
@@ -162,13 +139,13 @@ def test_upsert_commit_replay_crash_recover_and_rollback(spark: Any, tmp_path: P
     detail = older.recovery_detail()
     assert detail is not None and detail["table"] == name and detail["checkpoint_id"] == 1
     assert detail["table_checkpoint_id"] == 3 and detail["from_snapshot"] == current.snapshot_id
-    _assert_equal(_read(catalog, warehouse, name, ["user"]), _expected_upsert([0]))
-    older.stage(1, _df(spark, 5))  # the recomputed epoch 1 (other rows, to tell them apart)
+    _assert_equal(_read(catalog, warehouse, name, ["user"]), expected_upsert([0]))
+    older.stage(1, epoch_df(spark, 5))  # the recomputed epoch 1 (other rows, to tell them apart)
     assert older.commit(1, 4) == [1]
-    _assert_equal(_read(catalog, warehouse, name, ["user"]), _expected_upsert([0, 5]))
+    _assert_equal(_read(catalog, warehouse, name, ["user"]), expected_upsert([0, 5]))
     assert older.committed_epochs() == [0, 1]
     assert _commits(catalog, warehouse, name) == Counter({1: 1, 2: 1, 3: 1, 4: 1})
-    assert older.publish_final(_df(spark, 0), "token") == older.path
+    assert older.publish_final(epoch_df(spark, 0), "token") == older.path
     with pytest.raises(StorageError, match=r"^sink\.table: .* an empty start would write"):
         _sink(warehouse, default, name).recover(None)
 
@@ -178,12 +155,12 @@ def test_append_mode_and_a_checkpoint_over_several_epochs(spark: Any, tmp_path: 
     catalog = f"sqlite:///{warehouse}/catalog.db"
     sink = _sink(warehouse, None, "raw.events", "append")
     for epoch in range(3):  # a checkpoint every third epoch: one snapshot for three epochs
-        sink.stage(epoch, _df(spark, epoch))
+        sink.stage(epoch, epoch_df(spark, epoch))
     assert sink.commit(2, 5) == [0, 1, 2]
     got = _read(catalog, warehouse, "raw.events", ["n", "user"])
     assert list(got.columns) == ["user", "n", "total"]  # the rows as they are
     _assert_equal(got, _expected_append(range(3)))
-    sink.stage(3, _df(spark, 3))
+    sink.stage(3, epoch_df(spark, 3))
     state = sink.snapshot_state(3)
     restarted = _sink(warehouse, None, "raw.events", "append")  # crash before the commit
     assert restarted.recover(3, checkpoint_id=6, state=state) == ([3], [])
@@ -208,7 +185,6 @@ def test_pipeline_crash_resume_rescaled_from_the_older_checkpoint(
     """An upsert pipeline crashes after 3 epochs, resumes at another parallelism from the older
     of its two retained checkpoints (the table is ahead of it: rolled back to its snapshot, the
     restore event says so), and at the end equals pandas; every checkpoint committed once."""
-    from checkpointing.spark.runtime import SimulatedCrash
     from tests.spark_pipeline import completed_ids
 
     warehouse = str(tmp_path / "warehouse")
@@ -218,13 +194,9 @@ def test_pipeline_crash_resume_rescaled_from_the_older_checkpoint(
         update={"path": warehouse, "format": "iceberg", "table": "analytics.user_totals"}
     )
     spec = spec.model_copy(update={"sink": sink})
-    metastore_url = f"sqlite:///{tmp_path / 'metastore.db'}"
-    Metastore(metastore_url, check_schema=False).upgrade()
-    metastore = Metastore(metastore_url)
-    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
-    with pytest.raises(SimulatedCrash):
-        run(spark, spec, metastore, storage, crash_after_epochs=3)
-    older, newest = completed_ids(metastore, JOB)
+    metastore, storage, older, newest = sink_rows.crash_after_three_epochs(
+        spark, spec, tmp_path, JOB
+    )
     assert _commits(catalog, warehouse, "analytics.user_totals")[newest] == 1
     result = run(spark, spec, metastore, storage, restore=str(older), parallelism=2)
     location = f"{warehouse}/analytics/user_totals"
@@ -288,41 +260,14 @@ def test_ckpt_run_on_s3_with_a_postgresql_catalog_killed_at_a_random_moment_then
     """``ckpt run`` with input, checkpoints and the warehouse on S3 and the catalog on
     PostgreSQL, SIGKILLed at a seeded random moment, resumed at another parallelism: the
     table equals pandas, and every checkpoint is committed as one snapshot, once."""
-    import boto3
-
     pg_url = catalog_pg_url
-    seed = int(os.environ.get("CKPT_TEST_SEED") or random.randrange(10_000))
-    print(f"seed {seed} (rerun with CKPT_TEST_SEED={seed})")
-    local = write_events(tmp_path / "events")
-    client = boto3.client("s3")
-    for path in sorted(local.glob("*.parquet")):
-        client.upload_file(str(path), s3_bucket, f"in/{path.name}")
-    aggs = ", ".join(f"{k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
+    seed = sink_rows.chosen_seed()
+    local = sink_rows.events_on_s3(tmp_path, s3_bucket)
     name = "analytics.totals"
-    spec = tmp_path / "pipeline.yaml"
-    spec.write_text(
-        f"""
-job: {JOB}
-source: {{format: parquet, path: "s3://{s3_bucket}/in/*.parquet"}}
-key: user
-aggregations: {{{aggs}}}
-sink: {{format: iceberg, path: "s3://{s3_bucket}/lake", table: {name}, catalog: "{pg_url}"}}
-parallelism: 2
-max_parallelism: 8
-checkpoint: {{every_epochs: 1, retained: 2}}
-storage: s3://{s3_bucket}/checkpoints
-"""
-    )
+    sink = f'{{format: iceberg, path: "s3://{s3_bucket}/lake", table: {name}, catalog: "{pg_url}"}}'
+    spec = sink_rows.s3_spec(tmp_path, s3_bucket, JOB, sink)
     env = ckpt_env(tmp_path / "home")
-    kill_at_a_random_moment(spec, env, random.Random(seed), JOB)
-    resumed = subprocess.run(
-        [CKPT, "run", str(spec), "--parallelism", "3"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert resumed.returncode == 0, f"seed {seed}: {resumed.stderr[-2000:]}"
+    resumed = sink_rows.killed_then_resumed(spec, env, seed, JOB)
     assert f"final table {name} (Iceberg, at s3://{s3_bucket}/lake/" in resumed.stdout
 
     warehouse = f"s3://{s3_bucket}/lake"
@@ -407,7 +352,7 @@ def test_refusals_name_the_field_and_write_nothing(spark: Any, tmp_path: Path) -
     warehouse = str(tmp_path / "warehouse")
     catalog = f"sqlite:///{warehouse}/catalog.db"
     sink = _sink(warehouse, None, "analytics.totals")
-    sink.stage(0, _df(spark, 0))
+    sink.stage(0, epoch_df(spark, 0))
     sink.commit(0, 1)
     files_before = list_own_files(sink.data, JOB)
     with pytest.raises(ConfigError) as err:  # another job's table: refused when opened

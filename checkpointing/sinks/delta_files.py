@@ -228,15 +228,16 @@ def write_partition(
     batches: Iterator[pa.RecordBatch],
     partition_by: list[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Changelog, on an executor: one Spark partition's rows of the epoch (``epoch`` column
-    added) as one file — with ``partition_by``, one file per partition value, without those
-    columns (their values go into the Add action); one :data:`WRITTEN` row per file, none for
-    an empty partition."""
+    """Changelog or append, on an executor: one Spark partition's rows of the epoch (the
+    ``epoch`` column added when ``schema`` has one the rows lack) as one file — with
+    ``partition_by``, one file per partition value, without those columns (their values go into
+    the Add action); one :data:`WRITTEN` row per file, none for an empty partition."""
     rows = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     if not rows:
         return
     table = pa.concat_tables(rows)
-    table = table.append_column("epoch", pa.array([epoch] * table.num_rows, pa.int64()))
+    if "epoch" in schema.names and "epoch" not in table.column_names:
+        table = table.append_column("epoch", pa.array([epoch] * table.num_rows, pa.int64()))
     table = table.select(schema.names).cast(schema)
     filesystem_, root = filesystem(url)
     if not partition_by:

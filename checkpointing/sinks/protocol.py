@@ -16,6 +16,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+#: a sink's list state in a checkpoint: one JSON-able item per staged, uncommitted epoch
+ListState = Sequence[dict[str, Any]]
+#: what :meth:`Sink.recover` returns: ``(epochs committed now, epochs discarded)``
+Recovery = tuple[list[int], list[int]]
+
 
 class Sink(Protocol):
     """What the runtime needs of a two-phase-commit sink."""

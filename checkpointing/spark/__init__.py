@@ -12,9 +12,10 @@ restored state), ``async_snapshot`` (the snapshot written while the next epoch r
 ``preflight`` (:class:`RunOptions` and the checks before Spark starts), ``session`` (the Spark
 session), ``executor`` and ``executor_env`` (what runs on executors), ``transform`` (the
 per-epoch transform and static tables), ``object_source`` (input on an object store),
-``sinks``, ``parquet_sink`` and ``delta_sink`` (the two-phase-commit sinks), ``aggregations``,
-``partials`` and ``keys``. What ``spark-submit`` runs is the CLI's
-(:mod:`checkpointing.cli.spark_app`): this package never imports the CLI.
+``sinks``, ``parquet_sink``, ``s3_parquet_sink``, ``table_sink``, ``delta_sink`` and
+``iceberg_sink`` (the two-phase-commit sinks), ``aggregations``, ``partials`` and ``keys``.
+What ``spark-submit`` runs is the CLI's (:mod:`checkpointing.cli.spark_app`): this package
+never imports the CLI.
 """
 
 from __future__ import annotations
