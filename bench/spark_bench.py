@@ -106,6 +106,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"same files): W, off, every, peer-changelog, crash, restore; e.g. {LARGE_SIZE} (the "
         "issue's realistic size); default none (quick: 60000; '' for none)",
     )
+    p.add_argument(
+        "--variants",
+        type=lambda v: [x for x in v.split(",") if x],
+        metavar="V,V,...",
+        help="only these runs in the main measurement (full runs: "
+        f"{', '.join(spark_plan.FULL_RUNS)}; and {', '.join(spark_plan.EXTRA_RUNS)}), e.g. a "
+        "shorter run at a large size: --events 50000000 --variants plain,off,every-tenth,crash "
+        "--rescale-to ''; default all",
+    )
     p.add_argument("--epochs", type=int, help="epochs (default 20; quick 6)")
     p.add_argument("--files-per-epoch", type=int, default=1, help="input files per epoch")
     p.add_argument("--seed", type=int, default=0, help="data seed")
@@ -218,7 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     size_sets = [size_data(s, args.data_dir, n) for n in s.sizes] if s.main else []
     growth_sets = spark_growth.data_sets(s, args.data_dir) if s.growth else []
-    total = (spark_plan.main_runs(s) + spark_plan.sweep_runs(s) if s.main else 0) + (
+    known = (*spark_plan.FULL_RUNS, *spark_plan.EXTRA_RUNS)
+    if args.variants is not None and (bad := [v for v in args.variants if v not in known]):
+        raise SystemExit(f"--variants: unknown run {bad[0]!r} (known: {', '.join(known)})")
+    total = (spark_plan.main_runs(s, args.variants) + spark_plan.sweep_runs(s) if s.main else 0) + (
         spark_growth.growth_runs(s) if s.growth else 0
     )
     runner = spark_plan.Runner(s, work, total)
@@ -227,7 +239,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     growth: dict[str, Any] | None = None
     try:
         if data is not None:
-            main_runs = spark_plan.measure(s, data, work, runner)
+            main_runs = spark_plan.measure(
+                s,
+                data,
+                work,
+                runner,
+                variants=[
+                    v for v in args.variants or spark_plan.FULL_RUNS if v in spark_plan.FULL_RUNS
+                ],
+                extras=[
+                    v for v in args.variants or spark_plan.EXTRA_RUNS if v in spark_plan.EXTRA_RUNS
+                ],
+            )
         for d in size_sets:
             runs = spark_plan.measure(
                 s,

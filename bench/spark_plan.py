@@ -82,6 +82,9 @@ PEERS = ("peer-changelog", "peer-rocksdb")
 PLAIN = "plain"
 #: the size sweep's full runs: the plot's lines (the crash and a restore are added)
 SWEEP_RUNS = (PLAIN, "off", "every", "every-tenth", "peer-changelog")
+WARM, CRASH = "warm-restart", "crash"
+#: the runs after the full runs of a round: a warm restart; a crash and the restores from it
+EXTRA_RUNS = (WARM, CRASH)
 
 
 def rotated(items: Sequence[str], by: int) -> list[str]:
@@ -148,8 +151,12 @@ def base_task(s: Settings, data_dir: str, live: Path, files_per_epoch: int) -> d
     }
 
 
-def main_runs(s: Settings) -> int:
-    return s.rounds * (len(FULL_RUNS) + 3 + len(s.rescale_to))
+def main_runs(s: Settings, variants: Sequence[str] | None = None) -> int:
+    if variants is None:
+        return s.rounds * (len(FULL_RUNS) + 3 + len(s.rescale_to))
+    full = [v for v in variants if v in FULL_RUNS]
+    extra = (WARM in variants) + (CRASH in variants) * (2 + len(s.rescale_to))
+    return s.rounds * (len(full) + extra)
 
 
 def sweep_runs(s: Settings) -> int:
@@ -164,8 +171,10 @@ def measure(
     variants: Sequence[str] = tuple(FULL_RUNS),
     rescale_to: Sequence[int] | None = None,
     tag: str = "",
+    extras: Sequence[str] = EXTRA_RUNS,
 ) -> list[dict]:
-    """Every variant once per round, interleaved (see the module docstring); the runs."""
+    """Every variant once per round, interleaved (see the module docstring), then ``extras``
+    (the warm restart; the crash and its restores); the runs."""
     live, snapshot = work / "live", work / "crashed"
     base = base_task(s, data["dir"], live, s.files_per_epoch)
     parallelisms = [s.parallelism, *(s.rescale_to if rescale_to is None else rescale_to)]
@@ -176,7 +185,10 @@ def measure(
             runner.one(variant, r, {**base, **FULL_RUNS[variant]}, tag=label)
         # a task failure at the crash's point, the driver alive: a warm restart to the end
         warm = {"every_epochs": True, "fail_task_after_epochs": s.crash_after_epochs}
-        runner.one("warm-restart", r, {**base, **OURS, **warm}, tag=label)
+        if WARM in extras:
+            runner.one(WARM, r, {**base, **OURS, **warm}, tag=label)
+        if CRASH not in extras:
+            continue
         crash = runner.one(
             "crash",
             r,
