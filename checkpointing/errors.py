@@ -11,6 +11,10 @@ class ConfigError(CheckpointingError, ValueError):
     """Invalid checkpoint configuration (names the field and the value)."""
 
 
+class SpecError(ConfigError):
+    """A pipeline spec is invalid; the message names the file and the field."""
+
+
 class InvalidIdError(CheckpointingError, ValueError):
     """An id that would become a path part is unsafe or malformed."""
 

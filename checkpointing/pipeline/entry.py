@@ -26,14 +26,16 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from checkpointing.config import describe_validation_error
+from checkpointing.errors import SpecError
 
-if TYPE_CHECKING:
-    from checkpointing.pipeline.spec import PipelineSpec
+#: the pipeline spec's model (:class:`checkpointing.pipeline.spec.PipelineSpec`), which imports
+#: this module: passed in, never imported here
+Spec = Any
 
 #: ``module.path:name``
 ENTRY_POINT = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$", re.ASCII)
@@ -85,7 +87,7 @@ class PipelineDefinition:
     Python transform. :class:`checkpointing.spark.Pipeline` is the implementation; the core
     knows this much of it so that a spec can name one without importing Spark."""
 
-    spec: PipelineSpec
+    spec: Spec
     stages: list[Any]
     transform: Callable[..., Any] | None
 
@@ -174,12 +176,14 @@ def built_pipeline(entry: str, py_files: Sequence[str]) -> PipelineDefinition:
 
 
 def merge_pipeline(
-    raw: Mapping[str, Any], definition: PipelineDefinition, where: str
-) -> PipelineSpec:
-    """The job's spec: the Pipeline's, with the spec file's deployment fields (``raw``, which
-    holds only those, ``pipeline`` and ``py_files``) on top; a field both give must agree."""
-    from checkpointing.pipeline.spec import PipelineSpec, SpecError
-
+    raw: Mapping[str, Any],
+    definition: PipelineDefinition,
+    where: str,
+    model: type[Spec],
+) -> Spec:
+    """The job's spec (a ``model``, the spec's class: passed in, as the spec module calls this
+    one): the Pipeline's, with the spec file's deployment fields (``raw``, which holds only
+    those, ``pipeline`` and ``py_files``) on top; a field both give must agree."""
     entry = raw["pipeline"]
     own = definition.spec
     given = {name: getattr(own, name) for name in own.model_fields_set if name != "spec_path"}
@@ -187,7 +191,7 @@ def merge_pipeline(
         if name in given:
             raise SpecError(f"{where}: pipeline: {entry}: the Pipeline sets {name}, a spec field")
     try:
-        merged = PipelineSpec.model_validate({**given, **raw})
+        merged = model.model_validate({**given, **raw})
     except ValidationError as exc:
         raise SpecError(describe_validation_error(exc, where).replace("\n", "; ")) from None
     for name in sorted(set(raw) & set(given)):
@@ -232,8 +236,6 @@ def _one_line(exc: BaseException) -> str:
 def resolve_py_files(raw: dict[str, Any], path: Path) -> dict[str, Any]:
     """``raw`` with ``py_files`` absolute (relative ones are to the spec file's folder); a file
     that is not there is refused, naming it."""
-    from checkpointing.pipeline.spec import SpecError
-
     files = raw.get("py_files")
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         return raw  # not a list of names: the model says what is wrong
@@ -247,11 +249,12 @@ def resolve_py_files(raw: dict[str, Any], path: Path) -> dict[str, Any]:
     return {**raw, "py_files": resolved}
 
 
-def python_pipeline(raw: dict[str, Any], path: Path) -> tuple[PipelineSpec, PipelineCode]:
-    """A spec file with ``pipeline:``: its Pipeline's spec with the file's deployment fields on
-    top, and the Pipeline's stages and transform. One-line :class:`SpecError` otherwise."""
-    from checkpointing.pipeline.spec import PipelineSpec, SpecError
-
+def python_pipeline(
+    raw: dict[str, Any], path: Path, model: type[Spec]
+) -> tuple[Spec, PipelineCode]:
+    """A spec file with ``pipeline:``: its Pipeline's spec (a ``model``) with the file's
+    deployment fields on top, and the Pipeline's stages and transform. One-line
+    :class:`SpecError` otherwise."""
     entry = raw["pipeline"]
     if not is_entry_point(entry):
         raise SpecError(
@@ -262,7 +265,7 @@ def python_pipeline(raw: dict[str, Any], path: Path) -> tuple[PipelineSpec, Pipe
     for name in raw:
         if name == "pipeline" or name in DEPLOYMENT_FIELDS:
             continue
-        if name in PipelineSpec.model_fields:
+        if name in model.model_fields:
             raise SpecError(
                 f"{path}: {name}: the Pipeline of pipeline: {entry} gives it; a spec with "
                 f"pipeline: holds only {', '.join(DEPLOYMENT_FIELDS)}"
@@ -277,14 +280,12 @@ def python_pipeline(raw: dict[str, Any], path: Path) -> tuple[PipelineSpec, Pipe
         definition = built_pipeline(entry, list(raw.get("py_files") or []))
     except EntryPointError as exc:
         raise SpecError(f"{path}: pipeline: {exc}") from None
-    spec = merge_pipeline({**raw, "pipeline": entry}, definition, str(path))
+    spec = merge_pipeline({**raw, "pipeline": entry}, definition, str(path), model)
     return spec, PipelineCode(tuple(definition.stages), definition.transform)
 
 
-def load_code(spec: PipelineSpec, path: Path) -> PipelineCode | None:
+def load_code(spec: Any, path: Path) -> PipelineCode | None:
     """A spec's ``transform: module:fn``, imported and checked; None without one."""
-    from checkpointing.pipeline.spec import SpecError
-
     if not is_entry_point(spec.transform):
         return None
     try:

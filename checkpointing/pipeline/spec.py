@@ -35,7 +35,7 @@ from checkpointing.config import (
     describe_validation_error,
     parse_duration,
 )
-from checkpointing.errors import ConfigError
+from checkpointing.errors import ConfigError, SpecError
 from checkpointing.ids import validate_id
 from checkpointing.pipeline.aggregation_spec import AGGREGATE_FUNCTIONS, Aggregation
 from checkpointing.pipeline.sink_spec import EPOCH_COLUMN, SinkSpec
@@ -65,10 +65,6 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")
 #: the fields where ``${CKPT_HOME}`` may be used: the paths
 PATH_FIELDS = (("source", "path"), ("sink", "path"), ("sink", "catalog"), ("storage",))
-
-
-class SpecError(ConfigError):
-    """A pipeline spec is invalid; the message names the file and the field."""
 
 
 class SourceFormat(StrEnum):
@@ -425,7 +421,7 @@ def load_spec(
 
     raw = resolve_py_files(raw, path)
     if "pipeline" in raw:  # the job is code: its Pipeline, with this file's deployment
-        spec, code = python_pipeline(raw, path)
+        spec, code = python_pipeline(raw, path, PipelineSpec)
     else:
         try:
             spec = PipelineSpec.model_validate(raw)
