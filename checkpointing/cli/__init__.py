@@ -6,11 +6,11 @@ scripts. Every error is one clear line on stderr and a non-zero exit code.
 
 One module per group of commands, each command a thin typer declaration over library functions
 (Alembic's ``command.py`` style): :mod:`.db`, :mod:`.history`, :mod:`.savepoint`,
-:mod:`.inspection`, :mod:`.run`, :mod:`.data`. What they share (consoles, error handling, the root
-options) is in :mod:`.common`, the tables in :mod:`.render`. A command imports what it needs when
-it runs, so that ``--help`` loads neither SQLAlchemy nor Spark. To add a command, write it in its
-group's module and wire it up below. :mod:`.spark_app` is the file ``spark-submit`` runs: this
-command line in a Spark driver.
+:mod:`.inspection`, :mod:`.maintenance`, :mod:`.run`, :mod:`.data`. What they share (consoles,
+error handling, the root options) is in :mod:`.common`, the tables in :mod:`.render`. A command
+imports what it needs when it runs, so that ``--help`` loads neither SQLAlchemy nor Spark.
+To add a command, write it in its group's module and wire it up below. :mod:`.spark_app` is the
+file ``spark-submit`` runs: this command line in a Spark driver.
 
 ``--help`` and the ``--json`` reads stay fast for scripts that poll them (a test checks what
 they import): Rich's console is made on first use, tables are imported only to print one.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import typer
 
-from checkpointing.cli import data, db, history, inspection, run, savepoint
+from checkpointing.cli import data, db, history, inspection, maintenance, run, savepoint
 from checkpointing.cli.common import main_options
 
 __all__ = ["app", "main"]
@@ -50,6 +50,8 @@ app.command("restore-plan")(inspection.restore_plan)
 app.command("inspect")(inspection.inspect)
 app.command("savepoint")(savepoint.savepoint)
 app.command("requests")(history.requests)
+app.command("savepoints")(maintenance.savepoints)
+app.command("gc")(maintenance.gc)
 app.command("run")(run.run)
 app.command("generate-data")(data.generate_data)
 

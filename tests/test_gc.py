@@ -1,0 +1,283 @@
+"""``ckpt gc`` and savepoint housekeeping (issue 25): history built with the coordinator API on
+SQLite and PostgreSQL, files on local storage and moto's S3. gc keeps exactly what a restore
+needs (a restore after it still verifies), deletes what it should, a dry run deletes nothing, an
+active job and bad options are refused before anything is deleted."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from typer.testing import CliRunner
+
+from checkpointing.cli import app
+from checkpointing.clock import ManualClock
+from checkpointing.coordination import shared_state
+from checkpointing.coordination.gc import GcOptions, JobActiveError, list_savepoints, run_gc
+from checkpointing.coordination.pending import TaskAck
+from checkpointing.errors import ConfigError, UnknownJobError
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import CheckpointAck, CheckpointTask
+from checkpointing.restore.lookup import find_latest_valid, record_restore
+from checkpointing.state.storage import CheckpointStorage, S3CheckpointStorage
+from checkpointing.status import CheckpointStatus as S
+from checkpointing.status import CheckpointType, JobStatus
+from tests.helpers import (
+    JOB,
+    ack_all,
+    complete,
+    make_plan,
+    new_coordinator,
+    request_rows,
+    restore_rows,
+    statuses,
+)
+
+DAY = timedelta(days=1)
+
+
+def _clocks() -> tuple[ManualClock, ManualClock]:
+    """The job's clock, 40 days back, and gc's, two hours ahead of the files' real mtimes (so
+    that a 1 h grace has passed for every file written now)."""
+    now = datetime.now(UTC)
+    return ManualClock(now - 40 * DAY), ManualClock(now + timedelta(hours=2))
+
+
+def _children(metastore: Metastore, ids: list[int]) -> int:
+    with metastore.transaction() as s:
+        return sum(
+            s.scalar(
+                select(func.count()).select_from(m).where(m.job_id == JOB, m.checkpoint_id.in_(ids))
+            )
+            or 0
+            for m in (CheckpointTask, CheckpointAck)
+        )
+
+
+def _plant(storage: CheckpointStorage, *names: str) -> dict[str, str]:
+    root = storage.job_url(JOB)
+    return {n: storage.write_bytes(f"{root}/{n}", b"x" * 100).url for n in names}
+
+
+def _history(metastore: Metastore, storage: CheckpointStorage, clock: ManualClock) -> Any:
+    """Savepoint 1 and checkpoint 2 from requests, checkpoints 3-5, an aborted 6 and two
+    restores, 40 days ago; 35 days later checkpoint 7 (subsuming 4 then: recent history)."""
+    coord = new_coordinator(metastore, storage, clock, retained=2, max_concurrent=2)
+    for kind in (CheckpointType.SAVEPOINT, CheckpointType.CHECKPOINT):
+        coord.request(kind, requested_by="test", forced=True)
+        [pending] = coord.process_requests()
+        assert ack_all(coord, pending).completed is not None
+    for _ in range(3):
+        complete(coord)
+    coord.trigger_checkpoint()
+    coord.failover("gone")
+    for attempt in ("a1", "a2"):
+        decision = find_latest_valid(metastore, storage, JOB)
+        record_restore(metastore, decision, attempt=attempt, clock=clock)
+    clock.advance(35 * DAY)
+    complete(coord)
+    return coord
+
+
+def test_gc_prunes_old_history_and_orphans_and_keeps_what_a_restore_needs(
+    metastore: Metastore, storage: CheckpointStorage
+) -> None:
+    clock, gc_clock = _clocks()
+    _history(metastore, storage, clock)
+    assert statuses(metastore) == {
+        1: S.COMPLETED, 2: S.SUBSUMED, 3: S.SUBSUMED, 4: S.SUBSUMED, 5: S.COMPLETED,
+        6: S.ABORTED, 7: S.COMPLETED,
+    }  # fmt: skip
+    files = _plant(
+        storage,
+        "chk-3/late-ack",  # a subsumed checkpoint's late write: orphan
+        "chk-6/_metadata",  # an aborted one's: orphan
+        "shared/chk-2/state.arrow",  # registered by no checkpoint: orphan
+        "savepoints/savepoint-4/x",  # no savepoint 4: orphan
+        "chk-5/extra",  # inside a retained checkpoint: kept
+        "chk-99/in-flight",  # an id not handed out yet: kept
+        "notes/readme.txt",  # not a name gc knows: kept
+    )
+    orphan_names = ("chk-3/late-ack", "chk-6/_metadata", "shared/chk-2/state.arrow")
+    orphans = [files[n] for n in (*orphan_names, "savepoints/savepoint-4/x")]
+    before = (statuses(metastore), len(request_rows(metastore)), len(restore_rows(metastore)))
+
+    dry = run_gc(metastore, storage, JOB, GcOptions(), dry_run=True, clock=gc_clock)
+    assert (dry.checkpoints, dry.tasks, dry.acks) == ([2, 3, 6], 9, 6)
+    assert (len(dry.requests), len(dry.restores)) == (1, 1)
+    assert sorted(f.url for f in dry.orphans) == sorted(orphans)
+    assert dry.orphan_bytes == 400
+    after_dry = (statuses(metastore), len(request_rows(metastore)), len(restore_rows(metastore)))
+    assert after_dry == before
+    assert all(storage.exists(u) for u in files.values())
+
+    done = run_gc(metastore, storage, JOB, GcOptions(), clock=gc_clock)
+    assert done.checkpoints == [2, 3, 6] and not done.errors
+    assert statuses(metastore) == {1: S.COMPLETED, 4: S.SUBSUMED, 5: S.COMPLETED, 7: S.COMPLETED}
+    assert _children(metastore, [2, 3, 6]) == 0 and _children(metastore, [5, 7]) > 0
+    # the savepoint's request stays (its checkpoint names it), checkpoint 2's went
+    assert [r.checkpoint_id for r in request_rows(metastore)] == [1]
+    assert [r.attempt for r in restore_rows(metastore)] == ["a2"]  # the latest stays
+    assert not any(storage.exists(u) for u in orphans)
+    assert all(storage.exists(files[n]) for n in ("chk-5/extra", "chk-99/in-flight",
+                                                  "notes/readme.txt"))  # fmt: skip
+    restored = find_latest_valid(metastore, storage, JOB, deep=True, strict=True)
+    assert restored.checkpoint_id == 7
+    # a second run finds nothing more
+    again = run_gc(metastore, storage, JOB, GcOptions(), clock=gc_clock)
+    assert (again.checkpoints, again.requests, again.restores, again.orphans) == ([], [], [], [])
+
+
+def test_a_shared_file_a_retained_checkpoint_builds_on_survives_gc(
+    metastore: Metastore, storage: CheckpointStorage
+) -> None:
+    clock, gc_clock = _clocks()
+    coord = new_coordinator(metastore, storage, clock, plan=make_plan({"agg": 1}), retained=1)
+
+    def checkpoint(chain: list[dict[str, Any]]) -> dict[str, Any]:
+        pending = coord.trigger_checkpoint()
+        [task] = pending.tasks
+        own = storage.shared_checkpoint_url(JOB, pending.checkpoint_id)
+        info = storage.write_bytes(f"{own}/agg-0.arrow", bytes(50))
+        new = {"handle": info.url, "size": info.size, "checksum": info.checksum}
+        meta = {"key_groups": [0, 15], "group_bytes": {0: 50 + sum(c["size"] for c in chain)}}
+        if chain:
+            meta["chain"] = chain
+        ack = TaskAck(task.attempt_id, info.url, info.size, info.checksum, state_meta=meta)
+        assert coord.receive_acknowledge(pending.checkpoint_id, [ack]).completed is not None
+        return new
+
+    first = checkpoint([])
+    second = checkpoint([first])  # subsumes 1, keeps building on its file
+    junk = _plant(storage, "shared/chk-1/never-registered")["shared/chk-1/never-registered"]
+    clock.advance(35 * DAY)
+
+    plan = run_gc(metastore, storage, JOB, GcOptions(), clock=gc_clock)
+    assert plan.checkpoints == [1]  # its row goes, its registered file stays
+    assert [f.url for f in plan.orphans] == [junk]
+    assert storage.exists(first["handle"]) and not storage.exists(junk)
+    with metastore.transaction() as s:
+        counts = shared_state.reference_counts(s, JOB)
+    assert counts == {first["handle"]: 1, second["handle"]: 1}
+    assert find_latest_valid(metastore, storage, JOB, deep=True, strict=True).checkpoint_id == 2
+
+
+def test_the_grace_period_keeps_fresh_files(
+    metastore: Metastore, storage: CheckpointStorage
+) -> None:
+    clock, _ = _clocks()
+    coord = new_coordinator(metastore, storage, clock)
+    complete(coord)
+    complete(coord)
+    fresh = _plant(storage, "chk-1/late")["chk-1/late"]
+    now = ManualClock(datetime.now(UTC))
+    assert (
+        run_gc(metastore, storage, JOB, GcOptions(grace=timedelta(hours=1)), clock=now).orphans
+        == []
+    )
+    assert storage.exists(fresh)
+    plan = run_gc(metastore, storage, JOB, GcOptions(grace=timedelta(0)), clock=now)
+    assert [f.url for f in plan.orphans] == [fresh] and not storage.exists(fresh)
+
+
+def test_gc_on_s3_deletes_orphans_and_a_restore_still_verifies(
+    metastore: Metastore, s3_bucket: str
+) -> None:
+    storage = S3CheckpointStorage(f"s3://{s3_bucket}/ckpt")
+    clock, gc_clock = _clocks()
+    coord = new_coordinator(metastore, storage, clock, retained=1)
+    for _ in range(3):
+        complete(coord)
+    files = _plant(storage, "chk-1/late", "shared/chk-2/x", "chk-3/extra", "other/y")
+    plan = run_gc(metastore, storage, JOB, GcOptions(), dry_run=True, clock=gc_clock)
+    assert sorted(f.url for f in plan.orphans) == sorted(
+        [files["chk-1/late"], files["shared/chk-2/x"]]
+    )
+    assert all(storage.exists(u) for u in files.values())
+    run_gc(metastore, storage, JOB, GcOptions(), clock=gc_clock)
+    assert [
+        storage.exists(files[n]) for n in ("chk-1/late", "shared/chk-2/x", "chk-3/extra", "other/y")
+    ] == [False, False, True, True]
+    assert find_latest_valid(metastore, storage, JOB, deep=True, strict=True).checkpoint_id == 3
+
+
+def test_savepoints_are_listed_and_expired_by_count_and_age(
+    metastore: Metastore, storage: CheckpointStorage
+) -> None:
+    clock, gc_clock = _clocks()
+    coord = new_coordinator(metastore, storage, clock)
+    complete(coord, savepoint=True)  # 1
+    clock.advance(20 * DAY)
+    complete(coord, savepoint=True)  # 2
+    complete(coord)  # 3
+    clock.advance(10 * DAY)
+    complete(coord, savepoint=True)  # 4
+    complete(coord)  # 5
+    listed = list_savepoints(metastore, JOB, clock=gc_clock)
+    assert [(s.checkpoint_id, s.age.days) for s in listed] == [(4, 10), (2, 20), (1, 40)]
+    assert all(s.size > 0 for s in listed)
+
+    result = CliRunner().invoke(
+        app, ["--metastore-url", metastore.url.render_as_string(hide_password=False),
+              "savepoints", JOB, "--json"]
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert [r["checkpoint_id"] for r in json.loads(result.stdout)] == [4, 2, 1]
+
+    by_age = GcOptions(savepoint_max_age=30 * DAY)
+    plan = run_gc(metastore, storage, JOB, by_age, dry_run=True, clock=gc_clock)
+    assert [s.checkpoint_id for s in plan.savepoints] == [1]
+    plan = run_gc(metastore, storage, JOB, GcOptions(keep_savepoints=1), clock=gc_clock)
+    assert [s.checkpoint_id for s in plan.savepoints] == [2, 1]
+    assert statuses(metastore)[1] == statuses(metastore)[2] == S.DISCARDED
+    assert not storage.list_files(listed[2].location) and storage.list_files(listed[0].location)
+    # the savepoint a restore would pick now is never expired: savepoint 6, newer than checkpoint 5
+    complete(coord, savepoint=True)
+    assert find_latest_valid(metastore, storage, JOB).checkpoint_id == 6
+    plan = run_gc(metastore, storage, JOB, GcOptions(keep_savepoints=0), clock=gc_clock)
+    assert [s.checkpoint_id for s in plan.savepoints] == [4]
+    assert [s.checkpoint_id for s in list_savepoints(metastore, JOB)] == [6]
+
+
+def test_an_active_job_unknown_job_and_bad_options_are_refused_before_deleting(
+    metastore: Metastore, storage: CheckpointStorage
+) -> None:
+    clock, gc_clock = _clocks()
+    coord = new_coordinator(metastore, storage, clock)
+    complete(coord)
+    complete(coord)
+    orphan = _plant(storage, "chk-1/late")["chk-1/late"]
+    coord.job_status_changed(JobStatus.RUNNING)
+    with pytest.raises(JobActiveError, match="RUNNING"):
+        run_gc(metastore, storage, JOB, GcOptions(), clock=gc_clock)
+    assert storage.exists(orphan)
+    with pytest.raises(UnknownJobError):
+        run_gc(metastore, storage, "nope", GcOptions(), clock=gc_clock)
+    with pytest.raises(ConfigError, match="--grace must not be negative"):
+        GcOptions(grace=-timedelta(hours=1))
+    with pytest.raises(ConfigError, match="--keep-savepoints"):
+        GcOptions(keep_savepoints=-1)
+
+    url = metastore.url.render_as_string(hide_password=False)
+    runner = CliRunner()
+    for args, code, message in [
+        (["gc", JOB], 1, "is RUNNING"),
+        (["gc", "nope"], 1, "unknown job 'nope'"),
+        (["gc", JOB, "--grace", "-1h"], 2, "negative"),
+        (["gc", JOB, "--keep-history", "soon"], 2, "--keep-history"),
+        (["gc", JOB, "--keep-savepoints", "-1"], 2, "--keep-savepoints"),
+    ]:
+        result = runner.invoke(app, ["--metastore-url", url, *args])
+        assert result.exit_code == code, (args, result.output)
+        assert message in result.output, (args, result.output)
+    assert storage.exists(orphan)
+
+    result = runner.invoke(
+        app, ["--metastore-url", url, "gc", JOB, "--force", "--grace", "0s", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert [o["url"] for o in json.loads(result.stdout)["orphans"]] == [orphan]
+    assert not storage.exists(orphan)
