@@ -119,6 +119,24 @@ class RetentionPolicy(StrEnum):
     RETAIN_ON_CANCELLATION = "retain_on_cancellation"
 
 
+class SavepointRetention(BaseModel):
+    """How long completed savepoints are kept, applied by ``ckpt gc``: the ``count`` newest,
+    and none completed longer than ``max_age`` ago (either condition expires one). The savepoint
+    a restore would pick is always kept."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    count: int | None = Field(default=None, ge=0, strict=True)
+    max_age: Duration | None = None
+
+    @field_validator("max_age")
+    @classmethod
+    def _age_not_negative(cls, v: timedelta | None) -> timedelta | None:
+        if v is not None and v < timedelta(0):
+            raise ValueError("must not be negative")
+        return v
+
+
 class CheckpointConfig(BaseModel):
     """A job's checkpoint settings, validated.
 
@@ -134,6 +152,8 @@ class CheckpointConfig(BaseModel):
     :param retention: what to keep when the job terminates.
     :param prefer_checkpoint_for_recovery: on restore, prefer the latest checkpoint over a newer
         savepoint.
+    :param savepoint_retention: expire completed savepoints by a count and/or an age when
+        ``ckpt gc`` runs (``None``: savepoints are kept until discarded).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -146,6 +166,7 @@ class CheckpointConfig(BaseModel):
     retained: int = Field(default=1, ge=1, strict=True)
     retention: RetentionPolicy = RetentionPolicy.RETAIN_ON_FAILURE
     prefer_checkpoint_for_recovery: bool = False
+    savepoint_retention: SavepointRetention | None = None
 
     @field_validator("interval")
     @classmethod

@@ -1,4 +1,4 @@
--- Reference DDL of the checkpoint metastore for sqlite, revision 0003.
+-- Reference DDL of the checkpoint metastore for sqlite, revision 0004.
 -- Generated from checkpointing/metastore/models.py by `make ddl`; `ckpt db upgrade`
 -- (Alembic) is the supported way to create or migrate a metastore. A test fails when
 -- they drift.
@@ -15,6 +15,8 @@ CREATE TABLE ckpt_jobs (
 	retained INTEGER NOT NULL,
 	retention VARCHAR(32) NOT NULL,
 	prefer_checkpoint_for_recovery BOOLEAN NOT NULL,
+	savepoint_keep INTEGER,
+	savepoint_max_age_ms BIGINT,
 	next_checkpoint_id BIGINT NOT NULL,
 	periodic_scheduling BOOLEAN NOT NULL,
 	coordinator_id VARCHAR(64),
@@ -145,4 +147,4 @@ CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL,
 	CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
 );
-INSERT INTO alembic_version (version_num) VALUES ('0003');
+INSERT INTO alembic_version (version_num) VALUES ('0004');

@@ -281,3 +281,31 @@ def test_an_active_job_unknown_job_and_bad_options_are_refused_before_deleting(
     assert result.exit_code == 0, result.output
     assert [o["url"] for o in json.loads(result.stdout)["orphans"]] == [orphan]
     assert not storage.exists(orphan)
+
+
+def test_the_jobs_savepoint_retention_is_stored_and_applied_by_gc(
+    metastore: Metastore, storage: CheckpointStorage
+) -> None:
+    from checkpointing.config import CheckpointConfig, SavepointRetention
+    from checkpointing.metastore.jobs import require_job
+
+    with pytest.raises(ConfigError, match=r"savepoint_retention\.count"):
+        CheckpointConfig.parse({"savepoint_retention": {"count": -1}})
+    with pytest.raises(ConfigError, match=r"savepoint_retention\.max_age: must not be negative"):
+        CheckpointConfig.parse({"savepoint_retention": {"max_age": "-1d"}})
+    clock, gc_clock = _clocks()
+    coord = new_coordinator(
+        metastore, storage, clock, savepoint_retention={"count": 3, "max_age": "39d"}
+    )
+    stored = require_job(metastore, JOB).config.savepoint_retention
+    assert stored == SavepointRetention(count=3, max_age=39 * DAY)
+    for _ in range(4):  # savepoints 1-4, a day apart: 40, 39, 38 and 37 days old (and 2 h)
+        complete(coord, savepoint=True)
+        clock.advance(DAY)
+    complete(coord)  # 5: what a restore picks
+    plan = run_gc(metastore, storage, JOB, GcOptions(), clock=gc_clock)
+    assert [s.checkpoint_id for s in plan.savepoints] == [2, 1]  # 1 beyond the count, 2 too old
+    # an option overrides the configuration for one run
+    plan = run_gc(metastore, storage, JOB, GcOptions(keep_savepoints=1), clock=gc_clock)
+    assert [s.checkpoint_id for s in plan.savepoints] == [3]
+    assert [s.checkpoint_id for s in list_savepoints(metastore, JOB)] == [4]

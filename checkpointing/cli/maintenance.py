@@ -45,10 +45,19 @@ def gc(
     ] = "1h",
     keep_savepoints: Annotated[
         int | None,
-        typer.Option(min=0, metavar="N", help="Discard completed savepoints beyond the N newest."),
+        typer.Option(
+            min=0,
+            metavar="N",
+            help="Discard completed savepoints beyond the N newest (default: the job's "
+            "savepoint_retention).",
+        ),
     ] = None,
     savepoint_max_age: Annotated[
-        str | None, typer.Option(help="Discard completed savepoints older than this, e.g. 90d.")
+        str | None,
+        typer.Option(
+            help="Discard completed savepoints older than this, e.g. 90d (default: the "
+            "job's savepoint_retention)."
+        ),
     ] = None,
     orphans: Annotated[
         bool, typer.Option("--orphans/--no-orphans", help="Delete orphan files in storage.")

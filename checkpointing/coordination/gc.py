@@ -11,7 +11,8 @@ goes:
   a subsumed checkpoint whose files were kept (``discard_on_subsumed`` off) stays listed, and so
   does the job's latest restore decision and any request a remaining checkpoint names;
 * **savepoints** beyond ``keep_savepoints`` (newest first) or completed before
-  ``savepoint_max_age`` ago, through the user's discard path
+  ``savepoint_max_age`` ago (options; by default the job's ``savepoint_retention``), through the
+  user's discard path
   (:func:`checkpointing.coordination.savepoints.discard_savepoint`); never the one a restore would
   pick now;
 * **orphan files**, by :mod:`checkpointing.coordination.orphans`.
@@ -44,6 +45,7 @@ from checkpointing.metastore.models import (
     CheckpointAck,
     CheckpointRequest,
     CheckpointTask,
+    Job,
     RestoreEvent,
     SharedStateRef,
 )
@@ -221,9 +223,7 @@ def plan_gc(
                 .order_by(RestoreEvent.restore_id)
             )
         )
-        plan.savepoints = _expired_savepoints(
-            s, job_id, job.prefer_checkpoint_for_recovery, options, now
-        )
+        plan.savepoints = _expired_savepoints(s, job, options, now)
     if options.orphans:
         plan.orphans = orphans.find_orphans(metastore, storage, job_id, now - options.grace)
     return plan
@@ -370,16 +370,24 @@ def _delete_history(metastore: Metastore, job_id: str, plan: GcPlan, cutoff: dat
 
 
 def _expired_savepoints(
-    s: Session, job_id: str, prefer_checkpoint: bool, options: GcOptions, now: datetime
+    s: Session, job: Job, options: GcOptions, now: datetime
 ) -> list[SavepointInfo]:
-    if options.keep_savepoints is None and options.savepoint_max_age is None:
+    """The completed savepoints past the retention: the options' where given, else the job's
+    ``savepoint_retention``."""
+    configured = jobs.config_of(job).savepoint_retention
+    keep = options.keep_savepoints
+    max_age = options.savepoint_max_age
+    if configured is not None:
+        keep = configured.count if keep is None else keep
+        max_age = configured.max_age if max_age is None else max_age
+    if keep is None and max_age is None:
         return []
-    candidates = store.restore_candidates(s, job_id, prefer_checkpoint)
+    candidates = store.restore_candidates(s, job.job_id, job.prefer_checkpoint_for_recovery)
     restoring = candidates[0].checkpoint_id if candidates else None
     expired = []
-    for rank, sp in enumerate(_savepoints(s, job_id, now)):
-        beyond = options.keep_savepoints is not None and rank >= options.keep_savepoints
-        old = options.savepoint_max_age is not None and sp.age > options.savepoint_max_age
+    for rank, sp in enumerate(_savepoints(s, job.job_id, now)):
+        beyond = keep is not None and rank >= keep
+        old = max_age is not None and sp.age > max_age
         if (beyond or old) and sp.checkpoint_id != restoring:
             expired.append(sp)
     return expired

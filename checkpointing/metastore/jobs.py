@@ -16,7 +16,13 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from checkpointing.clock import ms
-from checkpointing.config import ENV_STORAGE_URL, CheckpointConfig, RetentionPolicy, Settings
+from checkpointing.config import (
+    ENV_STORAGE_URL,
+    CheckpointConfig,
+    RetentionPolicy,
+    SavepointRetention,
+    Settings,
+)
 from checkpointing.errors import UnknownJobError
 from checkpointing.ids import validate_id
 from checkpointing.metastore.engine import Metastore
@@ -61,6 +67,18 @@ def config_of(job: Job) -> CheckpointConfig:
         retained=job.retained,
         retention=RetentionPolicy(job.retention),
         prefer_checkpoint_for_recovery=job.prefer_checkpoint_for_recovery,
+        savepoint_retention=(
+            None
+            if job.savepoint_keep is None and job.savepoint_max_age_ms is None
+            else SavepointRetention(
+                count=job.savepoint_keep,
+                max_age=(
+                    timedelta(milliseconds=job.savepoint_max_age_ms)
+                    if job.savepoint_max_age_ms is not None
+                    else None
+                ),
+            )
+        ),
     )
 
 
@@ -192,6 +210,7 @@ def register_job(
     if storage_url is None and job is None:
         raise UnknownJobError(f"job {job_id!r} is new: give its checkpoint storage")
     url = storage_url or job.storage_url  # type: ignore[union-attr]
+    keep = config.savepoint_retention
     values = dict(
         storage_url=url,
         interval_ms=ms(config.interval) if config.interval is not None else None,
@@ -202,6 +221,8 @@ def register_job(
         retained=config.retained,
         retention=config.retention.value,
         prefer_checkpoint_for_recovery=config.prefer_checkpoint_for_recovery,
+        savepoint_keep=keep.count if keep else None,
+        savepoint_max_age_ms=ms(keep.max_age) if keep and keep.max_age is not None else None,
         updated_at=now,
     )
     if job is None:

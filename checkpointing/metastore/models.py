@@ -78,6 +78,9 @@ class Job(Base):
     retained: Mapped[int] = mapped_column(Integer, default=1)
     retention: Mapped[str] = mapped_column(String(32))
     prefer_checkpoint_for_recovery: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: SavepointRetention, applied by ``ckpt gc`` (NULL: no limit)
+    savepoint_keep: Mapped[int | None] = mapped_column(Integer)
+    savepoint_max_age_ms: Mapped[int | None] = mapped_column(BigInteger)
     # coordinator state
     next_checkpoint_id: Mapped[int] = mapped_column(BigInteger, default=1)
     periodic_scheduling: Mapped[bool] = mapped_column(Boolean, default=False)
