@@ -226,6 +226,14 @@ def test_savepoints_are_listed_and_expired_by_count_and_age(
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert [r["checkpoint_id"] for r in json.loads(result.stdout)] == [4, 2, 1]
+    assert json.loads(result.stdout)[2]["age_seconds"] > 40 * 86400
+    result = CliRunner().invoke(
+        app, ["--metastore-url", metastore.url.render_as_string(hide_password=False),
+              "savepoints", JOB]
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "40d" in result.stdout  # by the wall clock
+    assert listed[0].location.rsplit("/", 1)[1] in result.stdout  # the path is never cut
 
     by_age = GcOptions(savepoint_max_age=30 * DAY)
     plan = run_gc(metastore, storage, JOB, by_age, dry_run=True, clock=gc_clock)
@@ -275,9 +283,12 @@ def test_an_active_job_unknown_job_and_bad_options_are_refused_before_deleting(
         assert message in result.output, (args, result.output)
     assert storage.exists(orphan)
 
-    result = runner.invoke(
-        app, ["--metastore-url", url, "gc", JOB, "--force", "--grace", "0s", "--json"]
-    )
+    gc = ["--metastore-url", url, "gc", JOB, "--force", "--grace", "0s"]
+    result = runner.invoke(app, [*gc, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "would delete 0 savepoint(s) (0 B), 1 orphan file(s) (100 B)" in result.stdout
+    assert orphan in result.stdout and storage.exists(orphan)
+    result = runner.invoke(app, [*gc, "--json"])
     assert result.exit_code == 0, result.output
     assert [o["url"] for o in json.loads(result.stdout)["orphans"]] == [orphan]
     assert not storage.exists(orphan)

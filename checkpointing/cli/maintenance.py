@@ -136,8 +136,9 @@ def savepoints(job: JobArg, as_json: AsJson = False) -> None:
     from checkpointing.cli.render import human_bytes
 
     table = Table(title=f"savepoints of {job}")
-    for column in ("id", "type", "completed", "age", "size", "location"):
-        table.add_column(column)
+    for column in ("id", "type", "completed", "age", "size"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("location", overflow="fold")  # whole: it is what --restore takes
     for r in rows:
         table.add_row(
             str(r.checkpoint_id),
