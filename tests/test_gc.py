@@ -18,6 +18,7 @@ from checkpointing.clock import ManualClock
 from checkpointing.coordination import shared_state
 from checkpointing.coordination.gc import GcOptions, JobActiveError, list_savepoints, run_gc
 from checkpointing.coordination.pending import TaskAck
+from checkpointing.coordination.sink_vacuum import plan_vacuum
 from checkpointing.errors import ConfigError, UnknownJobError
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import CheckpointAck, CheckpointTask
@@ -320,3 +321,54 @@ def test_the_jobs_savepoint_retention_is_stored_and_applied_by_gc(
     plan = run_gc(metastore, storage, JOB, GcOptions(keep_savepoints=1), clock=gc_clock)
     assert [s.checkpoint_id for s in plan.savepoints] == [3]
     assert [s.checkpoint_id for s in list_savepoints(metastore, JOB)] == [4]
+
+
+def test_vacuum_sink_deletes_only_the_sinks_files_no_retained_checkpoint_can_restore(
+    metastore: Metastore, storage: CheckpointStorage, tmp_path: Any
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    from checkpointing.sinks import delta_log
+    from checkpointing.sinks.delta_files import DataFile, file_name
+
+    clock, gc_clock = _clocks()
+    coord = new_coordinator(metastore, storage, clock, retained=2)
+    url = f"file://{tmp_path / 'table'}"
+    schema = pa.schema([("k", pa.string()), ("v", pa.int64())])
+    table = delta_log.create_table(url, JOB, "upsert", schema, 1)
+    names, previous = [], {}
+    for epoch in range(4):  # checkpoints 1-4, each rewriting the one bucket file (versions 1-4)
+        cid = complete(coord).checkpoint_id
+        name = file_name(JOB, epoch, "g", 0)
+        pq.write_table(
+            pa.table({"k": ["a"], "v": [epoch]}, schema=schema), tmp_path / "table" / name
+        )
+        size = (tmp_path / "table" / name).stat().st_size
+        adds = [DataFile(epoch, 0, name, size, 1)]
+        delta_log.commit_files(
+            table, url, job=JOB, checkpoint_id=cid, epoch=epoch, epochs=[epoch], adds=adds,
+            removes=previous, schema=table.schema(),
+        )  # fmt: skip
+        names.append(name)
+        previous = {name: size}
+    staged = file_name(JOB, 4, "g", 0)  # written for a commit still to come: not in the log
+    (tmp_path / "table" / staged).write_bytes(b"staged")
+    (tmp_path / "table" / "someone-elses.parquet").write_bytes(b"x")
+
+    options = GcOptions(vacuum_sink=url)
+    plan = run_gc(metastore, storage, JOB, options, dry_run=True, clock=gc_clock)
+    assert [f.name for f in plan.sink_files] == sorted(names[:2]) and plan.sink_bytes > 0
+    assert all((tmp_path / "table" / n).exists() for n in names)
+    run_gc(metastore, storage, JOB, options, clock=gc_clock)
+    kept = sorted(p.name for p in (tmp_path / "table").iterdir() if p.suffix == ".parquet")
+    assert kept == sorted([*names[2:], staged, "someone-elses.parquet"])
+    # the retained checkpoints' versions still restore: checkpoint 3's is version 3
+    state = delta_log.state_for_checkpoint(DeltaTable(url), 3)
+    assert state.version == 3
+    delta_log.restore_table(DeltaTable(url), url, JOB, state)
+    assert DeltaTable(url).to_pyarrow_table().to_pydict() == {"k": ["a"], "v": [2]}
+    # another job's table is refused, naming it, before anything is deleted
+    with pytest.raises(ConfigError, match="not of job 'job-b'"):
+        plan_vacuum(metastore, "job-b", url)

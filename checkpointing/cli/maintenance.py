@@ -62,6 +62,14 @@ def gc(
     orphans: Annotated[
         bool, typer.Option("--orphans/--no-orphans", help="Delete orphan files in storage.")
     ] = True,
+    vacuum_sink: Annotated[
+        str | None,
+        typer.Option(
+            metavar="TABLE",
+            help="Also delete the job's Delta sink table's files (at this location) that no "
+            "retained checkpoint or savepoint can restore.",
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what would go, delete nothing.")
     ] = False,
@@ -83,6 +91,7 @@ def gc(
         savepoint_max_age=_duration(savepoint_max_age, "--savepoint-max-age"),
         orphans=orphans,
         force=force,
+        vacuum_sink=vacuum_sink,
     )
     metastore = state.metastore()
     storage = job_storage(metastore, job, state.storage_url)
@@ -111,10 +120,18 @@ def _print_plan(plan: GcPlan) -> None:
         f"({human_bytes(plan.orphan_bytes)})",
         soft_wrap=True,
     )
+    if plan.sink_files:
+        out.print(
+            f"job {plan.job_id}: {verb} {len(plan.sink_files)} sink table file(s) "
+            f"({human_bytes(plan.sink_bytes)})",
+            soft_wrap=True,
+        )
     for sp in plan.savepoints:
         out.print(f"  savepoint {sp.checkpoint_id}: {sp.location}", soft_wrap=True)
     for f in plan.orphans:
         out.print(f"  {f.url} ({human_bytes(f.size)})", soft_wrap=True)
+    for s in plan.sink_files:
+        out.print(f"  {s.table}/{s.name} ({human_bytes(s.size)})", soft_wrap=True)
     for error in plan.errors:
         out.print(f"  not deleted: {error}", soft_wrap=True)
 

@@ -15,7 +15,9 @@ goes:
   user's discard path
   (:func:`checkpointing.coordination.savepoints.discard_savepoint`); never the one a restore would
   pick now;
-* **orphan files**, by :mod:`checkpointing.coordination.orphans`.
+* **orphan files**, by :mod:`checkpointing.coordination.orphans`;
+* with ``vacuum_sink``, the Delta sink table's files no retained checkpoint can restore, by
+  :mod:`checkpointing.coordination.sink_vacuum`.
 
 A plan is made first (:func:`plan_gc`) and is all a dry run does; :func:`run_gc` then deletes it,
 history rows under the job's row lock with the plan's conditions repeated in the ``DELETE``, so a
@@ -34,8 +36,9 @@ from sqlalchemy import and_, delete, func, not_, select, true
 from sqlalchemy.orm import Session
 
 from checkpointing.clock import Clock, SystemClock
-from checkpointing.coordination import orphans, savepoints, store
+from checkpointing.coordination import orphans, savepoints, sink_vacuum, store
 from checkpointing.coordination.orphans import OrphanFile
+from checkpointing.coordination.sink_vacuum import SinkFile
 from checkpointing.errors import CheckpointingError, ConfigError
 from checkpointing.ids import validate_id
 from checkpointing.metastore import jobs
@@ -74,6 +77,8 @@ class GcOptions:
     savepoint_max_age: timedelta | None = None
     orphans: bool = True
     force: bool = False
+    #: the job's Delta sink table to vacuum (:mod:`checkpointing.coordination.sink_vacuum`)
+    vacuum_sink: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("keep_history", "grace", "savepoint_max_age"):
@@ -121,6 +126,7 @@ class GcPlan:
     restores: list[int] = field(default_factory=list)
     savepoints: list[SavepointInfo] = field(default_factory=list)
     orphans: list[OrphanFile] = field(default_factory=list)
+    sink_files: list[SinkFile] = field(default_factory=list)
     dry_run: bool = True
     #: what could not be deleted (the rest went)
     errors: list[str] = field(default_factory=list)
@@ -128,6 +134,10 @@ class GcPlan:
     @property
     def orphan_bytes(self) -> int:
         return sum(f.size for f in self.orphans)
+
+    @property
+    def sink_bytes(self) -> int:
+        return sum(f.size for f in self.sink_files)
 
     @property
     def savepoint_bytes(self) -> int:
@@ -149,6 +159,8 @@ class GcPlan:
             "savepoint_bytes": self.savepoint_bytes,
             "orphans": [f.to_dict() for f in self.orphans],
             "orphan_bytes": self.orphan_bytes,
+            "sink_files": [f.to_dict() for f in self.sink_files],
+            "sink_bytes": self.sink_bytes,
             "errors": self.errors,
         }
 
@@ -226,6 +238,8 @@ def plan_gc(
         plan.savepoints = _expired_savepoints(s, job, options, now)
     if options.orphans:
         plan.orphans = orphans.find_orphans(metastore, storage, job_id, now - options.grace)
+    if options.vacuum_sink:
+        plan.sink_files = sink_vacuum.plan_vacuum(metastore, job_id, options.vacuum_sink)
     return plan
 
 
@@ -254,6 +268,8 @@ def run_gc(
     _delete_history(metastore, job_id, plan, clock.now() - options.keep_history)
     if plan.orphans:
         plan.errors += orphans.delete_orphans(metastore, storage, job_id, plan.orphans)
+    if plan.sink_files:
+        plan.errors += sink_vacuum.vacuum(job_id, plan.sink_files)
     return plan
 
 
