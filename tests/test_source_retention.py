@@ -171,6 +171,13 @@ def test_the_state_rescaled_round_robin_resumes_the_same() -> None:
     assert (a.epochs, a.consumed) == (b.epochs, b.consumed)
 
 
+def test_inspect_shows_the_record_in_one_line() -> None:
+    from checkpointing.cli.inspection import _short_items
+
+    record = Consumed(400, {f"s3://b/f{i}": (1, "e", None) for i in range(62)}).to_item()
+    assert _short_items([record]) == "62 files read in epochs 0-399 (compacted)"
+
+
 def test_the_schema_is_learnt_from_a_listed_file_when_earlier_epochs_are_compacted() -> None:
     files = [obj("a.parquet"), obj("b.parquet")]
     epochs: list[list[InputSplit]] = [[], [InputSplit("s3://b/gone.parquet")]]

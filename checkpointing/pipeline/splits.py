@@ -324,6 +324,11 @@ class Consumed:
         files = [[path, *identity] for path, identity in sorted(self.files.items())]
         return {CONSUMED: {"epochs": self.epochs, "files": files}}
 
+    def describe(self) -> str:
+        """For ``ckpt inspect``: ``62 files read in epochs 0-399 (compacted)``."""
+        span = "no epochs" if not self.epochs else f"epochs 0-{self.epochs - 1}"
+        return f"{len(self.files)} file{_s(len(self.files))} read in {span} (compacted)"
+
     @classmethod
     def from_items(cls, items: Iterable[dict[str, Any]]) -> Consumed:
         """The record in a source state (none: an empty one, epochs 0)."""
