@@ -184,13 +184,15 @@ def _file_name(url: str) -> str:
 
 def _short_items(items: list[dict[str, Any]], shown: int = 3) -> str:
     """List state items for a table cell: a split as its file name, others as key=value."""
-    from checkpointing.pipeline.splits import InputSplit
+    from checkpointing.pipeline.splits import Consumed, InputSplit, is_consumed_item
 
     if not items:
         return "-"
     texts = [
         InputSplit.from_state(i).describe()
         if "path" in i
+        else Consumed.from_items([i]).describe()
+        if is_consumed_item(i)
         else " ".join(f"{k}={v}" for k, v in i.items())
         for i in items
     ]

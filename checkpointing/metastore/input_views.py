@@ -8,6 +8,8 @@ says which runs read which files. :func:`input_section` groups them by run and b
 ``ckpt show`` and the Checkpoints page (``checkpoint_detail``'s ``input``). The source's state
 also records the files of the static tables the runs joined (items with a ``table`` name and no
 epoch, :mod:`checkpointing.pipeline.tables`): they are listed apart, as the checkpoint's ``tables``.
+The files earlier runs read are one compacted item (only those still listed when the run
+started): they show as files processed with no epoch, under no run.
 """
 
 from __future__ import annotations
@@ -113,8 +115,30 @@ def source_items(s: Any, job_id: str, checkpoint_id: int) -> list[dict[str, Any]
         item
         for _, meta in rows
         for item in (meta or {}).get("list_state") or []
-        if isinstance(item, dict) and isinstance(item.get("path"), str)
+        if isinstance(item, dict)
+        and (isinstance(item.get("path"), str) or isinstance(item.get("consumed"), dict))
     ]
+
+
+def _compacted(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int | None]:
+    """The items with the compacted record of earlier runs' files (splits.Consumed, an item
+    ``{"consumed": {"epochs": N, "files": [[path, size, etag, mtime], ...]}}``) expanded: one
+    processed item per file, with no epoch nor run; and N (None: no record)."""
+    out: list[dict[str, Any]] = []
+    epochs: int | None = None
+    for item in items:
+        record = item.get("consumed")
+        if not isinstance(record, dict):
+            out.append(item)
+            continue
+        epochs = max(epochs or 0, _int(record.get("epochs"), 0) or 0)
+        for entry in record.get("files") or []:
+            if isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str):
+                path, size, etag, mtime = entry
+                out.append(
+                    {"path": path, "size": size, "etag": etag, "mtime": mtime, "processed": True}
+                )
+    return out, epochs
 
 
 def _table_file(item: dict[str, Any]) -> dict[str, Any]:
@@ -132,6 +156,7 @@ def summarize_items(items: list[dict[str, Any]], file_limit: int = FILE_LIMIT) -
     read splits (in epoch order), the totals, the files (by first epoch, at most
     ``file_limit`` of them) and the static tables' files (``tables``)."""
     # a table's file (splits.is_table_item; not imported: it would load Arrow into reads)
+    items, compacted = _compacted(items)
     tables = [i for i in items if isinstance(i.get("table"), str)]
     items = [i for i in items if not isinstance(i.get("table"), str)]
     files: dict[str, _File] = {}
@@ -184,7 +209,7 @@ def summarize_items(items: list[dict[str, Any]], file_limit: int = FILE_LIMIT) -
             if remaining_epochs
             else max(processed_epochs) + 1
             if processed_epochs
-            else None
+            else compacted
         ),
         "files_total": len(ordered),
         "files": [f.to_dict() for f in ordered[:file_limit]],

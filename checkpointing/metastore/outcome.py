@@ -166,7 +166,11 @@ def epochs_done(s: Any, job_id: str, checkpoint_id: int) -> int | None:
     for operator_id, meta in rows:
         seen.add(operator_id)
         for item in (meta or {}).get("list_state") or []:
-            if isinstance(item, dict) and isinstance(item.get("epoch"), int):
+            compacted = item.get("consumed") if isinstance(item, dict) else None
+            if operator_id == SOURCE and isinstance(compacted, dict):  # earlier runs' files
+                if isinstance(compacted.get("epochs"), int) and compacted["epochs"] > 0:
+                    processed.append(compacted["epochs"] - 1)
+            elif isinstance(item, dict) and isinstance(item.get("epoch"), int):
                 if operator_id == SOURCE and item.get("processed") is True:
                     processed.append(item["epoch"])
                 else:

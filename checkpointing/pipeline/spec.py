@@ -73,6 +73,15 @@ class SourceFormat(StrEnum):
     JSON = "json"
 
 
+class OnChangedInput(StrEnum):
+    """What a run does with a file read earlier that has changed since (same name, another
+    size, ETag or mtime)."""
+
+    REFUSE = "refuse"  # name it and refuse the run (the default)
+    IGNORE = "ignore"  # keep what was read, never read it again
+    REPROCESS = "reprocess"  # read it again as new input (stateless jobs only: they append)
+
+
 class SourceSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -88,6 +97,9 @@ class SourceSpec(BaseModel):
     max_split_bytes: ByteSize | None = Field(default=None, gt=0)
     #: CSV only: does the first line hold column names
     header: bool = True
+    #: a file read by an earlier run that has changed since: refuse the run, ignore the
+    #: change, or reprocess it (a stateless job only)
+    on_changed_input: OnChangedInput = OnChangedInput.REFUSE
 
     @field_validator("path")
     @classmethod
@@ -288,6 +300,11 @@ class PipelineSpec(BaseModel):
             raise ValueError("key: Field required (the aggregations are per key)")
         if not self.key:
             self._check_stateless_sink()
+        elif self.source.on_changed_input == OnChangedInput.REPROCESS:
+            raise ValueError(
+                "source.on_changed_input: reprocess reads a changed file again, which only a "
+                "stateless job takes exactly (it appends); use refuse or ignore for a keyed job"
+            )
         elif self.aggregations and (
             outside := [
                 c for c in self.sink.partition_by if c not in {*self.key, *self.aggregations}

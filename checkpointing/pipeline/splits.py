@@ -9,12 +9,14 @@ epochs, which is what lets a checkpoint name the splits still to read. Epochs ar
 many bytes, from the same sizes), so many small files need not mean many tiny epochs.
 
 The source's operator list state is Flink's ``PendingSplitsCheckpoint`` of a file source: the
-splits still to read (:meth:`InputSplit.to_state`) and the splits already processed
+splits still to read (:meth:`InputSplit.to_state`), the splits the run processed
 (:func:`processed_item`), each with its epoch and its file's identity (an object's size and ETag,
-a local file's size and mtime). It is dealt round-robin over the source's subtasks on restore;
-:func:`resume_epochs` turns it back into the epochs to run, with any file that arrived since as
-new epochs after them (incremental runs: a finished job's final checkpoint is the next run's
-starting point).
+a local file's size and mtime), and the files earlier runs read, compacted into one item
+(:class:`Consumed`: path and identity, no epochs) that keeps only the files still listed — so the
+state stays the size of the input listed plus one run's splits, however many runs went before.
+It is dealt round-robin over the source's subtasks on restore; :func:`resume` turns it back into
+the epochs to run, with any file that arrived since as new epochs after them (incremental runs: a
+finished job's final checkpoint is the next run's starting point).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from checkpointing.state.object_store import ObjectInfo, is_object_url, read_foo
 PROCESSED = "processed"
 #: the list-state key of a static table's file (:mod:`checkpointing.pipeline.tables`): not a split
 TABLE = "table"
+#: the list-state key of the compacted record of earlier runs' files (:class:`Consumed`)
+CONSUMED = "consumed"
 
 
 class SplitError(SpecError):
@@ -230,12 +234,17 @@ def plan_epochs(
 def describe_epochs(epochs: Sequence[Sequence[InputSplit]], source: SourceSpec) -> str:
     """How the run's epochs were planned, for its log: ``20 splits (441 MiB) in 10 epochs of
     ~44 MiB (source.epoch_bytes 50MiB)`` or ``… in 20 epochs of 1 split (source.splits_per_epoch
-    1)``."""
+    1)``. Epochs compacted away (empty: earlier runs') are only counted, ``after 9 compacted
+    epochs``."""
+    compacted = sum(1 for e in epochs if not e)
+    epochs = [e for e in epochs if e]
     splits = [s for e in epochs for s in e]
     sizes = [s.planned_bytes for s in splits]
     known = None if None in sizes else sum(s for s in sizes if s is not None)
     total = "" if known is None else f" ({_human(known)})"
     head = f"{len(splits)} split{_s(len(splits))}{total} in {len(epochs)} epoch{_s(len(epochs))}"
+    if compacted:
+        head += f" after {compacted} compacted epoch{_s(compacted)}"
     if source.epoch_bytes is not None:
         mean = "" if known is None or not epochs else f" of ~{_human(known // len(epochs))}"
         return f"{head}{mean} (source.epoch_bytes {_human(source.epoch_bytes, exact=True)})"
@@ -282,9 +291,74 @@ def is_table_item(item: dict[str, Any]) -> bool:
     return isinstance(item.get(TABLE), str)
 
 
+def is_consumed_item(item: dict[str, Any]) -> bool:
+    """The compacted record of the files read before the run that wrote the checkpoint."""
+    return isinstance(item.get(CONSUMED), dict)
+
+
 def split_items(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The items of the source's state that are splits (read or to read), not table files."""
-    return [dict(i) for i in items if not is_table_item(dict(i))]
+    """The items of the source's state that are splits (read or to read), not table files nor
+    the compacted record of earlier runs' files."""
+    return [dict(i) for i in items if not is_table_item(dict(i)) and not is_consumed_item(i)]
+
+
+def has_progress(items: Iterable[dict[str, Any]]) -> bool:
+    """Does the source's state record what was read (processed splits, or earlier runs' files
+    compacted)? Checkpoints older than that are resumed by planning the input anew."""
+    return any(is_processed(i) or is_consumed_item(i) for i in items)
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """The files read before a run, compacted (Structured Streaming's compacted file log): the
+    epochs before ``epochs`` are done, and each file still listed that they read, by path, with
+    its identity (size, ETag, mtime). A file that has gone since (e.g. expired by a lifecycle
+    rule) is forgotten: it no longer blocks a run, and is not read again."""
+
+    epochs: int = 0
+    files: dict[str, tuple[int | None, str | None, int | None]] = field(default_factory=dict)
+
+    def to_item(self) -> dict[str, Any]:
+        """The one list-state item of this record: ``{"consumed": {"epochs": N, "files":
+        [[path, size, etag, mtime], ...]}}`` (sorted by path)."""
+        files = [[path, *identity] for path, identity in sorted(self.files.items())]
+        return {CONSUMED: {"epochs": self.epochs, "files": files}}
+
+    def describe(self) -> str:
+        """For ``ckpt inspect``: ``62 files read in epochs 0-399 (compacted)``."""
+        span = "no epochs" if not self.epochs else f"epochs 0-{self.epochs - 1}"
+        return f"{len(self.files)} file{_s(len(self.files))} read in {span} (compacted)"
+
+    @classmethod
+    def from_items(cls, items: Iterable[dict[str, Any]]) -> Consumed:
+        """The record in a source state (none: an empty one, epochs 0)."""
+        epochs, files = 0, {}
+        for item in items:
+            if not is_consumed_item(item):
+                continue
+            record = item[CONSUMED]
+            epochs = max(epochs, int(record.get("epochs", 0)))
+            for path, size, etag, mtime in record.get("files") or []:
+                files[str(path)] = (
+                    None if size is None else int(size),
+                    None if etag is None else str(etag),
+                    None if mtime is None else int(mtime),
+                )
+        return cls(epochs, files)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a run resumes its input: ``epochs`` (the compacted ones empty, then the last run's
+    as they were, then the splits still to read and the new files), and ``consumed``: the files
+    read before ``consumed.epochs`` that are still listed (with the changed files ignored, in
+    their new version) — the record this run's checkpoints carry."""
+
+    epochs: list[list[InputSplit]]
+    consumed: Consumed
+    #: files read earlier that are gone now (forgotten), and changed ones (ignored/reprocessed)
+    gone: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
 
 
 def resume_epochs(
@@ -295,59 +369,147 @@ def resume_epochs(
     splits_per_epoch: int,
     checkpoint_id: int,
     epoch_bytes: int | None = None,
+    on_changed: str = "refuse",
 ) -> list[list[InputSplit]]:
-    """The epochs of a run restored from a checkpoint whose source state is ``items`` (splits
-    processed, each with its epoch, and splits still to read), over the input ``files`` listed
-    now.
+    """The epochs of :func:`resume`."""
+    return resume(
+        items,
+        files,
+        source_format,
+        max_split_bytes,
+        splits_per_epoch,
+        checkpoint_id,
+        epoch_bytes,
+        on_changed,
+    ).epochs
 
-    A checkpoint pins the files it has read, wholly or in part: they must be there unchanged
-    (size, ETag or mtime), else a :class:`SplitError` names the file — its rows would be lost or
-    counted twice. Its processed epochs come back as they were; after them come the unread row
-    groups of a partly read file (as recorded), then every other file as listed now: not yet
-    read, its current version is what counts (a fixed malformed file, new files since the last
-    run). The epochs after the checkpoint are planned anew, by the rule the spec gives now
-    (:func:`plan_epochs`): the sink discards what it staged for them on restore."""
-    done: dict[int, list[InputSplit]] = {}
-    pinned: dict[str, InputSplit] = {}
+
+def resume(
+    items: Sequence[dict[str, Any]],
+    files: Sequence[str | ObjectInfo],
+    source_format: str,
+    max_split_bytes: int | None,
+    splits_per_epoch: int,
+    checkpoint_id: int,
+    epoch_bytes: int | None = None,
+    on_changed: str = "refuse",
+) -> Resume:
+    """A run restored from a checkpoint whose source state is ``items`` (earlier runs' files
+    compacted, splits processed by the last run, each with its epoch, and splits still to
+    read), over the input ``files`` listed now.
+
+    A file read earlier that is gone now is forgotten (an expired input never blocks a run);
+    one that has changed (size, ETag or mtime) is refused by name (a :class:`SplitError`: its
+    rows would be lost or counted twice), unless ``on_changed`` (``source.on_changed_input``)
+    says ``ignore`` (keep what was read) or ``reprocess`` (read it again as new input). A file
+    partly read — row groups of it still to read — must be there unchanged whatever the
+    setting. The processed epochs come back as they were (the compacted ones empty); after
+    them come the unread row groups of a partly read file (as recorded), then every other file
+    as listed now: not yet read, its current version is what counts (a fixed malformed file,
+    new files since the last run). The epochs after the checkpoint are planned anew, by the
+    rule the spec gives now (:func:`plan_epochs`): the sink discards what it staged for them on
+    restore. Work is in the files listed and the last run's splits, not in all runs ever."""
+    earlier = Consumed.from_items(items)
     items = split_items(items)
     groups = _row_groups(items)
+    done: dict[int, list[InputSplit]] = {}
+    read: dict[str, tuple[int | None, str | None, int | None]] = dict(earlier.files)
     for item in items:
         if is_processed(item):
             split = _with_bytes(InputSplit.from_state(item), groups)
             done.setdefault(int(item["epoch"]), []).append(split)
-            pinned.setdefault(split.path, split)
-    if sorted(done) != list(range(len(done))):
+    for epoch in sorted(done):
+        for split in done[epoch]:
+            read[split.path] = split.identity()
+    base = earlier.epochs
+    if sorted(done) != list(range(base, base + len(done))):
         raise SplitError(
             f"source: checkpoint {checkpoint_id} has no processed splits for some epochs "
-            f"(it has epochs {sorted(done)[:5]}...): its source state is incomplete"
+            f"(it has epochs {sorted(done)[:5]}... after {base} compacted): its source state "
+            "is incomplete"
         )
+    partial = {str(i["path"]) for i in items if not is_processed(i) and str(i["path"]) in read}
     listed = {_path(f): f for f in files}
-    for path, split in sorted(pinned.items()):
+    kept: dict[str, tuple[int | None, str | None, int | None]] = {}
+    gone: list[str] = []
+    changed: list[str] = []
+    for path, then in sorted(read.items()):
         file = listed.get(path)
         if file is None:
-            raise SplitError(
-                f"source: {path} was read by checkpoint {checkpoint_id} and is gone; restore "
-                "with the input it was taken with (put the file back)"
-            )
+            if path in partial:
+                raise SplitError(
+                    f"source: {path} was partly read by checkpoint {checkpoint_id} and is gone "
+                    "before its remaining row groups were read; put the file back to finish "
+                    "it, or use a new job"
+                )
+            gone.append(path)
+            continue
         now = InputSplit(path, **_identity(file)).identity()
-        if any(a is not None and a != b for a, b in zip(split.identity(), now, strict=True)):
-            raise SplitError(
-                f"source: {path} was read by checkpoint {checkpoint_id} and has changed since "
-                f"(size, etag, mtime {_show(split.identity())} then, {_show(now)} now); restore "
-                "with the input it was taken with, or use a new job for the new input"
-            )
+        if any(a is not None and a != b for a, b in zip(then, now, strict=True)):
+            if path in partial or on_changed == "refuse":
+                how = (
+                    "restore with the input it was taken with, or use a new job"
+                    if path in partial
+                    else "put the version read back, or set source.on_changed_input"
+                )
+                raise SplitError(
+                    f"source: {path} was read by checkpoint {checkpoint_id} and has changed "
+                    f"since (size, etag, mtime {_show(then)} then, {_show(now)} now); {how}"
+                )
+            changed.append(path)
+            if on_changed == "reprocess":
+                continue  # planned again below as a new file
+        kept[path] = now
     unread = sorted(
-        (_with_bytes(InputSplit.from_state(i), groups) for i in items if _unread_of(i, pinned)),
+        (_with_bytes(InputSplit.from_state(i), groups) for i in items if _unread_of(i, partial)),
         key=_order,
     )
-    rest = plan_splits([f for f in files if _path(f) not in pinned], source_format, max_split_bytes)
-    epochs = [sorted(done[e], key=_order) for e in sorted(done)]
-    return epochs + plan_epochs(unread + rest, splits_per_epoch, epoch_bytes)
+    rest = plan_splits([f for f in files if _path(f) not in kept], source_format, max_split_bytes)
+    epochs: list[list[InputSplit]] = [[] for _ in range(base)]
+    epochs += [sorted(done[e], key=_order) for e in sorted(done)]
+    consumed = Consumed(len(epochs), kept)
+    epochs += plan_epochs(unread + rest, splits_per_epoch, epoch_bytes)
+    return Resume(epochs, consumed, gone, changed)
 
 
-def _unread_of(item: dict[str, Any], pinned: dict[str, InputSplit]) -> bool:
+def source_state(
+    epochs: Sequence[Sequence[InputSplit]],
+    first_epoch: int,
+    consumed: Consumed | None,
+    read_by: dict[int, str],
+    attempt: str | None,
+) -> list[dict[str, Any]]:
+    """The source's list state (Flink's ``PendingSplitsCheckpoint``) at ``first_epoch``: the
+    files read before the run, compacted (``consumed``; None: none, every processed split is
+    an item, as for an empty start), the splits this run processed before ``first_epoch``
+    (each with the run that read it) and those still to read."""
+    head = [] if consumed is None else [consumed.to_item()]
+    since = 0 if consumed is None else consumed.epochs
+    processed = [
+        processed_item(s, e, read_by.get(e, attempt))
+        for e in range(since, min(first_epoch, len(epochs)))
+        for s in epochs[e]
+    ]
+    remaining = [s.to_state(e) for e in range(first_epoch, len(epochs)) for s in epochs[e]]
+    return head + processed + remaining
+
+
+def schema_splits(
+    epochs: Sequence[Sequence[InputSplit]], at: int, files: Sequence[str | ObjectInfo]
+) -> list[InputSplit]:
+    """Splits to learn the input's schema from: epoch ``at``'s, else the latest earlier epoch
+    whose files are all still listed, else the first file listed (the epochs read earlier may
+    be compacted, or their files expired)."""
+    listed = {_path(f) for f in files}
+    for e in range(min(at, len(epochs) - 1), -1, -1):
+        if epochs[e] and all(s.path in listed for s in epochs[e]):
+            return list(epochs[e])
+    return [InputSplit(_path(files[0]), **_identity(files[0]))]
+
+
+def _unread_of(item: dict[str, Any], partial: set[str]) -> bool:
     """A split still to read of a file the checkpoint has partly read."""
-    return not is_processed(item) and str(item["path"]) in pinned
+    return not is_processed(item) and str(item["path"]) in partial
 
 
 def _row_groups(items: Sequence[dict[str, Any]]) -> dict[str, int]:

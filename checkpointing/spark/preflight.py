@@ -16,7 +16,7 @@ from checkpointing.errors import (
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.operator_ids import SOURCE
 from checkpointing.pipeline.spec import PipelineSpec, SpecError
-from checkpointing.pipeline.splits import is_processed, resume_epochs
+from checkpointing.pipeline.splits import has_progress, resume_epochs
 from checkpointing.pipeline.tables import check_tables, table_files, table_items
 from checkpointing.restore import lookup as restore
 from checkpointing.sinks.guard import check_pipeline_sink
@@ -141,12 +141,13 @@ def check_run(
 def check_input(
     spec: PipelineSpec, files: list[str] | list[ObjectInfo], metadata: CheckpointMetadata
 ) -> None:
-    """The input the checkpoint read or still has to read is unchanged (a gone or replaced file
-    is a :class:`~checkpointing.pipeline.splits.SplitError` naming it); new files are fine: they are
-    the
-    next epochs. A checkpoint without processed splits is checked by the runtime, as before."""
+    """The input the checkpoint read or still has to read is as the source's
+    ``on_changed_input`` wants it (a changed file, or a partly read one gone, is a
+    :class:`~checkpointing.pipeline.splits.SplitError` naming it; a file read and gone since is
+    forgotten); new files are fine: they are the next epochs. A checkpoint without processed
+    splits is checked by the runtime, as before."""
     items = metadata.list_items(SOURCE)
-    if any(is_processed(i) for i in items):
+    if has_progress(items):
         source = spec.source
         resume_epochs(
             items,
@@ -156,6 +157,7 @@ def check_input(
             source.splits_per_epoch,
             metadata.checkpoint_id,
             source.epoch_bytes,
+            source.on_changed_input.value,
         )
 
 

@@ -21,12 +21,15 @@ from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.operator_ids import SINK, SOURCE
 from checkpointing.pipeline.spec import PipelineSpec
 from checkpointing.pipeline.splits import (
+    Consumed,
     InputSplit,
     describe_epochs,
+    has_progress,
     is_processed,
     plan_epochs,
     plan_splits,
-    resume_epochs,
+    resume,
+    schema_splits,
 )
 from checkpointing.restore import lookup
 from checkpointing.restore.assignment import StateAssignment, plan_restore, snapshots_from_metadata
@@ -67,6 +70,8 @@ class Restored:
     epochs: list[list[InputSplit]]
     #: the run that read each epoch the checkpoint processed (restored list state)
     read_by: dict[int, str] = field(default_factory=dict)
+    #: the files read before this run, compacted (None: an empty start or an older checkpoint)
+    consumed: Consumed | None = None
     #: the last epoch the checkpoint covers (its sink epochs are committed); -1 for none
     covered_epoch: int = -1
     #: each stage's restored state, by operator id (none for an empty start)
@@ -197,7 +202,7 @@ class RunRestore:
     ) -> tuple[Restored, dict[str, Any]]:
         """The run resumed from ``metadata``, and the restore's assignment to record."""
         source = metadata.list_items(SOURCE)
-        processed = any(is_processed(i) for i in source)
+        processed = has_progress(source)
         epochs = [] if processed else self._planned_epochs()
         plan = plan_restore(
             snapshots_from_metadata(metadata),
@@ -207,8 +212,9 @@ class RunRestore:
             allow_non_restored_state=self.options.allow_non_restored_state,
         )
         read_by: dict[int, str] = {}
+        consumed = None
         if processed:  # the epochs it read, its remaining, new files
-            epochs = resume_epochs(
+            resumed = resume(
                 source,
                 self.files,
                 self.spec.source.format.value,
@@ -216,7 +222,24 @@ class RunRestore:
                 self.spec.source.splits_per_epoch,
                 metadata.checkpoint_id,
                 self.spec.source.epoch_bytes,
+                self.spec.source.on_changed_input.value,
             )
+            epochs, consumed = resumed.epochs, resumed.consumed
+            if resumed.gone:
+                log.info(
+                    "job %s: %d file(s) read earlier are gone (forgotten), e.g. %s",
+                    self.spec.job,
+                    len(resumed.gone),
+                    resumed.gone[0],
+                )
+            if resumed.changed:
+                log.warning(
+                    "job %s: %d file(s) read earlier have changed (source.on_changed_input %s): %s",
+                    self.spec.job,
+                    len(resumed.changed),
+                    self.spec.source.on_changed_input.value,
+                    ", ".join(resumed.changed[:5]),
+                )
             read_by = {
                 int(i["epoch"]): str(i["attempt"])
                 for i in source
@@ -238,13 +261,13 @@ class RunRestore:
         # sets the input schema, which defines the state schema (the next epoch's files: their
         # listing is then warm for the first epoch after the restore)
         mark = time.monotonic()
-        self.read(epochs[min(covered + 1, len(epochs) - 1)])
+        self.read(schema_splits(epochs, covered + 1, self.files))
         phases["input_schema_s"] = time.monotonic() - mark
         mark = time.monotonic()
         states, chains = self._stage_states(plan, metadata)
         phases["state_s"] = time.monotonic() - mark
         restored = Restored(
-            metadata.checkpoint_id, epochs, read_by, covered, states, chains, phases
+            metadata.checkpoint_id, epochs, read_by, consumed, covered, states, chains, phases
         )
         return restored, {**plan.to_dict(), **({"tables": changed} if changed else {})}
 

@@ -44,7 +44,7 @@ from checkpointing.errors import CheckpointingError, SharedStateError, SparkJvmE
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.operator_ids import SINK, SOURCE
 from checkpointing.pipeline.spec import PipelineSpec, SpecError
-from checkpointing.pipeline.splits import InputSplit, parquet_rows, processed_item
+from checkpointing.pipeline.splits import Consumed, InputSplit, parquet_rows, source_state
 from checkpointing.restore.recovery import pipeline_plan
 from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.spark.aggregations import AggregationPlan
@@ -78,7 +78,6 @@ from checkpointing.spark.state import (
     changed_rows,
     empty_state,
     list_acks,
-    remaining_splits,
     snapshot_stage,
     through_epoch,
     writes_full,
@@ -168,6 +167,8 @@ class PipelineRun:
         self.epochs: list[list[InputSplit]] = []
         #: the run that read each epoch (list state of processed splits), restored or this one
         self.read_by: dict[int, str] = {}
+        #: the files read before this run, compacted (None: every processed split an item)
+        self.consumed: Consumed | None = None
         if stage is not None and stages:
             raise ValueError("give either stage or stages, not both")
         if stages:
@@ -321,6 +322,7 @@ class PipelineRun:
         self.doing = ("while restoring the job's state", False)
         restored = self.restorer.restore()
         self.epochs, self.read_by = restored.epochs, restored.read_by
+        self.consumed = restored.consumed
         self.covered_epoch, self.next_epoch = restored.covered_epoch, restored.next_epoch
         for s in self.stages:
             state = restored.states.get(s.operator_id)
@@ -533,14 +535,11 @@ class PipelineRun:
         )
 
     def _source_state(self, first_epoch: int) -> list[dict[str, Any]]:
-        """The source's list state (Flink's ``PendingSplitsCheckpoint``): the splits processed
-        before ``first_epoch`` (each with the run that read it) and those still to read."""
-        processed = [
-            processed_item(s, e, self.read_by.get(e, self.attempt))
-            for e in range(min(first_epoch, len(self.epochs)))
-            for s in self.epochs[e]
-        ]
-        return processed + remaining_splits(self.epochs, first_epoch) + self.inputs.items
+        """The source's list state (Flink's ``PendingSplitsCheckpoint``): the files earlier
+        runs read (compacted), the splits processed before ``first_epoch`` (each with the run
+        that read it), those still to read, and the static tables' files."""
+        state = source_state(self.epochs, first_epoch, self.consumed, self.read_by, self.attempt)
+        return state + self.inputs.items
 
     def _commit_sink(self, completed: CompletedCheckpoint) -> None:
         """The completion notification: commit the epochs the checkpoint covers."""

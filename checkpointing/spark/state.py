@@ -25,7 +25,7 @@ from checkpointing.coordination.pending import TaskAck, TaskSpec
 from checkpointing.ids import validate_id
 from checkpointing.pipeline.operator_ids import AGGREGATE, SINK, SOURCE
 from checkpointing.pipeline.spec import SpecError
-from checkpointing.pipeline.splits import InputSplit, is_processed, split_items
+from checkpointing.pipeline.splits import Consumed, InputSplit, is_processed, split_items
 from checkpointing.restore.assignment import OperatorRestore
 from checkpointing.spark.executor import (
     SEQ,
@@ -303,12 +303,16 @@ def through_epoch(metadata: CheckpointMetadata, num_epochs: int) -> int:
     left, the last epoch it processed (``num_epochs - 1`` for a source state without them)."""
     if not any(op.operator_id == SOURCE for op in metadata.operators):
         raise ValueError("checkpoint has no source state")
-    items = split_items(metadata.list_items(SOURCE))  # not the static tables' files
+    source = metadata.list_items(SOURCE)
+    items = split_items(source)  # not the static tables' files nor earlier runs' (compacted)
     remaining = [int(i["epoch"]) for i in items if not is_processed(i)]
     if remaining:
         return min(remaining) - 1
     processed = [int(i["epoch"]) for i in items if is_processed(i)]
-    return max(processed) if processed else num_epochs - 1
+    if processed:
+        return max(processed)
+    compacted = Consumed.from_items(source).epochs
+    return compacted - 1 if compacted else num_epochs - 1
 
 
 def check_source(
