@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,14 @@ import yaml
 
 from checkpointing import ids
 from checkpointing.clock import ManualClock
+from checkpointing.config import format_duration
 from checkpointing.errors import CheckpointingError
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.spec import SpecError, load_spec
+from checkpointing.restore.lookup import find_latest_valid
 from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import JobStatus
-from checkpointing_airflow import dag_factory
+from checkpointing_airflow import dag_factory, maintenance_dag
 from checkpointing_airflow.dag_factory import (
     DAG_FILE,
     DeployError,
@@ -40,7 +43,7 @@ from checkpointing_airflow.dag_factory import (
     sync_dag_files,
 )
 from tests.entry_points import package_zip
-from tests.helpers import ack_all, complete, new_coordinator
+from tests.helpers import ack_all, complete, new_coordinator, statuses
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_airflow = pytest.mark.skipif(
@@ -154,6 +157,8 @@ print("@@RESULT@@" + json.dumps(out))
 _RUNS = {
     "checkpoint_savepoint": {"pipeline": "good_a", "stop": True},
     "checkpoint_deploy": {"pipeline": "good_a", "from": "/nowhere/savepoint-9"},
+    # the maintenance DAG of good_a (FINISHED): its gc runs in the worker's way
+    "good_a__maintenance": {},
 }
 
 
@@ -177,7 +182,9 @@ def parsed_by_airflow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     dags = base / "dags"
     shutil.copytree(ROOT / "dags", dags, ignore=shutil.ignore_patterns("__pycache__"))
     pipelines = dags / "pipelines"
-    write_spec(pipelines, "good_a", schedule="@daily", tags=["team-a"])
+    write_spec(
+        pipelines, "good_a", schedule="@daily", tags=["team-a"], maintenance={"schedule": "@weekly"}
+    )
     write_spec(pipelines, "good_b", schedule="0 3 * * *", retries=5)
     write_spec(pipelines, "broken", checkpoint={"retaind": 3})
     # Python pipelines (issue 24): the code's zip outside the DAGs folder (Airflow would parse a
@@ -246,6 +253,8 @@ def test_g_a_broken_pipeline_yaml_does_not_break_the_other_dags(
     folder = parsed_by_airflow["dags_folder"]
     assert listed == {
         "good_a": f"{folder}/pipelines/good_a.py",
+        # the maintenance section's DAG, registered with the spec's own DAG file
+        "good_a__maintenance": f"{folder}/pipelines/good_a.py",
         "good_b": f"{folder}/pipelines/good_b.py",
         "py_events": f"{folder}/pipelines/py_good.py",
         "nycflights13_routes": f"{folder}/pipelines/nycflights13.py",
@@ -284,6 +293,8 @@ def test_a_savepoint_of_a_stopped_job_and_a_deploy_from_no_savepoint_fail_before
         "AirflowFailException: file:///nowhere/savepoint-9/_metadata"
         in parsed_by_airflow["test_checkpoint_deploy"]
     )
+    # good_a's maintenance DAG, found in good_a.py by the task runner, collected its (empty) garbage
+    assert states["good_a__maintenance.gc"] == ["success", 1], states
 
 
 # ============================================================================ pipeline DAGs
@@ -376,6 +387,22 @@ def test_a_spec_becomes_a_dag_named_after_its_job_with_its_deployment_fields(
         ({"retrys": 3}, r"routes\.yaml: retrys: unknown field \(did you mean 'retries'\?\)"),
         ({"retry_delay": "soon"}, r"routes\.yaml: retry_delay: expected a duration"),
         ({"owner": 7}, r"routes\.yaml: owner: Input should be a valid string"),
+        (
+            {"maintenance": {"keep_history": "soon"}},
+            r"routes\.yaml: maintenance\.keep_history: expected a duration",
+        ),
+        (
+            {"maintenance": {"scheduel": "@daily"}},
+            r"routes\.yaml: maintenance\.scheduel: unknown field \(did you mean 'schedule'\?\)",
+        ),
+        (
+            {"maintenance": {"schedule": "61 * * * *"}},
+            r"routes\.yaml: maintenance\.schedule: .*out of range.*'61 \* \* \* \*'",
+        ),
+        (
+            {"maintenance": {"vacuum_sink": True}},
+            r"routes\.yaml: maintenance\.vacuum_sink: only a format: delta sink is vacuumed",
+        ),
     ],
 )
 def test_a_bad_deployment_field_is_an_error_naming_the_file_and_the_field(
@@ -386,11 +413,72 @@ def test_a_bad_deployment_field_is_an_error_naming_the_file_and_the_field(
         dag_factory.pipeline_dag(tmp_path / "routes.py")
 
 
+@needs_airflow
+def test_a_maintenance_section_adds_a_gc_dag_that_prunes_the_pipelines_old_history(
+    airflow_home: Path, metastore: Metastore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'checkpoints'}")
+    maintenance = {"schedule": "0 4 * * 0", "keep_history": "7d", "grace": "1h"}
+    write_spec(
+        tmp_path,
+        "routes",
+        storage=storage.base_url,
+        owner="data-eng",
+        tags=["flights"],
+        maintenance=maintenance,
+    )
+    sync_dag_files(tmp_path)
+    spec = load_spec(tmp_path / "routes.yaml")
+    assert spec.maintenance is not None and spec.maintenance.keep_history == timedelta(days=7)
+
+    dag = dag_factory.build_maintenance_dag(spec)
+    assert dag.dag_id == dag_factory.maintenance_dag_id("routes") == "routes__maintenance"
+    assert dag.schedule == "0 4 * * 0" and (dag.max_active_runs, dag.catchup) == (1, False)
+    assert set(dag.tags) == {"checkpointing", "flights"}
+    (gc,) = dag.tasks
+    assert (gc.task_id, gc.owner, gc.retries) == ("gc", "data-eng", 0)
+    assert f"older than {format_duration(timedelta(days=7))}" in dag.doc_md
+    # the pipeline's own DAG is what it was
+    pipeline = dag_factory.pipeline_dag(tmp_path / "routes.py")
+    assert pipeline.dag_id == "routes" and [t.task_id for t in pipeline.tasks] == ["run"]
+    assert pipeline.schedule is None
+
+    with pytest.raises(AirflowSkipException, match="never ran"):
+        dag_factory.collect_garbage(spec, metastore)
+    now = datetime.now(UTC)
+    job = new_coordinator(
+        metastore, storage, ManualClock(now - timedelta(days=40)), job_id="routes", retained=1
+    )
+    job.activate()
+    job.job_status_changed(JobStatus.RUNNING)
+    for _ in range(3):
+        complete(job)
+    late = storage.write_bytes(f"{storage.job_url('routes')}/chk-1/late-ack", b"x" * 100).url
+    with pytest.raises(AirflowSkipException, match="RUNNING"):
+        dag_factory.collect_garbage(spec, metastore)
+    assert set(statuses(metastore, "routes")) == {1, 2, 3} and storage.exists(late)
+
+    job.job_status_changed(JobStatus.FINISHED)
+    caplog.set_level(logging.INFO, logger="checkpointing_airflow.maintenance_dag")
+    plan = dag_factory.collect_garbage(spec, metastore, clock=ManualClock(now + timedelta(hours=2)))
+    assert plan.checkpoints == [1, 2] and not plan.errors
+    assert statuses(metastore, "routes") == {3: "COMPLETED"}
+    assert not storage.exists(late) and plan.orphan_bytes == 100
+    assert "job routes: deleted 2 checkpoint row(s)" in caplog.text
+    assert "1 orphan file(s) (100 bytes)" in caplog.text
+    assert find_latest_valid(metastore, storage, "routes").checkpoint_id == 3
+    assert maintenance_dag.summary(plan)["orphan_bytes"] == 100
+
+
 def test_every_spec_needs_its_own_dag_file_and_a_job_id_of_its_own(tmp_path: Path) -> None:
     write_spec(tmp_path, "a")
     write_spec(tmp_path, "b", job="same")
     write_spec(tmp_path, "c", job="same")
     (tmp_path / "d.yml").write_text("job: d\n")
+    write_spec(tmp_path, "e", maintenance={})  # its DAG e__maintenance
+    write_spec(tmp_path, "f", job="e__maintenance")
     (tmp_path / "gone.py").write_text(DAG_FILE)  # generated, its spec deleted
     (tmp_path / "custom.py").write_text("# someone's own DAG file\n")
 
@@ -398,11 +486,12 @@ def test_every_spec_needs_its_own_dag_file_and_a_job_id_of_its_own(tmp_path: Pat
     assert f"{tmp_path}/a.yaml: no DAG file a.py next to it" in problems
     assert f"{tmp_path}: job: 'same' is the job of b.yaml, c.yaml" in problems
     assert f"{tmp_path}/d.yml: a pipeline spec must end in .yaml" in problems
+    assert "job: 'e__maintenance' of f.yaml is the maintenance DAG's id of e.yaml" in problems
     with pytest.raises(dag_factory.PipelineSetError, match=r"a\.yaml: no DAG file"):
         dag_factory.raise_for_pipeline_problems(tmp_path)
 
     written, deleted = sync_dag_files(tmp_path)
-    assert [p.name for p in written] == ["a.py", "b.py", "c.py"]
+    assert [p.name for p in written] == ["a.py", "b.py", "c.py", "e.py", "f.py"]
     assert deleted == [tmp_path / "gone.py"]  # an edited DAG file is never deleted
     assert (tmp_path / "custom.py").exists() and (tmp_path / "a.py").read_text() == DAG_FILE
     assert "no DAG file" not in "\n".join(pipeline_problems(tmp_path))

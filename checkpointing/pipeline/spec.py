@@ -38,6 +38,7 @@ from checkpointing.config import (
 from checkpointing.errors import ConfigError, SpecError
 from checkpointing.ids import validate_id
 from checkpointing.pipeline.aggregation_spec import AGGREGATE_FUNCTIONS, Aggregation
+from checkpointing.pipeline.maintenance_spec import MaintenanceSpec
 from checkpointing.pipeline.sink_spec import EPOCH_COLUMN, SinkSpec
 from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.state.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
@@ -47,6 +48,7 @@ __all__ = [
     "EPOCH_COLUMN",
     "Aggregation",
     "CheckpointSpec",
+    "MaintenanceSpec",
     "PipelineSpec",
     "SinkSpec",
     "SourceFormat",
@@ -215,6 +217,8 @@ class PipelineSpec(BaseModel):
     parallelism_on_retry: int | None = Field(default=None, ge=1, strict=True)
     owner: str = "airflow"
     tags: list[str] = []
+    #: scheduled garbage collection, the DAG ``<job>__maintenance``; none: no such DAG
+    maintenance: MaintenanceSpec | None = None
     #: where the spec was loaded from (set by :func:`load_spec`, not part of the file)
     spec_path: Path | None = Field(default=None, exclude=True)
     #: what its entry points resolved to (set by :func:`load_spec`)
@@ -567,6 +571,8 @@ def _with_suggestions(message: str) -> str:
                     continue
                 field = model.model_fields.get(p) if hasattr(model, "model_fields") else None
                 model = getattr(field, "annotation", None) if field else None
+                # an optional section (``X | None``): its model
+                model = next((a for a in get_args(model) if hasattr(a, "model_fields")), model)
             if model is not None and hasattr(model, "model_fields"):
                 hint = difflib.get_close_matches(parts[-1], list(model.model_fields), n=1)
                 if hint:

@@ -16,6 +16,8 @@ SPARK_CONN_ID = "spark_default"
 TAG = "checkpointing"
 SAVEPOINT_DAG_ID = "checkpoint_savepoint"
 DEPLOY_DAG_ID = "checkpoint_deploy"
+#: a pipeline's maintenance DAG is ``<job>`` + this (``maintenance:`` in its spec)
+MAINTENANCE_SUFFIX = "__maintenance"
 #: start date of scheduled pipelines; ``catchup`` is off, so only the next due run happens
 START_DATE = datetime(2025, 1, 1, tzinfo=UTC)
 #: a job id (``checkpointing.ids``) as a JSON-schema pattern for the trigger forms

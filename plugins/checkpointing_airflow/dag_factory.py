@@ -6,6 +6,7 @@ pipeline DAG file, :data:`~checkpointing_airflow.dag_files.DAG_FILE`, imports
 sync|check DIR`` working:
 
 - :mod:`~checkpointing_airflow.pipeline_dag`: the DAG of one pipeline spec;
+- :mod:`~checkpointing_airflow.maintenance_dag`: a pipeline's ``<job>__maintenance`` (gc);
 - :mod:`~checkpointing_airflow.savepoint_dag`: ``checkpoint_savepoint``;
 - :mod:`~checkpointing_airflow.deploy_dag`: ``checkpoint_deploy`` (upgrades, rescaling);
 - :mod:`~checkpointing_airflow.permissions`: the generic DAGs' per-pipeline permission checks;
@@ -48,6 +49,11 @@ from checkpointing_airflow.deploy_dag import (
     deploy_plan_from_params,
     plan_deploy,
 )
+from checkpointing_airflow.maintenance_dag import (
+    build_maintenance_dag,
+    collect_garbage,
+    maintenance_dag_id,
+)
 from checkpointing_airflow.permissions import PermissionRefused, authorize_run, authorize_trigger
 from checkpointing_airflow.pipeline_dag import (
     MAX_TAG_LENGTH,
@@ -80,13 +86,16 @@ __all__ = [
     "authorize_run",
     "authorize_trigger",
     "build_deploy_dag",
+    "build_maintenance_dag",
     "build_pipeline_dag",
     "build_savepoint_dag",
     "check_deployment",
+    "collect_garbage",
     "deploy_plan_from_params",
     "describe",
     "known_pipelines",
     "main",
+    "maintenance_dag_id",
     "pipeline_dag",
     "pipeline_problems",
     "plan_deploy",

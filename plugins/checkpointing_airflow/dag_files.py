@@ -24,6 +24,7 @@ from pathlib import Path
 
 from checkpointing.errors import ConfigError
 from checkpointing.pipeline.spec import SpecError, load_spec
+from checkpointing_airflow.dag_defaults import MAINTENANCE_SUFFIX
 
 SPEC_SUFFIX = ".yaml"
 
@@ -70,13 +71,16 @@ def known_pipelines(directory: str | Path) -> dict[str, Path]:
 
 def pipeline_problems(directory: str | Path) -> list[str]:
     """What keeps the specs of ``directory`` from becoming one DAG each: a spec without a DAG
-    file, a ``.yml`` spec, two specs with one job id. Broken specs are left to their DAG files."""
+    file, a ``.yml`` spec, two specs with one job id (or a job id that is another spec's
+    maintenance DAG's). Broken specs are left to their DAG files."""
     directory = Path(directory)
     problems = [
         f"{path}: a pipeline spec must end in {SPEC_SUFFIX} (rename it)"
         for path in sorted(directory.glob("*.yml"))
     ]
     jobs: dict[str, list[Path]] = {}
+    #: maintenance DAG id → its spec
+    maintenance: dict[str, Path] = {}
     for path in spec_files(directory):
         if not path.with_suffix(".py").exists():
             problems.append(
@@ -85,13 +89,21 @@ def pipeline_problems(directory: str | Path) -> list[str]:
                 f"{directory}`"
             )
         try:
-            jobs.setdefault(load_spec(path).job, []).append(path)
+            spec = load_spec(path)
         except SpecError:
             continue
+        jobs.setdefault(spec.job, []).append(path)
+        if spec.maintenance is not None:
+            maintenance[f"{spec.job}{MAINTENANCE_SUFFIX}"] = path
     for job, paths in sorted(jobs.items()):
         if len(paths) > 1:
             names = ", ".join(p.name for p in paths)
             problems.append(f"{directory}: job: {job!r} is the job of {names}: one DAG per job id")
+        if job in maintenance:
+            problems.append(
+                f"{directory}: job: {job!r} of {paths[0].name} is the maintenance DAG's id of "
+                f"{maintenance[job].name}: one DAG per id"
+            )
     return problems
 
 

@@ -56,6 +56,21 @@ def open_metastore(url: str) -> Metastore:
     return Metastore(url)
 
 
+def mask_metastore_url(url: str) -> None:
+    """Register the metastore URL, and its password on its own (it may be quoted without the
+    rest), with Airflow's secret masker, as the pipeline's task does."""
+    from airflow.sdk.log import mask_secret
+    from sqlalchemy.engine import make_url
+
+    mask_secret(url)
+    try:
+        password = make_url(url).password
+    except Exception:  # an unparsable URL: masked whole already
+        return
+    if password:
+        mask_secret(str(password))
+
+
 def connection_url(conn: Any) -> str:
     """A SQLAlchemy URL from an Airflow connection."""
     from sqlalchemy.engine import URL

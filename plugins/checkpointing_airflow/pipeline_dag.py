@@ -27,6 +27,7 @@ from checkpointing_airflow.dag_defaults import (
     TAG,
 )
 from checkpointing_airflow.dag_files import spec_file_for
+from checkpointing_airflow.maintenance_dag import build_maintenance_dag
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG
@@ -42,11 +43,18 @@ def pipeline_dag(
     spark_conn_id: str = SPARK_CONN_ID,
     operator_args: Mapping[str, Any] | None = None,
 ) -> DAG:
-    """The DAG of the spec next to ``dag_file`` (call it with ``__file__``).
+    """The DAG of the spec next to ``dag_file`` (call it with ``__file__``). A spec with a
+    ``maintenance:`` section also gets its DAG ``<job>__maintenance``
+    (:mod:`~checkpointing_airflow.maintenance_dag`), built first: a ``with DAG`` block run while
+    Airflow imports the DAG file registers its DAG with that file, so every existing DAG file
+    (the same two lines) carries it without a change.
 
     A broken spec raises :class:`~checkpointing.pipeline.spec.SpecError` naming the file and the
     field, and Airflow records it as this DAG file's import error."""
     spec = load_spec(spec_file_for(dag_file))
+    if spec.maintenance is not None:
+        # built in the DAG file's import, Airflow registers it with the file as well
+        build_maintenance_dag(spec, metastore_conn_id=metastore_conn_id)
     return build_pipeline_dag(
         spec,
         metastore_conn_id=metastore_conn_id,
