@@ -21,6 +21,7 @@ import pytest
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline import datasets
 from checkpointing.pipeline.spec import SpecError
+from checkpointing.pipeline.splits import Consumed
 from checkpointing.spark.preflight import RunOptions, check_run, input_files
 from checkpointing.state.object_store import list_objects
 from checkpointing.state.storage import FileSystemCheckpointStorage
@@ -165,11 +166,16 @@ def test_three_incremental_runs_over_landing_objects_equal_one_run(
     assert runs[2].restored_from == runs[1].checkpoints[-1]
     consumed = restore.find_latest_valid(metastore, storage, "daily").metadata
     assert consumed is not None
+    # the last run's splits inline, the earlier runs' objects compacted into one record
+    # (path, size, ETag, mtime): together every object consumed, each once
     items = [i for i in consumed.list_items("source") if i.get("processed")]
-    assert sorted(i["path"] for i in items) == [
-        f"s3://{s3_bucket}/{k}" for d in days for k in sorted(d)
-    ]
+    compacted = Consumed.from_items(consumed.list_items("source")).files
+    assert sorted(i["path"] for i in items) == [f"s3://{s3_bucket}/{k}" for k in sorted(days[2])]
+    assert sorted(compacted) == [f"s3://{s3_bucket}/{k}" for d in days[:2] for k in sorted(d)]
     assert all(i["size"] > 0 and len(i["etag"]) == 32 for i in items)
+    assert all(
+        size and size > 0 and etag and len(etag) == 32 for size, etag, _ in compacted.values()
+    )
     recorded = [i for i in consumed.list_items("source") if "table" in i]  # the table's object
     assert [(i["table"], i["path"]) for i in recorded] == [
         ("blocked", f"s3://{s3_bucket}/dims/blocked.parquet")
