@@ -14,7 +14,8 @@ import re
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args, get_origin
+from types import UnionType
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -571,8 +572,8 @@ def _with_suggestions(message: str) -> str:
                     continue
                 field = model.model_fields.get(p) if hasattr(model, "model_fields") else None
                 model = getattr(field, "annotation", None) if field else None
-                # an optional section (``X | None``): its model
-                model = next((a for a in get_args(model) if hasattr(a, "model_fields")), model)
+                if get_origin(model) in (Union, UnionType):  # an optional section (``X | None``)
+                    model = next((a for a in get_args(model) if hasattr(a, "model_fields")), model)
             if model is not None and hasattr(model, "model_fields"):
                 hint = difflib.get_close_matches(parts[-1], list(model.model_fields), n=1)
                 if hint:
