@@ -8,8 +8,9 @@ round trip, a rescale now and then) over objects on moto's S3 server with a life
 from __future__ import annotations
 
 import json
+import os
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,90 @@ def test_on_changed_input_is_validated_in_one_line(tmp_path: Path) -> None:
     assert load_spec_text(stateless, tmp_path).source.on_changed_input == "reprocess"
 
 
+DAY_NS = 86_400 * 10**9
+
+
+def test_max_file_age_keeps_the_record_the_size_of_the_window_when_nothing_expires() -> None:
+    """400 daily runs of 3 new objects each, none ever deleted, ``source.max_file_age`` 30 days:
+    the record holds the files of the last 30 days only (Spark's ``maxFileAge``, counted from
+    the newest file read), every file is read exactly once, a late file older than the window is
+    skipped (and said so) while one inside it is read, and the ``_metadata`` of the 400th run is
+    the size of the 40th's. Without the setting the record names every file ever read."""
+    age = timedelta(days=30)
+
+    def landed(day: int) -> list[ObjectInfo]:
+        return [
+            ObjectInfo(f"s3://b/{day:04d}-{n}.parquet", 10, "e", day * DAY_NS + n) for n in range(3)
+        ]
+
+    listing: list[ObjectInfo] = []
+    items: list[dict[str, Any]] = []
+    unbounded: list[dict[str, Any]] = []
+    read: list[str] = []
+    sizes: dict[int, int] = {}
+    for day in range(400):
+        listing += landed(day)
+        if day == 200:  # late arrivals: one 45 days old (skipped), one 10 days old (read)
+            listing += [
+                ObjectInfo("s3://b/late-old.parquet", 10, "e", (day - 45) * DAY_NS),
+                ObjectInfo("s3://b/late-new.parquet", 10, "e", (day - 10) * DAY_NS),
+            ]
+        if has_progress(items):
+            resumed = resume(items, listing, "parquet", None, 1, day, max_file_age=age)
+            epochs, consumed = resumed.epochs, resumed.consumed
+            if day == 200:
+                assert "s3://b/late-old.parquet" in resumed.skipped
+            first = consumed.epochs
+            assert consumed.watermark == (day - 1) * DAY_NS + 2  # the newest file read so far
+        else:
+            epochs, consumed, first = (
+                plan_epochs(plan_splits(listing, "parquet", None), 1, None),
+                None,
+                0,
+            )
+        read += [s.path for e in epochs[first:] for s in e]
+        items = source_state(epochs, len(epochs), consumed, {}, f"run-{day}")
+        sizes[day] = len(metadata_round_trip(items, day + 1, 1))
+        _, unbounded, _ = run_once(unbounded, listing)
+    assert len(read) == len(set(read)) == 1201  # every object once, and late-new
+    assert "s3://b/late-new.parquet" in read and "s3://b/late-old.parquet" not in read
+    record = Consumed.from_items(items)
+    assert 85 <= len(record.files) <= 93  # ~30 days of 3 files (the last run's inline)
+    assert min(p for p in record.files) >= f"s3://b/{399 - 31:04d}"
+    assert sizes[399] <= 1.1 * sizes[40]
+    assert len(Consumed.from_items(unbounded).files) == 1199  # all but the last run's 3
+
+
+def test_max_file_age_on_local_files_counts_from_their_mtime(tmp_path: Path) -> None:
+    """Local input: the write times are the files' mtimes; an old file read earlier is
+    forgotten (and not read again), a new old-looking one is skipped."""
+
+    def write(name: str, day: int) -> str:
+        path = tmp_path / name
+        path.write_text("x")
+        os.utime(path, ns=(day * DAY_NS, day * DAY_NS))
+        return str(path)
+
+    files = [write("a.csv", 1), write("b.csv", 40)]
+    _, items, _ = run_once([], files)  # an empty start reads everything, as Spark's first batch
+    files += [write("c.csv", 5), write("d.csv", 41)]
+    resumed = resume(items, files, "csv", None, 1, 2, max_file_age=timedelta(days=30))
+    assert resumed.aged == [files[0]] and resumed.skipped == [files[0], files[2]]
+    assert [s.path for e in resumed.epochs[resumed.consumed.epochs :] for s in e] == [files[3]]
+    assert set(resumed.consumed.files) == {files[1]}
+
+
+def test_max_file_age_is_validated_in_one_line(tmp_path: Path) -> None:
+    def with_age(value: str) -> str:
+        return SPEC.replace("*.parquet}", f"*.parquet, max_file_age: {value}}}")
+
+    for bad in ("0s", "-1d", "soon"):
+        with pytest.raises(SpecError) as refused:
+            load_spec_text(with_age(bad), tmp_path)
+        assert "source.max_file_age" in str(refused.value) and "\n" not in str(refused.value)
+    assert load_spec_text(with_age("30d"), tmp_path).source.max_file_age == timedelta(days=30)
+
+
 # ---------------------------------------------------------------------- the soak test
 
 
@@ -356,6 +441,22 @@ def test_daily_runs_on_spark_over_an_expiring_inbox_equal_pandas(
     latest = max((tmp_path / "ckpt").rglob("_metadata"), key=lambda p: p.stat().st_mtime_ns)
     text = latest.read_text()
     assert '"consumed"' in text and files[0].name not in text and files[3].name not in text
+
+    # source.max_file_age: a late file written 10 days before the newest one read is skipped,
+    # a fresh one is read
+    aged = make_spec(
+        tmp_path, "daily", f'{{format: parquet, path: "{inbox}/*.parquet", max_file_age: 2d}}'
+    )
+    newest = max((inbox / f.name).stat().st_mtime_ns for f in files[4:6])
+    shutil.copy(files[0], inbox / "late-old.parquet")
+    os.utime(inbox / "late-old.parquet", ns=(newest - 10 * DAY_NS, newest - 10 * DAY_NS))
+    shutil.copy(files[1], inbox / "late-new.parquet")
+    result = run(spark, aged, metastore, storage)
+    assert (result.epochs_total, result.epochs_run) == (7, [6])
+    _, changelog = tables(spark, aged)
+    assert set(changelog[changelog.epoch == 6].user) == set(pd.read_parquet(files[1]).user)
+    for name in ("late-old.parquet", "late-new.parquet"):
+        (inbox / name).unlink()
 
     shutil.copy(files[0], inbox / files[5].name)  # the last file read, rewritten
     with pytest.raises(SplitError, match=rf"{files[5].name} was read by checkpoint \d+ and has"):

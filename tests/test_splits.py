@@ -29,7 +29,7 @@ from checkpointing.pipeline.splits import (
     epochs_of,
     plan_splits,
     processed_item,
-    resume_epochs,
+    resume,
 )
 from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.spark_pipeline import assert_matches_pandas, make_spec, run, tables
@@ -181,18 +181,18 @@ def test_a_restore_and_an_incremental_run_plan_their_epochs_by_the_same_rule(
     epochs = planning.plan_epochs(plan_splits(files, "csv", None), 1, 64)
     assert sizes_of(epochs) == [[40, 20], [20], [50, 10], [30, 30, 4]]
     # resumed at an epoch boundary with the same settings: the epochs of a run that never failed
-    assert resume_epochs(_state(epochs, 2), files, "csv", None, 1, 7, 64) == epochs
+    assert resume(_state(epochs, 2), files, "csv", None, 1, 7, 64).epochs == epochs
     # new files after a finished job: its epochs as they were, the new ones by the same rule
     more = files + sized_files(tmp_path / "in2", [60, 3, 3, 70])
-    finished = resume_epochs(_state(epochs, len(epochs)), more, "csv", None, 1, 8, 64)
+    finished = resume(_state(epochs, len(epochs)), more, "csv", None, 1, 8, 64).epochs
     assert finished[:4] == epochs
     assert sizes_of(finished[4:]) == [[60, 3], [3], [70]]
     # a changed epoch_bytes, as a changed splits_per_epoch: the processed epochs come back as
     # recorded and the rest is planned anew by the new rule (the sink discards what it staged)
-    changed = resume_epochs(_state(epochs, 2), files, "csv", None, 1, 7, 1000)
+    changed = resume(_state(epochs, 2), files, "csv", None, 1, 7, 1000).epochs
     assert changed[:2] == epochs[:2]
     assert sizes_of(changed[2:]) == [[50, 10, 30, 30, 4]]
-    by_count = resume_epochs(_state(epochs, 2), files, "csv", None, 2, 7)
+    by_count = resume(_state(epochs, 2), files, "csv", None, 2, 7).epochs
     assert by_count[:2] == epochs[:2] and sizes_of(by_count[2:]) == [[50, 10], [30, 30], [4]]
 
 
@@ -204,7 +204,7 @@ def test_a_partly_read_file_resumes_with_its_runs_bytes_estimated(tmp_path: Path
     limit = big.stat().st_size // 6
     epochs = planning.plan_epochs(plan_splits([str(big)], "parquet", limit), 1, 2 * limit)
     assert len(epochs) >= 3
-    resumed = resume_epochs(_state(epochs, 1), [str(big)], "parquet", limit, 1, 5, 2 * limit)
+    resumed = resume(_state(epochs, 1), [str(big)], "parquet", limit, 1, 5, 2 * limit).epochs
     assert items(resumed[:1]) == items(epochs[:1])
     rest = [s for e in resumed[1:] for s in e]
     assert items([rest]) == items([[s for e in epochs[1:] for s in e]])  # each once, in order

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from checkpointing.pipeline.spec import SpecError, load_spec
-from checkpointing.pipeline.splits import InputSplit, is_table_item, processed_item, resume_epochs
+from checkpointing.pipeline.splits import InputSplit, is_table_item, processed_item, resume
 from checkpointing.pipeline.tables import (
     TableChangedError,
     check_tables,
@@ -128,7 +128,7 @@ def test_a_restore_over_changed_tables_is_refused_naming_the_table_and_file() ->
 
 
 def test_table_items_in_the_source_state_are_not_splits(tmp_path: Path) -> None:
-    """``resume_epochs`` (and so the preflight and the runtime's restore) reads only the
+    """``resume`` (and so the preflight and the runtime's restore) reads only the
     splits of the source's state: a table's file is neither pinned nor planned."""
     files = []
     for name in ("a.csv", "b.csv", "c.csv"):
@@ -136,7 +136,7 @@ def test_table_items_in_the_source_state_are_not_splits(tmp_path: Path) -> None:
         files.append(str(tmp_path / name))
     split = InputSplit(files[0], **_identity(files[0]))
     items = [processed_item(split, 0, "run-1"), {**PLANES, "path": files[2]}]
-    epochs = resume_epochs(items, files[:2], "csv", None, 1, 3)
+    epochs = resume(items, files[:2], "csv", None, 1, 3).epochs
     assert [[s.path for s in e] for e in epochs] == [[files[0]], [files[1]]]
 
 

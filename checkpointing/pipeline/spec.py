@@ -103,6 +103,20 @@ class SourceSpec(BaseModel):
     #: a file read by an earlier run that has changed since: refuse the run, ignore the
     #: change, or reprocess it (a stateless job only)
     on_changed_input: OnChangedInput = OnChangedInput.REFUSE
+    #: Spark's ``maxFileAge``: on an incremental run, skip unread files last written more than
+    #: this long before the newest file read so far, and forget read ones as old (the record
+    #: of files read stays the size of that window); unset, every file is remembered
+    max_file_age: timedelta | None = None
+
+    @field_validator("max_file_age", mode="before")
+    @classmethod
+    def _max_file_age(cls, v: Any) -> timedelta | None:
+        if v is None:
+            return None
+        age = parse_duration(v)
+        if age <= timedelta(0):
+            raise ValueError("must be positive (e.g. 30d)")
+        return age
 
     @field_validator("path")
     @classmethod

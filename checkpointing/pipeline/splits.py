@@ -22,8 +22,9 @@ finished job's final checkpoint is the next run's starting point).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -313,16 +314,22 @@ class Consumed:
     """The files read before a run, compacted (Structured Streaming's compacted file log): the
     epochs before ``epochs`` are done, and each file still listed that they read, by path, with
     its identity (size, ETag, mtime). A file that has gone since (e.g. expired by a lifecycle
-    rule) is forgotten: it no longer blocks a run, and is not read again."""
+    rule) is forgotten: it no longer blocks a run, and is not read again. ``watermark``: the
+    newest write time (ns) of the files read so far, Spark's latest file timestamp, from which
+    ``source.max_file_age`` counts (it never goes back, so a file too old stays too old)."""
 
     epochs: int = 0
     files: dict[str, tuple[int | None, str | None, int | None]] = field(default_factory=dict)
+    watermark: int | None = None
 
     def to_item(self) -> dict[str, Any]:
         """The one list-state item of this record: ``{"consumed": {"epochs": N, "files":
-        [[path, size, etag, mtime], ...]}}`` (sorted by path)."""
+        [[path, size, etag, mtime], ...], "watermark": ns}}`` (sorted by path)."""
         files = [[path, *identity] for path, identity in sorted(self.files.items())]
-        return {CONSUMED: {"epochs": self.epochs, "files": files}}
+        record: dict[str, Any] = {"epochs": self.epochs, "files": files}
+        if self.watermark is not None:
+            record["watermark"] = self.watermark
+        return {CONSUMED: record}
 
     def describe(self) -> str:
         """For ``ckpt inspect``: ``62 files read in epochs 0-399 (compacted)``."""
@@ -332,19 +339,21 @@ class Consumed:
     @classmethod
     def from_items(cls, items: Iterable[dict[str, Any]]) -> Consumed:
         """The record in a source state (none: an empty one, epochs 0)."""
-        epochs, files = 0, {}
+        epochs, files, watermark = 0, {}, None
         for item in items:
             if not is_consumed_item(item):
                 continue
             record = item[CONSUMED]
             epochs = max(epochs, int(record.get("epochs", 0)))
+            if record.get("watermark") is not None:
+                watermark = max(watermark or 0, int(record["watermark"]))
             for path, size, etag, mtime in record.get("files") or []:
                 files[str(path)] = (
                     None if size is None else int(size),
                     None if etag is None else str(etag),
                     None if mtime is None else int(mtime),
                 )
-        return cls(epochs, files)
+        return cls(epochs, files, watermark)
 
 
 @dataclass(frozen=True)
@@ -359,29 +368,10 @@ class Resume:
     #: files read earlier that are gone now (forgotten), and changed ones (ignored/reprocessed)
     gone: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
-
-
-def resume_epochs(
-    items: Sequence[dict[str, Any]],
-    files: Sequence[str | ObjectInfo],
-    source_format: str,
-    max_split_bytes: int | None,
-    splits_per_epoch: int,
-    checkpoint_id: int,
-    epoch_bytes: int | None = None,
-    on_changed: str = "refuse",
-) -> list[list[InputSplit]]:
-    """The epochs of :func:`resume`."""
-    return resume(
-        items,
-        files,
-        source_format,
-        max_split_bytes,
-        splits_per_epoch,
-        checkpoint_id,
-        epoch_bytes,
-        on_changed,
-    ).epochs
+    #: ``source.max_file_age``: files read earlier forgotten now as too old, and every listed
+    #: file too old that is not read (the forgotten ones, and late ones never read)
+    aged: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
 
 def resume(
@@ -393,6 +383,7 @@ def resume(
     checkpoint_id: int,
     epoch_bytes: int | None = None,
     on_changed: str = "refuse",
+    max_file_age: timedelta | None = None,
 ) -> Resume:
     """A run restored from a checkpoint whose source state is ``items`` (earlier runs' files
     compacted, splits processed by the last run, each with its epoch, and splits still to
@@ -408,7 +399,13 @@ def resume(
     as listed now: not yet read, its current version is what counts (a fixed malformed file,
     new files since the last run). The epochs after the checkpoint are planned anew, by the
     rule the spec gives now (:func:`plan_epochs`): the sink discards what it staged for them on
-    restore. Work is in the files listed and the last run's splits, not in all runs ever."""
+    restore. Work is in the files listed and the last run's splits, not in all runs ever.
+
+    ``max_file_age`` (``source.max_file_age``, Spark's ``maxFileAge``) bounds the record when
+    the input never expires: a file last written more than that before the newest file read so
+    far (the record's watermark) is forgotten if read (unless partly read) and skipped if not,
+    so the record holds only the files of that window. An empty start reads every file, as
+    Spark's first batch does."""
     earlier = Consumed.from_items(items)
     items = split_items(items)
     groups = _row_groups(items)
@@ -430,11 +427,17 @@ def resume(
         )
     partial = {str(i["path"]) for i in items if not is_processed(i) and str(i["path"]) in read}
     listed = {_path(f): f for f in files}
+    watermark = _watermark(earlier.watermark, (listed[p] for p in read if p in listed))
+    too_old = _too_old(watermark, max_file_age)
     kept: dict[str, tuple[int | None, str | None, int | None]] = {}
     gone: list[str] = []
     changed: list[str] = []
+    aged: list[str] = []
     for path, then in sorted(read.items()):
         file = listed.get(path)
+        if file is not None and path not in partial and too_old(file):
+            aged.append(path)  # forgotten: skipped below as too old, as long as it stays so
+            continue
         if file is None:
             if path in partial:
                 raise SplitError(
@@ -464,12 +467,45 @@ def resume(
         (_with_bytes(InputSplit.from_state(i), groups) for i in items if _unread_of(i, partial)),
         key=_order,
     )
-    rest = plan_splits([f for f in files if _path(f) not in kept], source_format, max_split_bytes)
+    new = [f for f in files if _path(f) not in kept]
+    skipped = [_path(f) for f in new if too_old(f)]
+    rest = plan_splits([f for f in new if not too_old(f)], source_format, max_split_bytes)
     epochs: list[list[InputSplit]] = [[] for _ in range(base)]
     epochs += [sorted(done[e], key=_order) for e in sorted(done)]
-    consumed = Consumed(len(epochs), kept)
+    consumed = Consumed(len(epochs), kept, watermark)
     epochs += plan_epochs(unread + rest, splits_per_epoch, epoch_bytes)
-    return Resume(epochs, consumed, gone, changed)
+    return Resume(epochs, consumed, gone, changed, aged, skipped)
+
+
+def modified_ns(file: str | ObjectInfo) -> int | None:
+    """When ``file`` was last written (ns): an object's listed time, a local file's mtime."""
+    if isinstance(file, ObjectInfo):
+        return file.modified
+    try:
+        return os.stat(file).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _watermark(recorded: int | None, read: Iterable[str | ObjectInfo]) -> int | None:
+    """The newest write time of the files read so far: the record's, or a read file's now."""
+    times = [t for t in map(modified_ns, read) if t is not None]
+    if recorded is not None:
+        times.append(recorded)
+    return max(times, default=None)
+
+
+def _too_old(watermark: int | None, max_age: timedelta | None) -> Callable[[Any], bool]:
+    """Is a listed file older than ``max_age`` before ``watermark`` (never, when unset)?"""
+    if watermark is None or max_age is None:
+        return lambda _file: False
+    limit = watermark - int(max_age.total_seconds() * 1e9)
+
+    def too_old(file: str | ObjectInfo) -> bool:
+        when = modified_ns(file)
+        return when is not None and when < limit
+
+    return too_old
 
 
 def source_state(

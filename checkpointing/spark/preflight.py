@@ -16,7 +16,7 @@ from checkpointing.errors import (
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.operator_ids import SOURCE
 from checkpointing.pipeline.spec import PipelineSpec, SpecError
-from checkpointing.pipeline.splits import has_progress, resume_epochs
+from checkpointing.pipeline.splits import has_progress, resume
 from checkpointing.pipeline.tables import check_tables, table_files, table_items
 from checkpointing.restore import lookup as restore
 from checkpointing.sinks.guard import check_pipeline_sink
@@ -149,7 +149,7 @@ def check_input(
     items = metadata.list_items(SOURCE)
     if has_progress(items):
         source = spec.source
-        resume_epochs(
+        resume(
             items,
             files,
             source.format.value,
@@ -158,6 +158,7 @@ def check_input(
             metadata.checkpoint_id,
             source.epoch_bytes,
             source.on_changed_input.value,
+            source.max_file_age,
         )
 
 

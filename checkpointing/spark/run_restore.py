@@ -223,8 +223,18 @@ class RunRestore:
                 metadata.checkpoint_id,
                 self.spec.source.epoch_bytes,
                 self.spec.source.on_changed_input.value,
+                self.spec.source.max_file_age,
             )
             epochs, consumed = resumed.epochs, resumed.consumed
+            if resumed.aged or resumed.skipped:
+                log.info(
+                    "job %s: source.max_file_age %s: %d file(s) read earlier forgotten as too "
+                    "old, %d listed file(s) too old skipped",
+                    self.spec.job,
+                    self.spec.source.max_file_age,
+                    len(resumed.aged),
+                    len(resumed.skipped),
+                )
             if resumed.gone:
                 log.info(
                     "job %s: %d file(s) read earlier are gone (forgotten), e.g. %s",

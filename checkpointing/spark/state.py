@@ -322,7 +322,7 @@ def check_source(
     recorded): the splits it says remain must be the ones this run would read next
     (``planned``), otherwise the input (or ``splits_per_epoch``, ``epoch_bytes``,
     ``max_split_bytes``) changed since, and resuming would skip or repeat input. Newer
-    checkpoints are resumed by :func:`checkpointing.pipeline.splits.resume_epochs`."""
+    checkpoints are resumed by :func:`checkpointing.pipeline.splits.resume`."""
 
     def key(item: dict[str, Any]) -> str:
         return json.dumps(InputSplit.from_state(item).to_state(int(item["epoch"])))

@@ -18,7 +18,7 @@ import fnmatch
 import glob
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -39,11 +39,14 @@ class ObjectStoreError(ConfigError):
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """One listed object: ``url`` (``s3://bucket/key``), its ``size`` and ``etag`` (unquoted)."""
+    """One listed object: ``url`` (``s3://bucket/key``), its ``size`` and ``etag`` (unquoted),
+    and when it was last written (``modified``, ns since the epoch; for ``source.max_file_age``,
+    not part of its identity)."""
 
     url: str
     size: int
     etag: str
+    modified: int | None = field(default=None, compare=False)
 
 
 def is_object_url(path: str) -> bool:
@@ -115,6 +118,11 @@ def read_schema(url: str) -> pyarrow.Schema:
     return read_footer(url).schema.to_arrow_schema()
 
 
+def _ns(when: Any) -> int | None:
+    """A listing's ``LastModified`` (a datetime) in ns since the epoch."""
+    return None if when is None else int(when.timestamp() * 1_000_000) * 1000
+
+
 def list_objects(pattern: str) -> list[ObjectInfo]:
     """The objects whose keys match the glob in ``pattern`` (``*``, ``?`` and ``[..]`` within a
     path segment, as a local glob), sorted by key. Lists only the prefix before the first
@@ -133,6 +141,7 @@ def list_objects(pattern: str) -> list[ObjectInfo]:
                             f"s3://{bucket}/{item['Key']}",
                             int(item["Size"]),
                             str(item.get("ETag", "")).strip('"'),
+                            _ns(item.get("LastModified")),
                         )
                     )
     except Exception as exc:
