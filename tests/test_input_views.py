@@ -70,6 +70,7 @@ def test_runs_totals_and_files_of_a_checkpoint(
     assert section["runs"] == [
         {
             "attempt": "run-1",
+            "compacted": False,
             "first_epoch": 0,
             "last_epoch": 1,
             "files": 2,
@@ -78,6 +79,7 @@ def test_runs_totals_and_files_of_a_checkpoint(
         },
         {
             "attempt": "run-2",
+            "compacted": False,
             "first_epoch": 2,
             "last_epoch": 2,
             "files": 1,

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from checkpointing.cli.render import input_table
 from checkpointing.metastore.input_views import summarize_items
 from checkpointing.pipeline.operator_ids import SOURCE
 from checkpointing.pipeline.spec import SourceSpec, SpecError, load_spec
@@ -187,6 +188,14 @@ def test_the_schema_is_learnt_from_a_listed_file_when_earlier_epochs_are_compact
     assert [s.path for s in schema_splits(epochs, 3, files)] == ["s3://b/b.parquet"]
 
 
+def _rendered(table: Any) -> str:
+    from rich.console import Console
+
+    console = Console(width=120, record=True)
+    console.print(table)
+    return console.export_text()
+
+
 def test_the_input_view_and_the_epochs_done_count_the_compacted_files() -> None:
     files = [obj(f"f{i}.parquet") for i in range(3)]
     _, items, _ = run_once([], files)
@@ -194,6 +203,12 @@ def test_the_input_view_and_the_epochs_done_count_the_compacted_files() -> None:
     section = summarize_items(items)
     assert section["files_processed"] == 4 and section["next_epoch"] == 4
     assert section["bytes_processed"] == 40
+    # the record's files are one row, "earlier runs (compacted)", over the compacted epochs
+    earlier, last = section["runs"]
+    assert (earlier["compacted"], earlier["attempt"], earlier["files"]) == (True, None, 3)
+    assert (earlier["first_epoch"], earlier["last_epoch"]) == (0, 2)
+    assert (last["compacted"], last["attempt"], last["first_epoch"]) == (False, "run", 3)
+    assert "earlier runs (compacted)" in _rendered(input_table(section))
     _, items, _ = run_once(items, files)  # g gone, nothing new: only the record
     assert all("consumed" in i for i in items)
     assert summarize_items(items)["next_epoch"] == 4

@@ -239,7 +239,8 @@ def input_table(section: Row) -> Table:
         table.add_column(col, **kw)  # type: ignore[arg-type]
     for r in section["runs"]:
         table.add_row(
-            r["attempt"] or Text("unknown", style="dim"),
+            r["attempt"]
+            or Text("earlier runs (compacted)" if r.get("compacted") else "unknown", style="dim"),
             _epochs(r["first_epoch"], r["last_epoch"]),
             str(r["files"]),
             str(r["splits"]),

@@ -72,6 +72,8 @@ class _File:
 @dataclass
 class _Run:
     attempt: str | None
+    #: the files earlier runs read, compacted into one record (their runs are not kept)
+    compacted: bool = False
     first_epoch: int | None = None
     last_epoch: int | None = None
     files: set[str] = field(default_factory=set)
@@ -136,7 +138,14 @@ def _compacted(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int |
             if isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str):
                 path, size, etag, mtime = entry
                 out.append(
-                    {"path": path, "size": size, "etag": etag, "mtime": mtime, "processed": True}
+                    {
+                        "path": path,
+                        "size": size,
+                        "etag": etag,
+                        "mtime": mtime,
+                        "processed": True,
+                        "compacted": True,
+                    }
                 )
     return out, epochs
 
@@ -161,6 +170,7 @@ def summarize_items(items: list[dict[str, Any]], file_limit: int = FILE_LIMIT) -
     items = [i for i in items if not isinstance(i.get("table"), str)]
     files: dict[str, _File] = {}
     runs: dict[str | None, _Run] = {}
+    earlier = _Run(None, compacted=True)
     processed_splits = remaining_splits = 0
     processed_epochs: list[int] = []
     remaining_epochs: list[int] = []
@@ -174,7 +184,10 @@ def summarize_items(items: list[dict[str, Any]], file_limit: int = FILE_LIMIT) -
         if processed:
             processed_splits += 1
             attempt = item.get("attempt") if isinstance(item.get("attempt"), str) else None
-            runs.setdefault(attempt, _Run(attempt)).add(path, epoch)
+            if item.get("compacted") is True:
+                earlier.add(path, None)
+            else:
+                runs.setdefault(attempt, _Run(attempt)).add(path, epoch)
             if epoch is not None:
                 processed_epochs.append(epoch)
         else:
@@ -186,10 +199,15 @@ def summarize_items(items: list[dict[str, Any]], file_limit: int = FILE_LIMIT) -
     by_epoch = sorted(
         runs.values(), key=lambda r: (r.first_epoch is None, r.first_epoch or 0, r.attempt or "")
     )
+    if earlier.splits or compacted:
+        if compacted:
+            earlier.first_epoch, earlier.last_epoch = 0, compacted - 1
+        by_epoch.insert(0, earlier)
     return {
         "runs": [
             {
                 "attempt": r.attempt,
+                "compacted": r.compacted,
                 "first_epoch": r.first_epoch,
                 "last_epoch": r.last_epoch,
                 "files": len(r.files),

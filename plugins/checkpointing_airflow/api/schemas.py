@@ -159,6 +159,9 @@ class InputRun(BaseModel):
     """One run (attempt) that read part of the input, from the source's list state."""
 
     attempt: str | None = Field(description="the run that read it (None: not recorded)")
+    compacted: bool = Field(
+        default=False, description="the files earlier runs read, compacted (their runs not kept)"
+    )
     first_epoch: int | None
     last_epoch: int | None
     files: int = Field(description="distinct files it read (wholly or some row groups)")
