@@ -8,7 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from checkpointing.pipeline.columns import is_identifier
+
 _AGG = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)\s*$", re.DOTALL)
 #: the aggregation functions by the number of columns they take (``count`` takes 0 or 1)
 AGGREGATE_FUNCTIONS: dict[str, tuple[int, ...]] = {
@@ -67,7 +68,7 @@ class Aggregation(BaseModel):
         inner = match.group(2).strip()
         columns = [c.strip() for c in inner.split(",")] if inner else []
         for column in columns:
-            if not _IDENT.match(column):
+            if not is_identifier(column):
                 raise ValueError(f"{text.strip()}: {column!r} is not a column name")
         arity = AGGREGATE_FUNCTIONS[function]
         if len(columns) not in arity:

@@ -3,16 +3,15 @@ directory or S3 prefix, a Delta table, an Iceberg table), validated field by fie
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from checkpointing.pipeline.columns import as_list, check_columns
 from checkpointing.state.object_store import ObjectStoreError, is_object_url, split_url
 
 #: the column of the epoch in a sink's changelog (the parquet sink's directories, Delta's column)
 EPOCH_COLUMN = "epoch"
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class SinkSpec(BaseModel):
@@ -60,18 +59,14 @@ class SinkSpec(BaseModel):
     @field_validator("partition_by", mode="before")
     @classmethod
     def _partition_list(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else v
+        return as_list(v)
 
     @field_validator("partition_by")
     @classmethod
     def _partition_columns(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if not _IDENT.match(name):
-                raise ValueError(f"{name!r} is not a column name")
+        for name in check_columns(v, "partition"):
             if name.lower() == EPOCH_COLUMN:
                 raise ValueError(f"{name!r} is the sink's own epoch column: partition by another")
-        if len({n.lower() for n in v}) != len(v):
-            raise ValueError("partition columns repeat")
         return v
 
     @field_validator("table")

@@ -39,6 +39,7 @@ from checkpointing.config import (
 from checkpointing.errors import ConfigError, SpecError
 from checkpointing.ids import validate_id
 from checkpointing.pipeline.aggregation_spec import AGGREGATE_FUNCTIONS, Aggregation
+from checkpointing.pipeline.columns import as_list, check_columns, is_identifier
 from checkpointing.pipeline.maintenance_spec import MaintenanceSpec
 from checkpointing.pipeline.sink_spec import EPOCH_COLUMN, SinkSpec
 from checkpointing.sinks.guard import check_pipeline_sink
@@ -63,7 +64,6 @@ from checkpointing.state.object_store import ObjectStoreError, is_object_url, sp
 if TYPE_CHECKING:
     from checkpointing.pipeline.entry import PipelineCode
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: ``${NAME}`` in a path field; ``$`` otherwise is a plain character
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")
 #: the fields where ``${CKPT_HOME}`` may be used: the paths
@@ -255,19 +255,14 @@ class PipelineSpec(BaseModel):
     @field_validator("key", mode="before")
     @classmethod
     def _key_list(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else v
+        return as_list(v)
 
     @field_validator("key")
     @classmethod
     def _key_columns(cls, v: list[str]) -> list[str]:
         if not v:
             raise ValueError("needs at least one key column (leave key out for a stateless job)")
-        for name in v:
-            if not _IDENT.match(name):
-                raise ValueError(f"{name!r} is not a column name")
-        if len(set(v)) != len(v):
-            raise ValueError("key columns repeat")
-        return v
+        return check_columns(v, "key")
 
     @field_validator("transform")
     @classmethod
@@ -287,7 +282,7 @@ class PipelineSpec(BaseModel):
     @classmethod
     def _table_names(cls, v: dict[str, TableSpec]) -> dict[str, TableSpec]:
         for name in v:
-            if not _IDENT.match(name) or name.lower() == "input":
+            if not is_identifier(name) or name.lower() == "input":
                 raise ValueError(f"{name!r} is not a table name (an identifier other than input)")
         return v
 
@@ -298,7 +293,7 @@ class PipelineSpec(BaseModel):
             raise ValueError("needs at least one aggregation, e.g. {flights: count()}")
         out = {}
         for name, text in v.items():
-            if not isinstance(name, str) or not _IDENT.match(name):
+            if not is_identifier(name):
                 raise ValueError(f"{name!r} is not a valid output column name")
             try:
                 out[name] = text if isinstance(text, Aggregation) else Aggregation.parse(text)
