@@ -1,4 +1,4 @@
--- Reference DDL of the checkpoint metastore for sqlite, revision 0004.
+-- Reference DDL of the checkpoint metastore for sqlite, revision 0005.
 -- Generated from checkpointing/metastore/models.py by `make ddl`; `ckpt db upgrade`
 -- (Alembic) is the supported way to create or migrate a metastore. A test fails when
 -- they drift.
@@ -23,6 +23,7 @@ CREATE TABLE ckpt_jobs (
 	consecutive_failures INTEGER NOT NULL,
 	last_completed_id BIGINT,
 	last_completion_at DATETIME,
+	heartbeat_at DATETIME,
 	failure_cause TEXT,
 	created_at DATETIME NOT NULL,
 	updated_at DATETIME NOT NULL,
@@ -147,4 +148,4 @@ CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL,
 	CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
 );
-INSERT INTO alembic_version (version_num) VALUES ('0004');
+INSERT INTO alembic_version (version_num) VALUES ('0005');

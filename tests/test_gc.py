@@ -6,6 +6,7 @@ active job and bad options are refused before anything is deleted."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,11 +16,13 @@ from typer.testing import CliRunner
 
 from checkpointing.cli import app
 from checkpointing.clock import ManualClock
-from checkpointing.coordination import shared_state
+from checkpointing.coordination import heartbeat, shared_state
 from checkpointing.coordination.gc import GcOptions, JobActiveError, list_savepoints, run_gc
+from checkpointing.coordination.heartbeat import beat
 from checkpointing.coordination.pending import TaskAck
 from checkpointing.coordination.sink_vacuum import plan_vacuum
 from checkpointing.errors import ConfigError, UnknownJobError
+from checkpointing.metastore import jobs
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import CheckpointAck, CheckpointTask
 from checkpointing.restore.lookup import find_latest_valid, record_restore
@@ -251,6 +254,39 @@ def test_savepoints_are_listed_and_expired_by_count_and_age(
     assert [s.checkpoint_id for s in list_savepoints(metastore, JOB)] == [6]
 
 
+def test_a_driver_heartbeats_while_it_runs_and_a_metastore_outage_does_not_stop_it(
+    metastore: Metastore, storage: CheckpointStorage
+) -> None:
+    """The heartbeat thread stamps the job row on entry and every interval, stops on exit, and
+    a beat that fails (the metastore away) is retried at the next one."""
+    clock, _ = _clocks()
+    coord = new_coordinator(metastore, storage, clock)
+    coord.activate()
+    stamps: list[datetime] = []
+    ticks = iter(range(1_000))
+    real_beat = heartbeat.beat
+
+    def flaky(*args: Any) -> bool:
+        if next(ticks) == 1:
+            raise OSError("metastore away")
+        stamps.append(args[-1])
+        return real_beat(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(heartbeat, "beat", flaky)
+        with heartbeat.Heartbeat(
+            metastore, JOB, coord.coordinator_id, interval=timedelta(milliseconds=20)
+        ):
+            deadline = time.monotonic() + 10
+            while len(stamps) < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        after = len(stamps)
+    assert after >= 4 and stamps == sorted(stamps)
+    assert jobs.get_job(metastore, JOB).heartbeat_at == stamps[-1]  # type: ignore[union-attr]
+    time.sleep(0.1)
+    assert len(stamps) == after  # stopped with the block
+
+
 def test_an_active_job_unknown_job_and_bad_options_are_refused_before_deleting(
     metastore: Metastore, storage: CheckpointStorage
 ) -> None:
@@ -259,10 +295,24 @@ def test_an_active_job_unknown_job_and_bad_options_are_refused_before_deleting(
     complete(coord)
     complete(coord)
     orphan = _plant(storage, "chk-1/late")["chk-1/late"]
+    coord.activate()
     coord.job_status_changed(JobStatus.RUNNING)
-    with pytest.raises(JobActiveError, match="RUNNING"):
+    with pytest.raises(JobActiveError, match="RUNNING"):  # no heartbeat yet: not known dead
         run_gc(metastore, storage, JOB, GcOptions(), clock=gc_clock)
     assert storage.exists(orphan)
+    # the driver beats (a superseded one's beat does not count); fresh: still refused
+    assert not beat(metastore, JOB, "coord-old", gc_clock.now())
+    assert jobs.get_job(metastore, JOB).heartbeat_at is None  # type: ignore[union-attr]
+    assert beat(metastore, JOB, coord.coordinator_id, gc_clock.now() - timedelta(minutes=4))
+    with pytest.raises(JobActiveError, match="last heartbeat"):
+        run_gc(metastore, storage, JOB, GcOptions(), clock=gc_clock)
+    assert storage.exists(orphan)
+    # its driver stopped beating 6 minutes ago (SIGKILLed: the status stayed RUNNING): dead
+    assert beat(metastore, JOB, coord.coordinator_id, gc_clock.now() - timedelta(minutes=6))
+    assert run_gc(metastore, storage, JOB, GcOptions(), clock=gc_clock).orphans
+    assert not storage.exists(orphan)
+    orphan = _plant(storage, "chk-1/late")["chk-1/late"]
+    assert beat(metastore, JOB, coord.coordinator_id, gc_clock.now())
     with pytest.raises(UnknownJobError):
         run_gc(metastore, storage, "nope", GcOptions(), clock=gc_clock)
     with pytest.raises(ConfigError, match="--grace must not be negative"):

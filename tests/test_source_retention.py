@@ -431,6 +431,7 @@ def test_daily_runs_on_spark_over_an_expiring_inbox_equal_pandas(
     file read earlier and rewritten since is refused by name."""
     import shutil
 
+    from checkpointing.metastore import jobs
     from checkpointing.metastore.engine import Metastore
     from checkpointing.state.storage import FileSystemCheckpointStorage
     from tests.spark_pipeline import assert_matches_pandas, make_spec, run, tables, write_events
@@ -449,6 +450,8 @@ def test_daily_runs_on_spark_over_an_expiring_inbox_equal_pandas(
                 (inbox / f.name).unlink()
         result = run(spark, spec, metastore, storage)
         assert (result.epochs_total, result.epochs_run) == (2 * day + 2, [2 * day, 2 * day + 1])
+    # the driver beat while it ran (and stopped with it)
+    assert jobs.get_job(metastore, "daily").heartbeat_at is not None  # type: ignore[union-attr]
     final, changelog = tables(spark, spec)
     assert_matches_pandas(final, [pd.read_parquet(f) for f in files])
     for epoch, f in enumerate(files):

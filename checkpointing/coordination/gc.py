@@ -21,8 +21,10 @@ goes:
 
 A plan is made first (:func:`plan_gc`) and is all a dry run does; :func:`run_gc` then deletes it,
 history rows under the job's row lock with the plan's conditions repeated in the ``DELETE``, so a
-row that changed meanwhile is kept. A job whose coordinator is active (RUNNING) is refused unless
-forced: its checkpoints change under the plan.
+row that changed meanwhile is kept. A job whose coordinator is active (RUNNING, with a driver
+heart-beating within :data:`~checkpointing.coordination.heartbeat.HEARTBEAT_TIMEOUT`, or one
+that never beat) is refused unless forced: its checkpoints change under the plan. A RUNNING job
+whose driver stopped beating is dead (a SIGKILLed driver leaves the status) and is collected.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from sqlalchemy.orm import Session
 
 from checkpointing.clock import Clock, SystemClock
 from checkpointing.coordination import orphans, savepoints, sink_vacuum, store
+from checkpointing.coordination.heartbeat import driver_alive
 from checkpointing.coordination.orphans import OrphanFile
 from checkpointing.coordination.sink_vacuum import SinkFile
 from checkpointing.errors import CheckpointingError, ConfigError
@@ -206,11 +209,13 @@ def plan_gc(
     plan = GcPlan(job_id)
     with metastore.transaction() as s:
         job = jobs.job_row(s, job_id)
-        if JobStatus(job.status) is JobStatus.RUNNING and not options.force:
+        alive = driver_alive(job.heartbeat_at, now)
+        if JobStatus(job.status) is JobStatus.RUNNING and alive is not False and not options.force:
+            beat = "" if job.heartbeat_at is None else f", last heartbeat {job.heartbeat_at:%c} UTC"
             raise JobActiveError(
-                f"job {job_id!r} is RUNNING (coordinator {job.coordinator_id or 'unknown'}): "
-                "its checkpoints change under gc; run it when the job is not running, or "
-                "--force if its coordinator is known dead"
+                f"job {job_id!r} is RUNNING (coordinator {job.coordinator_id or 'unknown'}"
+                f"{beat}): its checkpoints change under gc; run it when the job is not running, "
+                "or --force if its coordinator is known dead"
             )
         cutoff = now - options.keep_history
         plan.checkpoints = list(

@@ -50,6 +50,7 @@ class JobInfo:
     failure_cause: str | None
     created_at: datetime
     updated_at: datetime
+    heartbeat_at: datetime | None = None
 
     @property
     def is_running(self) -> bool:
@@ -97,6 +98,7 @@ def job_info(job: Job) -> JobInfo:
         failure_cause=job.failure_cause,
         created_at=job.created_at,
         updated_at=job.updated_at,
+        heartbeat_at=job.heartbeat_at,
     )
 
 

@@ -88,6 +88,8 @@ class Job(Base):
     consecutive_failures: Mapped[int] = mapped_column(Integer, default=0)
     last_completed_id: Mapped[int | None] = mapped_column(BigInteger)
     last_completion_at: Mapped[datetime | None]
+    #: the running driver's last heartbeat (:mod:`checkpointing.coordination.heartbeat`)
+    heartbeat_at: Mapped[datetime | None]
     failure_cause: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

@@ -38,6 +38,7 @@ from pyspark.sql import types as T
 
 from checkpointing.coordination.coordinator import CheckpointCoordinator
 from checkpointing.coordination.failure import CheckpointException
+from checkpointing.coordination.heartbeat import Heartbeat
 from checkpointing.coordination.pending import awaiting_attempt
 from checkpointing.coordination.store import CompletedCheckpoint
 from checkpointing.errors import CheckpointingError, SharedStateError, SparkJvmError
@@ -284,6 +285,10 @@ class PipelineRun:
         else:
             self.coordinator.activate()
         self.coordinator.job_status_changed(JobStatus.RUNNING)
+        with Heartbeat(self.metastore, self.spec.job, self.coordinator.coordinator_id):
+            return self._epochs()
+
+    def _epochs(self) -> RunResult:
         crash_at = self.options.crash_after_epochs
         try:
             self._restore()
