@@ -30,10 +30,12 @@ def make_spec(
     source: str,
     *,
     sink: Path | str | None = None,
+    interval: Any = None,
     **overrides: Any,
 ) -> PipelineSpec:
     """A spec for job ``name`` over ``source`` (the YAML of the source mapping); ``sink``: its
-    path, or the YAML of the sink mapping when a str starting with ``{``."""
+    path, or the YAML of the sink mapping when a str starting with ``{``; ``interval``: the
+    data interval a ``scope: interval`` spec is bound to."""
     spec = tmp_path / f"{name}.yaml"
     if isinstance(sink, str) and sink.startswith("{"):
         sink_yaml = sink
@@ -53,7 +55,7 @@ max_parallelism: 16
 checkpoint: {{every_epochs: 1, retained: 2}}
 """
     )
-    return load_spec(spec, overrides)
+    return load_spec(spec, overrides, interval=interval)
 
 
 def events_spec(tmp_path: Path, events: Path, name: str, **overrides: Any) -> PipelineSpec:

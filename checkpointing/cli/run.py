@@ -75,6 +75,18 @@ def run(
             "change is recorded in the restore.",
         ),
     ] = False,
+    interval_start: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ISO",
+            help="A scope: interval spec's data interval start (2026-11-25 or an ISO 8601 "
+            "time; no offset: UTC): the run is that interval's own job instance.",
+        ),
+    ] = None,
+    interval_end: Annotated[
+        str | None,
+        typer.Option(metavar="ISO", help="The data interval's end (exclusive)."),
+    ] = None,
     fail_after_epochs: Annotated[
         int | None,
         typer.Option(
@@ -89,10 +101,18 @@ def run(
     refused before Spark starts."""
     from checkpointing.ids import validate_id
     from checkpointing.metastore.jobs import storage_url_for_run
+    from checkpointing.pipeline.interval import DataInterval
     from checkpointing.pipeline.spec import load_spec
     from checkpointing.state.storage import CheckpointStorage
 
-    spec = load_spec(pipeline)
+    interval = None
+    if (interval_start is None) != (interval_end is None):
+        given = "--interval-start" if interval_end is None else "--interval-end"
+        raise ConfigError(f"{given}: give the data interval's start and end together")
+    if interval_start is not None and interval_end is not None:
+        interval = DataInterval.parse(interval_start, interval_end)
+    spec = load_spec(pipeline, interval=interval)
+    spec.check_runnable()
     for value, name in ((attempt, "attempt"), (coordinator_id, "coordinator id")):
         if value is not None:
             validate_id(value, name)

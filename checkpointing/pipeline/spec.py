@@ -10,7 +10,6 @@ a suggestion when a known field is close.
 from __future__ import annotations
 
 import difflib
-import re
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
@@ -40,7 +39,9 @@ from checkpointing.errors import ConfigError, SpecError
 from checkpointing.ids import validate_id
 from checkpointing.pipeline.aggregation_spec import AGGREGATE_FUNCTIONS, Aggregation
 from checkpointing.pipeline.columns import as_list, check_columns, is_identifier
+from checkpointing.pipeline.interval import DataInterval, Scope
 from checkpointing.pipeline.maintenance_spec import MaintenanceSpec
+from checkpointing.pipeline.path_variables import as_sample, expand_path_variables, path_variables
 from checkpointing.pipeline.sink_spec import EPOCH_COLUMN, SinkSpec
 from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.state.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
@@ -63,11 +64,6 @@ from checkpointing.state.object_store import ObjectStoreError, is_object_url, sp
 
 if TYPE_CHECKING:
     from checkpointing.pipeline.entry import PipelineCode
-
-#: ``${NAME}`` in a path field; ``$`` otherwise is a plain character
-_VARIABLE = re.compile(r"\$\{([^}]*)\}")
-#: the fields where ``${CKPT_HOME}`` may be used: the paths
-PATH_FIELDS = (("source", "path"), ("sink", "path"), ("sink", "catalog"), ("storage",))
 
 
 class SourceFormat(StrEnum):
@@ -216,6 +212,9 @@ class PipelineSpec(BaseModel):
     )
     checkpoint: CheckpointSpec = CheckpointSpec()
     storage: str | None = None
+    #: ``incremental``: each run reads what is new since the last one; ``interval``: each run
+    #: reads its data interval (``${DS}`` … in the paths), as its own job instance
+    scope: Scope = Scope.INCREMENTAL
     #: warm restarts (Flink's restart strategy): after a failure that leaves the Spark driver
     #: alive (a task's, an executor's), the run restores its latest checkpoint inside the same
     #: application, up to this many times, each only after the failed attempt completed a
@@ -238,6 +237,25 @@ class PipelineSpec(BaseModel):
     spec_path: Path | None = Field(default=None, exclude=True)
     #: what its entry points resolved to (set by :func:`load_spec`)
     _code: Any = PrivateAttr(default=None)
+    #: the data interval this spec was bound to (``scope: interval``; None: not bound)
+    _interval: DataInterval | None = PrivateAttr(default=None)
+
+    @property
+    def interval(self) -> DataInterval | None:
+        return self._interval
+
+    @property
+    def is_template(self) -> bool:
+        """A ``scope: interval`` spec not bound to an interval (its placeholders unfilled)."""
+        return self.scope is Scope.INTERVAL and self._interval is None
+
+    def check_runnable(self) -> None:
+        """A ``scope: interval`` spec runs only bound to an interval: :class:`SpecError`."""
+        if self.is_template:
+            raise SpecError(
+                f"{self.spec_path or self.job}: scope: interval: a run needs its data interval "
+                "(ckpt run --interval-start START --interval-end END; the DAG passes its run's)"
+            )
 
     @field_validator("job")
     @classmethod
@@ -338,6 +356,11 @@ class PipelineSpec(BaseModel):
                 "sink.partition_by: a format: delta upsert table is not partitioned (its files "
                 "are buckets of keys): partition a mode: changelog table or the parquet sink"
             )
+        if self.scope is Scope.INTERVAL and self.sink.format == "iceberg":
+            raise ValueError(
+                "scope: interval: an Iceberg sink is one table for every interval; use a "
+                "parquet or delta sink whose path names the interval (e.g. out/date=${DS})"
+            )
         if (
             self.source.epoch_bytes is not None
             and "splits_per_epoch" in self.source.model_fields_set
@@ -422,12 +445,19 @@ class PipelineSpec(BaseModel):
 
 
 def load_spec(
-    path: str | Path, overrides: dict[str, Any] | None = None, *, home: Path | None = None
+    path: str | Path,
+    overrides: dict[str, Any] | None = None,
+    *,
+    home: Path | None = None,
+    interval: DataInterval | None = None,
 ) -> PipelineSpec:
     """Read and validate a pipeline spec; :class:`SpecError` names the file and the field.
 
     ``${CKPT_HOME}`` in its paths is ``home`` (default: ``CKPT_HOME``, as the metastore and the
-    checkpoints find it), so that a spec's data and output can live in the same home."""
+    checkpoints find it), so that a spec's data and output can live in the same home. A
+    ``scope: interval`` spec bound to ``interval`` has its placeholders (``${DS}`` …) filled and
+    its job id made the interval's instance (``daily.20261125T000000``); unbound, it is a
+    template (placeholders kept) that validates but does not run."""
     path = Path(path)
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # safe loader
@@ -444,8 +474,9 @@ def load_spec(
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: a pipeline spec is a mapping (job:, source:, key:, …)")
     raw = {**raw, **(overrides or {})}
+    variables, keep = path_variables(raw, path, home or ckpt_home(), interval)
     try:
-        raw = expand_path_variables(raw, {"CKPT_HOME": str(home or ckpt_home())})
+        raw = expand_path_variables(raw, variables, keep=keep)
     except ValueError as exc:
         raise SpecError(f"{path}: {exc}") from None
     from checkpointing.pipeline.entry import load_code, python_pipeline, resolve_py_files
@@ -476,51 +507,18 @@ def load_spec(
     except ValueError as exc:
         raise SpecError(f"{path}: {exc}") from None
     spec = spec.model_copy(update={"spec_path": path.resolve()})
+    if interval is not None:
+        try:
+            spec = spec.model_copy(update={"job": interval.job_id(spec.job)})
+        except ValueError as exc:
+            raise SpecError(f"{path}: job: {exc}") from None
+        spec._interval = interval
     try:  # a sink that is the input, the storage, the spec's folder, ~ or / would lose files
-        check_pipeline_sink(spec)
+        check_pipeline_sink(spec if not spec.is_template else as_sample(spec))
     except ConfigError as exc:
         raise SpecError(f"{path}: {exc}") from None
     spec._code = code
     return spec
-
-
-def expand_path_variables(raw: dict[str, Any], variables: dict[str, str]) -> dict[str, Any]:
-    """``raw`` with ``${NAME}`` replaced in its path fields (:data:`PATH_FIELDS`), from
-    ``variables`` only: never from the whole environment, whose secrets would end up in paths
-    and logs. An unknown name is a :class:`ValueError` naming the field."""
-    raw = dict(raw)
-    tables = raw.get("tables")
-    if isinstance(tables, dict):  # tables.<name>.path, like the source's
-        raw["tables"] = {
-            name: (
-                {**t, "path": _expand(t["path"], variables, f"tables.{name}.path")}
-                if isinstance(t, dict) and isinstance(t.get("path"), str) and "${" in t["path"]
-                else t
-            )
-            for name, t in tables.items()
-        }
-    for where in PATH_FIELDS:
-        parent: Any = raw
-        for name in where[:-1]:
-            if not isinstance(parent.get(name), dict):
-                break
-            parent[name] = parent = dict(parent[name])
-        else:
-            value = parent.get(where[-1])
-            if isinstance(value, str) and "${" in value:
-                parent[where[-1]] = _expand(value, variables, ".".join(where))
-    return raw
-
-
-def _expand(value: str, variables: dict[str, str], field: str) -> str:
-    def one(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in variables:
-            known = ", ".join(f"${{{v}}}" for v in sorted(variables))
-            raise ValueError(f"{field}: unknown variable ${{{name}}} (a path may use {known})")
-        return variables[name]
-
-    return _VARIABLE.sub(one, value)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

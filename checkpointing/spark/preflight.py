@@ -93,6 +93,7 @@ def check_run(
     (the job is not registered, no restore is recorded): the parallelism, the input files, the
     sink path, and the restore source. Reads only; ``metastore`` None: there is none yet (so no
     checkpoint to restore by id). :class:`RestoreSourceError` names a bad ``restore``."""
+    spec.check_runnable()  # an interval spec's template is not a job
     parallelism = options.parallelism or spec.parallelism
     if parallelism > spec.max_parallelism:
         raise SpecError(f"parallelism {parallelism} exceeds max_parallelism {spec.max_parallelism}")

@@ -1,0 +1,167 @@
+"""Interval-scoped pipelines (issue 27): a ``scope: interval`` spec is a template over the run's
+data interval (``${DS}`` … in its paths) and each interval is its own job instance, with its own
+checkpoints and its own sink directory; an unbound template, a path that does not name the
+interval and an interval given to an incremental spec are refused in one line before anything is
+written. On Spark: three daily intervals, the middle one crashed and resumed within itself, each
+interval's output equal to pandas over its own files only."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from checkpointing.cli import app
+from checkpointing.errors import SpecError
+from checkpointing.pipeline.interval import DataInterval
+from checkpointing.pipeline.spec import load_spec
+
+SPEC = """
+job: daily
+scope: interval
+source: {format: parquet, path: "in/date=${DS}/*.parquet"}
+key: [user]
+aggregations: {n: count()}
+sink: {path: "out/date=${DS}"}
+"""
+
+
+INCREMENTAL = (
+    SPEC.replace("scope: interval\n", "")
+    .replace("date=${DS}/*", "*")
+    .replace("out/date=${DS}", "out")
+)
+
+
+def write(tmp_path: Path, text: str = SPEC) -> Path:
+    path = tmp_path / "daily.yaml"
+    path.write_text(text)
+    return path
+
+
+def day(d: int) -> DataInterval:
+    return DataInterval.parse(f"2026-11-{d:02d}", f"2026-11-{d + 1:02d}")
+
+
+def test_a_template_binds_to_each_interval_as_its_own_job_instance(tmp_path: Path) -> None:
+    template = load_spec(write(tmp_path))
+    assert template.job == "daily" and template.interval is None
+    assert template.source.path.endswith("in/date=${DS}/*.parquet")  # kept: not bound
+    with pytest.raises(SpecError, match="scope: interval: a run needs its data interval") as e:
+        template.check_runnable()
+    assert "\n" not in str(e.value)
+
+    bound = load_spec(write(tmp_path), interval=day(25))
+    bound.check_runnable()
+    assert bound.job == "daily.20261125T000000" and bound.interval == day(25)
+    assert bound.source.path.endswith("in/date=2026-11-25/*.parquet")
+    assert bound.sink.path.endswith("out/date=2026-11-25")
+    hourly = DataInterval.parse("2026-11-25T13:00:00+01:00", "2026-11-25T14:00:00+01:00")
+    assert hourly.start == datetime(2026, 11, 25, 12, tzinfo=UTC)  # in UTC
+    assert hourly.variables() == {
+        "DS": "2026-11-25",
+        "DS_NODASH": "20261125",
+        "TS_NODASH": "20261125T120000",
+        "DATA_INTERVAL_START": "2026-11-25T12:00:00+00:00",
+        "DATA_INTERVAL_END": "2026-11-25T13:00:00+00:00",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "interval", "message"),
+    [
+        (SPEC.replace("date=${DS}/*", "*"), day(25), "source.path: a scope: interval spec names"),
+        (SPEC.replace("out/date=${DS}", "out"), day(25), "sink.path: a scope: interval spec names"),
+        (INCREMENTAL, day(25), "scope: a data interval was given"),
+        (
+            SPEC.replace(
+                '{path: "out/date=${DS}"}', '{format: iceberg, path: "w/${DS}", table: a.b}'
+            ),
+            day(25),
+            "scope: interval: an Iceberg sink is one table",
+        ),
+        (SPEC.replace("scope: interval", "scope: hourly"), None, "scope: Input should be"),
+        (SPEC.replace("scope: interval\n", ""), None, "source.path: names the data interval"),
+    ],
+)
+def test_bad_interval_specs_are_refused_in_one_line(
+    tmp_path: Path, text: str, interval: DataInterval | None, message: str
+) -> None:
+    with pytest.raises(SpecError, match=message) as refused:
+        load_spec(write(tmp_path, text), interval=interval)
+    assert "\n" not in str(refused.value)
+
+
+def test_bad_intervals_are_refused_in_one_line() -> None:
+    for start, end, message in [
+        ("yesterday", "2026-11-26", "start 'yesterday' is not an ISO 8601"),
+        ("2026-11-26", "2026-11-25", "the end 2026-11-25 is not after the start"),
+    ]:
+        with pytest.raises(SpecError, match=message):
+            DataInterval.parse(start, end)
+
+
+def test_the_cli_refuses_an_unbound_template_before_writing_anything(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    spec = write(tmp_path)
+    runner = CliRunner()
+    env = {"CKPT_HOME": str(home)}
+    for args, message in [
+        ([], "scope: interval: a run needs its data interval"),
+        (["--interval-start", "2026-11-25"], "--interval-start: give the data interval's start"),
+        (["--interval-start", "x", "--interval-end", "y"], "start 'x' is not an ISO 8601"),
+    ]:
+        result = runner.invoke(app, ["run", str(spec), *args], env=env)
+        assert result.exit_code != 0, result.output
+        assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert not home.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)
+def test_three_daily_intervals_each_its_own_job_one_crashed_and_resumed(
+    spark: Any, tmp_path: Path, metastore_url: str
+) -> None:
+    from checkpointing.metastore import jobs
+    from checkpointing.metastore.engine import Metastore
+    from checkpointing.spark.runtime import SimulatedCrash
+    from checkpointing.state.storage import FileSystemCheckpointStorage
+    from tests.spark_pipeline import assert_matches_pandas, make_spec, run, tables, write_events
+
+    files = sorted(write_events(tmp_path / "events").glob("*.parquet"))
+    for d in range(3):  # two files land in each day's folder
+        folder = tmp_path / "in" / f"date=2026-11-{24 + d}"
+        folder.mkdir(parents=True)
+        for f in files[2 * d : 2 * d + 2]:
+            shutil.copy(f, folder / f.name)
+    source = f'{{format: parquet, path: "{tmp_path}/in/date=${{DS}}/*.parquet"}}'
+    sink = f'{{path: "{tmp_path}/out/date=${{DS}}"}}'
+    metastore = Metastore(metastore_url)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+
+    def spec(d: int) -> Any:
+        return make_spec(
+            tmp_path, "daily", source, sink=sink, interval=day(24 + d), scope="interval"
+        )
+
+    assert run(spark, spec(0), metastore, storage).epochs_run == [0, 1]
+    with pytest.raises(SimulatedCrash):  # the middle interval dies after its first epoch
+        run(spark, spec(1), metastore, storage, crash_after_epochs=1)
+    assert run(spark, spec(2), metastore, storage).epochs_run == [0, 1]
+    resumed = run(spark, spec(1), metastore, storage)  # its retry resumes within the interval
+    assert resumed.restored_from is not None and resumed.epochs_run == [1]
+    again = run(spark, spec(0), metastore, storage)  # a finished interval: nothing to redo
+    assert again.epochs_run == []
+
+    ids = [f"daily.202611{24 + d}T000000" for d in range(3)]
+    assert all(jobs.get_job(metastore, i) is not None for i in ids)
+    assert jobs.get_job(metastore, "daily") is None  # no job of the template itself
+    for d in range(3):
+        final, changelog = tables(spark, spec(d))
+        assert_matches_pandas(final, [pd.read_parquet(f) for f in files[2 * d : 2 * d + 2]])
+        assert sorted(set(changelog.epoch)) == [0, 1]
+        assert (tmp_path / "out" / f"date=2026-11-{24 + d}").is_dir()
