@@ -126,7 +126,7 @@ def test_the_cli_refuses_an_unbound_template_before_writing_anything(tmp_path: P
 def test_three_daily_intervals_each_its_own_job_one_crashed_and_resumed(
     spark: Any, tmp_path: Path, metastore_url: str
 ) -> None:
-    from checkpointing.metastore import jobs
+    from checkpointing.metastore import jobs, views
     from checkpointing.metastore.engine import Metastore
     from checkpointing.spark.runtime import SimulatedCrash
     from checkpointing.state.storage import FileSystemCheckpointStorage
@@ -157,11 +157,81 @@ def test_three_daily_intervals_each_its_own_job_one_crashed_and_resumed(
     again = run(spark, spec(0), metastore, storage)  # a finished interval: nothing to redo
     assert again.epochs_run == []
 
+    # a late file lands in the middle interval's folder: a full refresh replaces its output
+    # (exactly: not beside the old one), its retry after a crash refreshes again
+    shutil.copy(files[0], tmp_path / "in" / "date=2026-11-25" / "late.parquet")
+    with pytest.raises(SimulatedCrash):
+        run(spark, spec(1), metastore, storage, full_refresh=True, crash_after_epochs=2)
+    refreshed = run(spark, spec(1), metastore, storage, full_refresh=True)
+    assert refreshed.restored_from is None and refreshed.epochs_run == [0, 1, 2]
+    restores = views.list_restores(metastore, "daily.20261125T000000")
+    # the crashed try had reset the sink and committed 2 epochs: the retry removed those
+    assert restores[0]["assignment"]["full_refresh"]["epochs_removed"] == 2
+    incremental = make_spec(tmp_path, "inc", f'{{format: parquet, path: "{tmp_path}/in/*/*"}}')
+    with pytest.raises(SpecError, match="--full-refresh: job inc is scope: incremental"):
+        run(spark, incremental, metastore, storage, full_refresh=True)
+
     ids = [f"daily.202611{24 + d}T000000" for d in range(3)]
     assert all(jobs.get_job(metastore, i) is not None for i in ids)
     assert jobs.get_job(metastore, "daily") is None  # no job of the template itself
     for d in range(3):
         final, changelog = tables(spark, spec(d))
-        assert_matches_pandas(final, [pd.read_parquet(f) for f in files[2 * d : 2 * d + 2]])
-        assert sorted(set(changelog.epoch)) == [0, 1]
+        read = files[2 * d : 2 * d + 2] + ([files[0]] if d == 1 else [])
+        assert_matches_pandas(final, [pd.read_parquet(f) for f in read])
+        assert sorted(set(changelog.epoch)) == list(range(len(read)))
+        assert len(changelog) == sum(pd.read_parquet(f).user.nunique() for f in read)
         assert (tmp_path / "out" / f"date=2026-11-{24 + d}").is_dir()
+
+
+@pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("kind", ["delta", "s3-parquet"])
+def test_a_full_refresh_resets_a_delta_table_and_an_s3_parquet_prefix(
+    spark: Any, tmp_path: Path, metastore_url: str, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """One interval written, a late file landed, then a full refresh: the Delta table is
+    brought back to its creation by a RESTORE (its history kept) and written again; the S3
+    prefix loses its pointer, manifests and objects, then is written again. Either way the
+    output equals pandas over the interval's files, each epoch once."""
+    from checkpointing.metastore.engine import Metastore
+    from checkpointing.pipeline import datasets
+    from checkpointing.sinks import s3_parquet
+    from checkpointing.state.storage import FileSystemCheckpointStorage
+    from tests.delta_helpers import delta_log, read_table
+    from tests.spark_pipeline import AGGS, make_spec, run, write_events
+
+    files = sorted(write_events(tmp_path / "events").glob("*.parquet"))
+    folder = tmp_path / "in" / "date=2026-11-25"
+    folder.mkdir(parents=True)
+    shutil.copy(files[0], folder / files[0].name)
+    if kind == "delta":
+        url = f"{tmp_path}/out/date=${{DS}}"
+        sink = f'{{format: delta, path: "{url}"}}'
+    else:
+        request.getfixturevalue("executors_see_s3")
+        bucket = request.getfixturevalue("s3_bucket")
+        url = f"s3://{bucket}/out/date=${{DS}}"
+        sink = f'{{path: "{url}"}}'
+    url = url.replace("${DS}", "2026-11-25")
+    source = f'{{format: parquet, path: "{tmp_path}/in/date=${{DS}}/*.parquet"}}'
+    spec = make_spec(tmp_path, "daily", source, sink=sink, interval=day(25), scope="interval")
+    metastore = Metastore(metastore_url)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    assert run(spark, spec, metastore, storage).epochs_run == [0]
+    shutil.copy(files[1], folder / "late.parquet")
+    assert run(spark, spec, metastore, storage, full_refresh=True).epochs_run == [0, 1]
+
+    expected = datasets.expected_aggregates(
+        pd.concat(pd.read_parquet(f) for f in files[:2]), ["user"], AGGS
+    )
+    if kind == "delta":
+        table = read_table(url, ["user"])
+        operations = [
+            a["commitInfo"].get("operation") for c in delta_log(url) for a in c if "commitInfo" in a
+        ]
+        assert "RESTORE" in operations  # back to its creation, the history kept
+    else:
+        table = s3_parquet.read_final(url).to_pandas().sort_values("user").reset_index(drop=True)
+        assert [m["epoch"] for m in s3_parquet.committed_manifests(url)] == [0, 1]
+    pd.testing.assert_frame_equal(
+        table[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
+    )

@@ -87,6 +87,14 @@ def run(
         str | None,
         typer.Option(metavar="ISO", help="The data interval's end (exclusive)."),
     ] = None,
+    full_refresh: Annotated[
+        bool,
+        typer.Option(
+            "--full-refresh",
+            help="A scope: interval job: replace the interval's output — its sink reset (only "
+            "the job's own output), then an empty start.",
+        ),
+    ] = False,
     fail_after_epochs: Annotated[
         int | None,
         typer.Option(
@@ -135,6 +143,7 @@ def run(
         allow_other_job=allow_other_job,
         allow_changed_tables=allow_changed_tables,
         crash_after_epochs=fail_after_epochs,
+        full_refresh=full_refresh,
     )
     metastore = _checked_metastore(spec, options, storage)
     result = _run_on_spark(spec, options, metastore, storage, master)

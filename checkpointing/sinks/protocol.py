@@ -56,6 +56,13 @@ class Sink(Protocol):
         ``(epochs committed now, epochs discarded)``."""
         ...
 
+    def reset(self) -> list[int]:
+        """A full refresh (``--full-refresh``): take the sink back to holding no epoch of the
+        job — its committed and staged epochs and its final table gone, or a table brought
+        back to its creation — so that an empty start may write it again; the epochs it held.
+        Only the job's own output goes; idempotent."""
+        ...
+
     def recovery_detail(self) -> dict[str, Any] | None:
         """What the last :meth:`recover` did beyond committing and discarding epochs (e.g. a
         table brought back to an older version), recorded with the restore; None: nothing."""

@@ -433,6 +433,7 @@ def is_own(name: str) -> bool:
         or parse_committed(name) is not None
         or parse_final(name) is not None
         or _MANIFEST.fullmatch(name) is not None
+        or name == POINTER  # removed by a full refresh only
     )
 
 

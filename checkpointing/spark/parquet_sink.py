@@ -278,6 +278,26 @@ class TwoPhaseCommitSink:
         self._remove_finals_except(name)
         return str(target)
 
+    def reset(self) -> list[int]:
+        """:meth:`checkpointing.sinks.protocol.Sink.reset`: the ``final`` link first (readers
+        then see no final table), the final tables, the changelog's epochs newest first and the
+        staged ones; only in a directory this job claimed."""
+        self._claim()
+        target = self._final_target()
+        if target is not None:
+            if not _is_final_name(target):
+                raise StorageError(f"{self.final_link} points at {target!r}; refusing to remove")
+            os.unlink(self.final_link)
+            fsync_dir(self.path)
+        self._remove_finals_except(None)
+        epochs = self.committed_epochs()
+        for epoch in reversed(epochs):
+            self._discard(self.committed_path(epoch))
+        for epoch in self.staged_epochs():
+            self._discard(self.staged_path(epoch))
+        self._sweep()
+        return epochs
+
     # ------------------------------------------------------------------ reading
 
     def read_changelog(self, spark: SparkSession) -> DataFrame:

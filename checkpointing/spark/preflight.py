@@ -14,6 +14,7 @@ from checkpointing.errors import (
     UnknownJobError,
 )
 from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline.interval import Scope
 from checkpointing.pipeline.operator_ids import SOURCE
 from checkpointing.pipeline.spec import PipelineSpec, SpecError
 from checkpointing.pipeline.splits import has_progress, resume
@@ -58,6 +59,9 @@ class RunOptions:
     coordinator_id: str | None = None
     #: restore even if a static table changed since the checkpoint (recorded in the restore)
     allow_changed_tables: bool = False
+    #: a ``scope: interval`` job's full refresh: its sink reset (:meth:`Sink.reset`), then an
+    #: empty start that writes the interval's output again
+    full_refresh: bool = False
 
 
 def input_files(spec: PipelineSpec) -> list[str] | list[ObjectInfo]:
@@ -103,6 +107,9 @@ def check_run(
     sink = open_sink(spec, job=spec.job)  # nor foreign files
     choice = options.restore
     decision: restore.RestoreDecision | None = None
+    if options.full_refresh:
+        check_full_refresh(spec, choice)
+        return  # its sink is reset and it starts empty: nothing to restore or to check
     try:
         if choice == "none":
             refuse_empty_start(sink, spec.job, choice)
@@ -161,6 +168,19 @@ def check_input(
             source.on_changed_input.value,
             source.max_file_age,
         )
+
+
+def check_full_refresh(spec: PipelineSpec, choice: str) -> None:
+    """A full refresh replaces one interval's output: only a ``scope: interval`` job has one
+    (an incremental job's output is every run's), and it starts empty."""
+    if spec.scope is not Scope.INTERVAL:
+        raise SpecError(
+            f"--full-refresh: job {spec.job} is scope: incremental, whose output holds every "
+            "run's input; a full refresh is for a scope: interval job's interval (for this one: "
+            "a new sink path, or --restore a savepoint)"
+        )
+    if choice not in ("latest", "none"):
+        raise SpecError(f"--full-refresh starts empty: it takes no --restore {choice}")
 
 
 def refuse_empty_start(sink: Sink, job: str, choice: str) -> None:

@@ -83,7 +83,11 @@ def run_with_restarts(
             # the same attempt id when one was given (an Airflow try's: the operator plans its
             # tasks under it; the failed run's pending checkpoints were aborted), else a new one
             options = dataclasses.replace(
-                options, restore="latest", crash_after_epochs=None, fail_task_after_epochs=None
+                options,
+                restore="latest",
+                full_refresh=False,  # done by the first try: the restart resumes it
+                crash_after_epochs=None,
+                fail_task_after_epochs=None,
             )
             continue
         result.restarts = restarts

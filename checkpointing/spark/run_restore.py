@@ -35,7 +35,7 @@ from checkpointing.restore import lookup
 from checkpointing.restore.assignment import StateAssignment, plan_restore, snapshots_from_metadata
 from checkpointing.sinks.protocol import Sink
 from checkpointing.spark.keys import partition_keys
-from checkpointing.spark.preflight import RunOptions, refuse_empty_start
+from checkpointing.spark.preflight import RunOptions, check_full_refresh, refuse_empty_start
 from checkpointing.spark.stages import AggregationStage
 from checkpointing.spark.state import (
     StageRun,
@@ -127,6 +127,7 @@ class RunRestore:
     def restore(self) -> Restored:
         """Restore what ``options.restore`` chooses; record the restore; time its phases."""
         started = time.monotonic()
+        reset = self._full_refresh()
         decision = self._decide()
         log.info("%s", decision.describe())
         phases = {"lookup_s": time.monotonic() - started}
@@ -143,6 +144,8 @@ class RunRestore:
         )
         if committed or discarded:
             log.info("sink: committed %s, discarded %s on restore", committed, discarded)
+        if reset is not None:
+            assignment = {**(assignment or {}), "full_refresh": reset}
         detail = self.sink.recovery_detail()
         if detail is not None:  # e.g. the table brought back to what the checkpoint committed
             log.info("sink: %s", detail)
@@ -168,10 +171,24 @@ class RunRestore:
         log.info("job %s: %s", self.spec.job, describe_epochs(restored.epochs, self.spec.source))
         return restored
 
+    def _full_refresh(self) -> dict[str, Any] | None:
+        """``options.full_refresh``: the sink reset, for the empty start that follows."""
+        if not self.options.full_refresh:
+            return None
+        check_full_refresh(self.spec, self.options.restore)  # the checks hold on every path
+        epochs = self.sink.reset()
+        log.warning(
+            "job %s: full refresh: the sink's %d epoch(s) removed (%s); starting empty",
+            self.spec.job,
+            len(epochs),
+            self.sink.path,
+        )
+        return {"epochs_removed": len(epochs), "sink": str(self.sink.path)}
+
     def _decide(self) -> lookup.RestoreDecision:
         """The checkpoint ``options.restore`` chooses, verified; an empty start is refused
         where the sink holds committed output."""
-        choice = self.options.restore
+        choice = "none" if self.options.full_refresh else self.options.restore
         if choice == "none":
             refuse_empty_start(self.sink, self.spec.job, choice)
             return lookup.RestoreDecision(self.spec.job, None, None, None, None)

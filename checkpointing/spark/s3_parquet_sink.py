@@ -307,6 +307,23 @@ class S3ParquetSink:
         pointer = self.store.get_json(POINTER, POINTER_FORMAT)
         self._delete_finals_except(None if pointer is None else pointer.get("location"))
 
+    def reset(self) -> list[int]:
+        """:meth:`checkpointing.sinks.protocol.Sink.reset`: the pointer first (readers then see
+        no final table), the manifests newest first (each epoch's commit point), then what
+        they listed, the staged objects and the final tables; only under a prefix this job
+        claimed."""
+        with self._lock:
+            self._staged.clear()
+            if self.job is None or not self.store.check_owner(self.job):
+                return []  # nothing of ours here
+            self._claimed = True
+            epochs = self.store.committed_epochs()
+            self.store.delete([POINTER])
+            self.store.delete([manifest_name(e) for e in reversed(epochs)])
+            self.store.delete([n for n in self.store.list(f"{STAGING}/") if parse_staged(n)])
+            self._sweep()  # the copies of epochs without a manifest, finals no pointer names
+            return epochs
+
     def recovery_detail(self) -> dict[str, Any] | None:
         return None
 

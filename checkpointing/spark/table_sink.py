@@ -322,6 +322,20 @@ class TableSink:
                 pending[epoch] = [DataFile.from_item(epoch, f) for f in item.get("files", [])]
         return pending
 
+    def reset(self) -> list[int]:
+        """:meth:`checkpointing.sinks.protocol.Sink.reset`: the table brought back to its
+        creation (a Delta ``RESTORE``, an Iceberg rollback: one new version, the older ones
+        kept for time travel); the restore's empty start then commits over it."""
+        with self._lock:
+            self._staged.clear()
+            if not self.table.open() or self.job is None:
+                return []
+            epochs = self.committed_epochs()
+            done = self.table.done(refresh=False)
+            if epochs and done > NO_CHECKPOINT:
+                self.table.roll_back(NO_CHECKPOINT, done)
+            return epochs
+
     def recovery_detail(self) -> dict[str, Any] | None:
         return self._detail
 
