@@ -24,6 +24,8 @@ CREATE TABLE ckpt_jobs (
 	last_completed_id BIGINT,
 	last_completion_at TIMESTAMP WITH TIME ZONE,
 	heartbeat_at TIMESTAMP WITH TIME ZONE,
+	refresh_checkpoint_id BIGINT,
+	refresh_token VARCHAR(256),
 	failure_cause TEXT,
 	created_at TIMESTAMP WITH TIME ZONE NOT NULL,
 	updated_at TIMESTAMP WITH TIME ZONE NOT NULL,

@@ -24,6 +24,8 @@ CREATE TABLE ckpt_jobs (
 	last_completed_id BIGINT,
 	last_completion_at DATETIME,
 	heartbeat_at DATETIME,
+	refresh_checkpoint_id BIGINT,
+	refresh_token VARCHAR(256),
 	failure_cause TEXT,
 	created_at DATETIME NOT NULL,
 	updated_at DATETIME NOT NULL,

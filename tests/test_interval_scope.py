@@ -158,15 +158,25 @@ def test_three_daily_intervals_each_its_own_job_one_crashed_and_resumed(
     assert again.epochs_run == []
 
     # a late file lands in the middle interval's folder: a full refresh replaces its output
-    # (exactly: not beside the old one), its retry after a crash refreshes again
+    # (exactly: not beside the old one). Without a token a try refreshes anew; the retry of a
+    # refresh with its token (the DAG run's) resumes from the refresh's own checkpoint, never
+    # from the checkpoints before it
+    middle = "daily.20261125T000000"
     shutil.copy(files[0], tmp_path / "in" / "date=2026-11-25" / "late.parquet")
     with pytest.raises(SimulatedCrash):
-        run(spark, spec(1), metastore, storage, full_refresh=True, crash_after_epochs=2)
-    refreshed = run(spark, spec(1), metastore, storage, full_refresh=True)
-    assert refreshed.restored_from is None and refreshed.epochs_run == [0, 1, 2]
-    restores = views.list_restores(metastore, "daily.20261125T000000")
-    # the crashed try had reset the sink and committed 2 epochs: the retry removed those
-    assert restores[0]["assignment"]["full_refresh"]["epochs_removed"] == 2
+        run(spark, spec(1), metastore, storage, full_refresh=True, crash_after_epochs=1)
+    refresh = {"full_refresh": True, "refresh_token": "run-7"}
+    with pytest.raises(SimulatedCrash):
+        run(spark, spec(1), metastore, storage, crash_after_epochs=2, **refresh)
+    restores = views.list_restores(metastore, middle)
+    # each try reset the sink: the second removed the epoch the first had committed
+    assert restores[0]["assignment"]["full_refresh"]["epochs_removed"] == 1
+    floor = restores[0]["assignment"]["full_refresh"]["from"]
+    retried = run(spark, spec(1), metastore, storage, **refresh)
+    assert retried.restored_from is not None and retried.restored_from >= floor
+    assert retried.epochs_run == [2]
+    assert views.list_restores(metastore, middle)[0]["assignment"]["full_refresh"]["resumed"]
+    assert run(spark, spec(1), metastore, storage).epochs_run == []  # latest: the refresh's
     incremental = make_spec(tmp_path, "inc", f'{{format: parquet, path: "{tmp_path}/in/*/*"}}')
     with pytest.raises(SpecError, match="--full-refresh: job inc is scope: incremental"):
         run(spark, incremental, metastore, storage, full_refresh=True)

@@ -95,6 +95,14 @@ def run(
             "the job's own output), then an empty start.",
         ),
     ] = False,
+    refresh_token: Annotated[
+        str | None,
+        typer.Option(
+            hidden=True,
+            help="The full refresh's identity across tries (set by the Airflow operator): a try "
+            "of a refresh already begun resumes it.",
+        ),
+    ] = None,
     fail_after_epochs: Annotated[
         int | None,
         typer.Option(
@@ -144,6 +152,7 @@ def run(
         allow_changed_tables=allow_changed_tables,
         crash_after_epochs=fail_after_epochs,
         full_refresh=full_refresh,
+        refresh_token=refresh_token,
     )
     metastore = _checked_metastore(spec, options, storage)
     result = _run_on_spark(spec, options, metastore, storage, master)

@@ -90,6 +90,10 @@ class Job(Base):
     last_completion_at: Mapped[datetime | None]
     #: the running driver's last heartbeat (:mod:`checkpointing.coordination.heartbeat`)
     heartbeat_at: Mapped[datetime | None]
+    #: the last full refresh (``--full-refresh``): its first checkpoint id (older checkpoints
+    #: and savepoints are never restored by ``latest``) and the token of the run that began it
+    refresh_checkpoint_id: Mapped[int | None] = mapped_column(BigInteger)
+    refresh_token: Mapped[str | None] = mapped_column(String(256))
     failure_cause: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

@@ -113,11 +113,15 @@ def find_latest_valid(
         prefer = (
             job.prefer_checkpoint_for_recovery if prefer_checkpoint is None else prefer_checkpoint
         )
+        floor = job.refresh_checkpoint_id or 0  # a full refresh: older ones are gone
         candidates = [
             (c.checkpoint_id, c.checkpoint_type, c.metadata_path, c.metadata_checksum)
             for c in store.restore_candidates(s, job_id, prefer)
-            if completed_after is None
-            or (c.completed_at is not None and c.completed_at >= completed_after)
+            if c.checkpoint_id >= floor
+            and (
+                completed_after is None
+                or (c.completed_at is not None and c.completed_at >= completed_after)
+            )
         ]
     skipped: list[SkippedCheckpoint] = []
     #: state files found unusable: an older checkpoint sharing one (incremental checkpoints

@@ -62,6 +62,9 @@ class RunOptions:
     #: a ``scope: interval`` job's full refresh: its sink reset (:meth:`Sink.reset`), then an
     #: empty start that writes the interval's output again
     full_refresh: bool = False
+    #: the refresh's identity across tries (the Airflow DAG run): a try of a refresh this token
+    #: already began resumes it from its own latest checkpoint instead of resetting again
+    refresh_token: str | None = None
 
 
 def input_files(spec: PipelineSpec) -> list[str] | list[ObjectInfo]:

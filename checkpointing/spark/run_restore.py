@@ -31,7 +31,7 @@ from checkpointing.pipeline.splits import (
     resume,
     schema_splits,
 )
-from checkpointing.restore import lookup
+from checkpointing.restore import lookup, refresh
 from checkpointing.restore.assignment import StateAssignment, plan_restore, snapshots_from_metadata
 from checkpointing.sinks.protocol import Sink
 from checkpointing.spark.keys import partition_keys
@@ -128,7 +128,7 @@ class RunRestore:
         """Restore what ``options.restore`` chooses; record the restore; time its phases."""
         started = time.monotonic()
         reset = self._full_refresh()
-        decision = self._decide()
+        decision = self._decide(resume=reset is not None and reset.get("resumed", False))
         log.info("%s", decision.describe())
         phases = {"lookup_s": time.monotonic() - started}
         assignment = None
@@ -176,19 +176,31 @@ class RunRestore:
         if not self.options.full_refresh:
             return None
         check_full_refresh(self.spec, self.options.restore)  # the checks hold on every path
-        epochs = self.sink.reset()
+        token = self.options.refresh_token
+        if token is not None and refresh.began(self.metastore, self.storage, self.spec.job, token):
+            log.info(
+                "job %s: resuming the full refresh %s begun by an earlier try", self.spec.job, token
+            )
+            return {"resumed": True, "token": token}
+        floor = refresh.begin(self.metastore, self.spec.job, token)  # first: old ones unusable
+        epochs = self.sink.reset()  # then the output (idempotent: a retry resets again)
         log.warning(
-            "job %s: full refresh: the sink's %d epoch(s) removed (%s); starting empty",
+            "job %s: full refresh from checkpoint %d: the sink's %d epoch(s) removed (%s); "
+            "starting empty",
             self.spec.job,
+            floor,
             len(epochs),
             self.sink.path,
         )
-        return {"epochs_removed": len(epochs), "sink": str(self.sink.path)}
+        return {"epochs_removed": len(epochs), "sink": str(self.sink.path), "from": floor}
 
-    def _decide(self) -> lookup.RestoreDecision:
+    def _decide(self, *, resume: bool = False) -> lookup.RestoreDecision:
         """The checkpoint ``options.restore`` chooses, verified; an empty start is refused
-        where the sink holds committed output."""
-        choice = "none" if self.options.full_refresh else self.options.restore
+        where the sink holds committed output. A full refresh starts empty, or ``resume``s
+        from its own latest checkpoint."""
+        choice = self.options.restore
+        if self.options.full_refresh:
+            choice = "latest" if resume else "none"
         if choice == "none":
             refuse_empty_start(self.sink, self.spec.job, choice)
             return lookup.RestoreDecision(self.spec.job, None, None, None, None)
