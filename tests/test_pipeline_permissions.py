@@ -308,6 +308,71 @@ def test_the_deploy_check_refuses_another_jobs_savepoint_unless_allowed(
     assert dag.get_task("run").allow_other_job.key == "allow_other_job"  # what check decided
 
 
+@needs_airflow
+def test_a_deploy_from_another_jobs_state_needs_the_right_to_read_that_job(
+    airflow_home: Path,
+    metastore: Metastore,
+    two_jobs: tuple[FileSystemCheckpointStorage, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 28: ``allow_other_job`` let a user who may edit ``mine`` start it from ``theirs``'s
+    savepoint without any right on ``theirs``: its state then flowed into ``mine``'s sink. The
+    deploy's check (the code its ``check`` task runs) now asks the auth manager whether the
+    triggering user may read the source job, in its team; where users are not checked, only an
+    explicit trust setting lets such a deploy through."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from checkpointing_airflow import dag_factory
+    from checkpointing_airflow.deploy_dag import _authorize_other_job
+
+    storage, theirs = two_jobs
+    pipelines = {"mine": write_spec(tmp_path / "pipelines", "mine", storage=storage.base_url)}
+    params = {"pipeline": "mine", "from": theirs, "parallelism": 2, "allow_other_job": True}
+    plan = dag_factory.deploy_plan_from_params(params, pipelines=pipelines, metastore=metastore)
+    assert plan["from_job"] == "theirs"
+    own = dag_factory.deploy_plan_from_params(
+        {"pipeline": "mine", "from": "latest"}, pipelines=pipelines, metastore=metastore
+    )
+    assert own["from_job"] is None
+
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "uma:user,nobody:")
+
+    class Run:
+        triggering_user_name = "uma"
+        team_name: str | None = None
+
+    def check(run: Any, jobs: list[str], **options: bool) -> None:
+        options = {"check_permissions": True, "trust_other_job": False, **options}
+        _authorize_other_job(run, plan, jobs=jobs, **options)
+
+    check(Run(), ["mine"])  # uma may read every DAG
+    _authorize_other_job(Run(), own, jobs=["mine"], check_permissions=False, trust_other_job=False)
+    Run.triggering_user_name = "nobody"  # may read no DAG
+    with pytest.raises(AirflowFailException, match="user 'nobody' may not read the DAG theirs"):
+        check(Run(), ["mine"])
+    Run.triggering_user_name = None
+    with pytest.raises(AirflowFailException, match=r"no triggering user.*read the DAG theirs"):
+        check(Run(), ["mine"])
+
+    # multi-team: alice may edit team_a's mine; theirs is not of this folder, so its team (and
+    # her right on it) is unknown: refused; a source among the folder's pipelines is her team's
+    monkeypatch.setenv("AIRFLOW__CORE__MULTI_TEAM", "True")
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "alice:user:team_a")
+    Run.triggering_user_name, Run.team_name = "alice", "team_a"
+    with pytest.raises(AirflowFailException, match="job theirs is not a pipeline of this DAG's"):
+        check(Run(), ["mine"])
+    check(Run(), ["mine", "theirs"])
+    Run.team_name = "team_b"
+    with pytest.raises(AirflowFailException, match="user 'alice' may not read the DAG theirs"):
+        check(Run(), ["mine", "theirs"])
+
+    # no user checks (check_permissions=False): refused unless the deployment trusts its users
+    with pytest.raises(AirflowFailException, match=r"nobody vouches.*trust_other_job=True"):
+        check(Run(), ["mine"], check_permissions=False)
+    check(Run(), ["mine"], check_permissions=False, trust_other_job=True)
+
+
 # ============================================================================ spark-submit
 
 FAKE_SPARK_SUBMIT = """#!{python}

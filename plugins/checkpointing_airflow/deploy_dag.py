@@ -23,7 +23,7 @@ from checkpointing_airflow.dag_defaults import (
     TAG,
 )
 from checkpointing_airflow.dag_files import known_pipelines
-from checkpointing_airflow.permissions import authorize_run
+from checkpointing_airflow.permissions import authorize_run, authorize_source
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG
@@ -43,13 +43,17 @@ def build_deploy_dag(
     metastore_conn_id: str = METASTORE_CONN_ID,
     spark_conn_id: str = SPARK_CONN_ID,
     check_permissions: bool = True,
+    trust_other_job: bool = False,
 ) -> DAG:
     """``checkpoint_deploy``: start a pipeline of ``pipelines_dir`` (its current spec and code)
     from a savepoint or its latest checkpoint, possibly at a new parallelism. ``check``
     validates everything it can before ``run`` submits anything, starting with the triggering
     user's permission to edit the pipeline's own DAG (:func:`authorize_trigger`; off with
     ``check_permissions=False``). A savepoint of another job is refused unless the run asks for
-    it (``allow_other_job``)."""
+    it (``allow_other_job``) and that user may read the other job's DAG (:func:`authorize_source`);
+    without the permission checks nobody vouches for that, so such a deploy is refused unless the
+    deployment says it trusts every user of this DAG with every job's state
+    (``trust_other_job=True``)."""
     from airflow.sdk import DAG, Param, get_current_context, task
 
     from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
@@ -107,7 +111,8 @@ def build_deploy_dag(
                 title="Allow another pipeline's savepoint",
                 description=(
                     "Start from a checkpoint or savepoint of another job (e.g. a renamed "
-                    "pipeline); recorded with the restore. Off: such a path is refused."
+                    "pipeline); recorded with the restore, and only for a user who may read "
+                    "that job's DAG. Off: such a path is refused."
                 ),
             ),
         },
@@ -133,6 +138,13 @@ def build_deploy_dag(
                 )
             finally:
                 metastore.dispose()
+            _authorize_other_job(
+                context["dag_run"],
+                plan,
+                jobs=list(known_pipelines(pipelines_dir)),
+                check_permissions=check_permissions,
+                trust_other_job=trust_other_job,
+            )
             _refuse_active_runs(context["ti"], plan["job"])
             return plan
 
@@ -194,6 +206,7 @@ def plan_deploy(
     source = str(source).strip()
     if source.startswith("/"):  # a local savepoint given as a plain path: the URL it is known by
         source = Path(source).as_uri()
+    from_job: str | None = None
     if source == "latest":
         if status is None:
             starts = "empty state (the job has no checkpoints yet)"
@@ -222,7 +235,8 @@ def plan_deploy(
             f"{preview.decision.checkpoint_id} of job {preview.metadata.job_id} "
             f"({preview.decision.metadata_path}), reassigned to {chosen} subtask(s)"
         )
-        if preview.decision.from_job_id is not None:
+        from_job = preview.decision.from_job_id
+        if from_job is not None:
             starts += " (another job's: allowed explicitly)"
     else:
         raise DeployError(f"from: expected 'latest' or a savepoint path, got {source!r}")
@@ -233,6 +247,7 @@ def plan_deploy(
         "restore": source,
         "parallelism": chosen,
         "allow_other_job": bool(allow_other_job),
+        "from_job": from_job,
         "starts_from": starts,
     }
 
@@ -254,6 +269,33 @@ def deploy_plan_from_params(
         )
     except CheckpointingError as exc:
         raise AirflowFailException(str(exc)) from None
+
+
+def _authorize_other_job(
+    dag_run: Any,
+    plan: Mapping[str, Any],
+    *,
+    jobs: list[str],
+    check_permissions: bool,
+    trust_other_job: bool,
+) -> None:
+    """Another job's state flows into this job's sink: the triggering user must be allowed to
+    read that job (:func:`authorize_source`); where users are not checked, only a deployment
+    that trusts every user of the deploy DAG (``trust_other_job``) lets it through."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    source_job = plan.get("from_job")
+    if source_job is None:
+        return
+    if check_permissions:
+        authorize_source(dag_run, str(source_job), jobs=jobs)
+    elif not trust_other_job:
+        raise AirflowFailException(
+            f"from: {plan['restore']} is job {source_job}'s state and this deploy DAG does not "
+            "check users (check_permissions=False), so nobody vouches that the triggering user "
+            f"may read job {source_job}: refused (build_deploy_dag(..., trust_other_job=True) "
+            "to allow it)"
+        )
 
 
 def _refuse_active_runs(ti: Any, job_id: str) -> None:
