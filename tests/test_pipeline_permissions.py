@@ -467,6 +467,36 @@ def test_credentials_reach_the_driver_by_environment_never_on_the_command_line(
 
 
 @needs_airflow
+def test_secret_looking_variable_names_stay_off_the_command_line() -> None:
+    """Issue 28: these names held credentials and went to spark-submit as ``--conf …Env.X=…``
+    on YARN and Kubernetes; URLs, DSNs and connection strings embed them."""
+    from checkpointing_airflow.operators import is_secret_name
+
+    secret = [
+        "DATABASE_URL",
+        "SENTRY_DSN",
+        "APIKEY",
+        "DB_PWD",
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "PGPASSFILE",
+        "PGPASSWORD",
+        "REDIS_URI",
+        "MONGO_CONN",
+        "GITHUB_TOKEN",
+        "MY_SECRET",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "SSH_PRIVATE_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "CKPT_METASTORE_URL",
+        "AZURE_SAS",
+        "BASIC_AUTH",
+    ]
+    assert [n for n in secret if not is_secret_name(n)] == []
+    plain = ["LOG_LEVEL", "PATH", "JAVA_HOME", "SPARK_HOME", "PYSPARK_PYTHON", "TZ", "LANG"]
+    assert [n for n in plain if is_secret_name(n)] == []
+
+
+@needs_airflow
 def test_a_pipeline_dag_restores_another_jobs_savepoint_only_when_allowed(
     airflow_home: Path,
     metastore: Metastore,

@@ -35,12 +35,27 @@ log = logging.getLogger(__name__)
 SECRET_ENV = frozenset(
     {"CKPT_METASTORE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
 )
-#: further variable names taken for credentials (``env_vars`` given to the operator)
-_SECRET_NAME = re.compile(r"SECRET|PASSW|TOKEN|CREDENTIAL|PRIVATE|(^|_)KEY($|_)", re.IGNORECASE)
+#: further variable names taken for credentials (``env_vars`` given to the operator): a name
+#: that may hold one goes to spark-submit's environment rather than its command line, so
+#: erring on the side of a secret costs nothing in client mode. Passwords (``PASS``, ``PWD``),
+#: keys (``KEY``, ``APIKEY``), tokens and auth, and URLs, DSNs and connection strings, which
+#: embed credentials (``DATABASE_URL``, ``SENTRY_DSN``, ``…_CONNECTION_STRING``).
+_SECRET_NAME = re.compile(
+    r"SECRET|PASS|PWD|TOKEN|CREDENTIAL|PRIVATE|KEY|AUTH|COOKIE|SESSION|SIGNATURE"
+    r"|DSN|(^|_)UR[LI]S?($|_)|CONN(ECTION)?($|_)|CONNECTION_?STR|(^|_)SAS($|_)",
+    re.IGNORECASE,
+)
+
+
+#: the driver's own variables that look like credentials but are not (a bucket and prefix,
+#: needed in the task log to find the checkpoints)
+PUBLIC_ENV = frozenset({"CKPT_STORAGE_URL"})
 
 
 def is_secret_name(name: str) -> bool:
     """Whether an environment variable's name says it holds a credential."""
+    if name in PUBLIC_ENV:
+        return False
     return name in SECRET_ENV or bool(_SECRET_NAME.search(name))
 
 
