@@ -376,17 +376,36 @@ class FileSystemCheckpointStorage(CheckpointStorage):
 
     def delete(self, url: str) -> None:
         try:
-            self.path_of(url).unlink(missing_ok=True)
+            self._deletable(url).unlink(missing_ok=True)
         except OSError as exc:
             raise StorageError(f"cannot delete {url}: {exc}") from exc
 
     def delete_tree(self, url: str) -> None:
         try:
-            shutil.rmtree(self.path_of(url))
+            shutil.rmtree(self._deletable(url))  # never follows a symlink below the path
         except FileNotFoundError:
             pass
         except OSError as exc:  # e.g. permissions: say so, never leave it silently half-deleted
             raise StorageError(f"cannot delete {url}: {exc}") from exc
+
+    def _deletable(self, url: str) -> Path:
+        """The path of ``url``, once no component below the base is a symlink: "inside the
+        base" is checked on URLs, and with ``base/job`` a symlink to another folder a delete of
+        ``base/job/chk-7`` would remove that folder's ``chk-7``. The base itself may be a
+        symlink; a path outside the base (a savepoint target) is the user's own."""
+        path = self.path_of(url)
+        base = Path(self.base_url.removeprefix("file://"))
+        try:
+            below = path.relative_to(base)
+        except ValueError:
+            return path
+        real = Path(os.path.realpath(path))
+        if real != Path(os.path.realpath(base)) / below:
+            raise StorageError(
+                f"cannot delete {url}: it resolves to {real}, outside checkpoint storage "
+                f"{self.base_url} (a symlink below the base); refused"
+            )
+        return path
 
     def list_files(self, url: str) -> list[str]:
         root = self.path_of(url)
