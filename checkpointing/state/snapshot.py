@@ -183,7 +183,20 @@ def write_list_state(items: list[ListItem], *, operator_id: str) -> bytes:
 
     Every item needs the same keys, and each key holds only strings or only ints (or None), so the
     items come back exactly as given; the redistribution on restore is the caller's business.
+    A reader takes at most one item per byte of the file (:meth:`_Snapshot.read_segment`), so
+    more items than bytes (possible only when every column is None) are refused here.
     """
+    data, rows = _encode_list_state(items, operator_id=operator_id)
+    if rows > len(data):
+        raise ValueError(
+            f"{rows} items in {len(data)} bytes: every column is None, and a reader takes at most "
+            "one item per byte"
+        )
+    return data
+
+
+def _encode_list_state(items: list[ListItem], *, operator_id: str) -> tuple[bytes, int]:
+    """The list-state file of ``items`` and their number."""
     validate_id(operator_id, "operator id")
     if not isinstance(items, list):
         raise TypeError(f"items must be a list of dicts, got {type(items).__name__}")
@@ -211,7 +224,7 @@ def write_list_state(items: list[ListItem], *, operator_id: str) -> bytes:
         META_OPERATOR_ID: operator_id,
         META_ITEMS: _dump_json(segment.to_json()),
     }
-    return _write_file(table.schema, metadata, ordered, ends)
+    return _write_file(table.schema, metadata, ordered, ends), table.num_rows
 
 
 def _check_positive_int(value: object, name: str) -> None:
@@ -509,6 +522,11 @@ class _Snapshot:
         """Read, verify and decode one segment's batches; ``group`` is checked against every row."""
         if not segment.num_batches:
             return []
+        if segment.rows > self.size:  # null-typed columns decode to rows from no bytes at all
+            raise self.corrupt(
+                f"{what}: index lists {segment.rows} rows in a file of {self.size} bytes (at most "
+                "one row per byte is read)"
+            )
         raw = self.read_range(self.data_start + segment.offset, segment.nbytes, what)
         if _checksum([raw]) != segment.sha256:
             raise self.corrupt(f"{what}: checksum mismatch")
