@@ -522,11 +522,6 @@ class _Snapshot:
         """Read, verify and decode one segment's batches; ``group`` is checked against every row."""
         if not segment.num_batches:
             return []
-        if segment.rows > self.size:  # null-typed columns decode to rows from no bytes at all
-            raise self.corrupt(
-                f"{what}: index lists {segment.rows} rows in a file of {self.size} bytes (at most "
-                "one row per byte is read)"
-            )
         raw = self.read_range(self.data_start + segment.offset, segment.nbytes, what)
         if _checksum([raw]) != segment.sha256:
             raise self.corrupt(f"{what}: checksum mismatch")
@@ -547,6 +542,11 @@ class _Snapshot:
             raise self.corrupt(f"{what}: cannot decode its batches ({exc})") from None
         if leftover:
             raise self.corrupt(f"{what}: {leftover} bytes after its last batch")
+        if segment.rows > self.size:  # null-typed columns: rows from no bytes, millions of items
+            raise self.corrupt(
+                f"{what}: index lists {segment.rows} rows in a file of {self.size} bytes (at most "
+                "one row per byte is read)"
+            )
         rows = sum(b.num_rows for b in batches)
         if rows != segment.rows:
             raise self.corrupt(f"{what}: index says {segment.rows} rows, its batches hold {rows}")
