@@ -237,6 +237,58 @@ def test_the_permission_check_asks_the_auth_manager_for_the_triggering_user(
         authorize_trigger("ada", "routes")
 
 
+@needs_airflow
+def test_a_pipeline_dags_chosen_restore_needs_the_edit_right_as_in_the_api(
+    airflow_home: Path,
+    metastore: Metastore,
+    two_jobs: tuple[FileSystemCheckpointStorage, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 28: the pipeline DAG's **Restore from** was gated by the trigger right alone, while
+    the API's "Restore from here" needs edit. The first try (what ``execute`` asks before any
+    coordinator or spark-submit) now asks the auth manager for edit when the restore is chosen
+    (not ``latest``); a viewer's run is refused, an editor's goes ahead."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from checkpointing.pipeline.spec import load_spec
+    from checkpointing_airflow.pipeline_dag import build_pipeline_dag
+
+    storage, _ = two_jobs
+    spec = load_spec(write_spec(tmp_path / "pipelines", "mine", storage=storage.base_url))
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "uma:user,vic:viewer")
+    (run,) = build_pipeline_dag(spec).tasks
+    assert run.authorize_restore is True
+    run.parallelism = 1  # as rendered from the trigger form
+
+    class Ti:
+        dag_id, run_id, try_number = "mine", "manual__1", 1
+
+    class DagRun:
+        triggering_user_name: str | None = "vic"
+        team_name = None
+
+    context: Any = {"ti": Ti(), "dag_run": DagRun()}
+    for chosen in ("1", "none"):
+        run.restore = chosen
+        match = rf"^restore '{chosen}': user 'vic' may not edit the DAG mine"
+        with pytest.raises(AirflowFailException, match=match):
+            run.plan_try(context, spec, metastore, storage.base_url)
+    run.restore = "latest"  # what a scheduled run or a plain trigger restores: no edit needed
+    assert run.plan_try(context, spec, metastore, storage.base_url) == ("latest", 1)
+    DagRun.triggering_user_name = None
+    run.restore = "1"
+    with pytest.raises(AirflowFailException, match="the run has no triggering user"):
+        run.plan_try(context, spec, metastore, storage.base_url)
+    DagRun.triggering_user_name = "uma"
+    assert run.plan_try(context, spec, metastore, storage.base_url) == ("1", 1)
+    # a deployment whose auth manager a task cannot ask turns the check off explicitly
+    (unchecked,) = build_pipeline_dag(spec, operator_args={"authorize_restore": False}).tasks
+    unchecked.restore, unchecked.parallelism = "1", 1
+    DagRun.triggering_user_name = "vic"
+    assert unchecked.plan_try(context, spec, metastore, storage.base_url) == ("1", 1)
+
+
 # ============================================================================ another job's state
 
 

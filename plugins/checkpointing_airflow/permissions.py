@@ -69,8 +69,8 @@ def authorize_trigger(
         )
     if not allowed:
         raise PermissionRefused(
-            f"user {user_name!r} may not edit the DAG {job_id}: savepoints and deploys of a "
-            "pipeline need the permission to edit its own DAG"
+            f"user {user_name!r} may not edit the DAG {job_id}: savepoints, deploys and chosen "
+            "restores of a pipeline need the permission to edit its own DAG"
         )
     return user_name
 
