@@ -183,20 +183,8 @@ def write_list_state(items: list[ListItem], *, operator_id: str) -> bytes:
 
     Every item needs the same keys, and each key holds only strings or only ints (or None), so the
     items come back exactly as given; the redistribution on restore is the caller's business.
-    A reader takes at most one item per byte of the file (:meth:`_Snapshot.read_segment`), so
-    more items than bytes (possible only when every column is None) are refused here.
+    A reader takes at most one item per byte of the file: never more all-None items than that.
     """
-    data, rows = _encode_list_state(items, operator_id=operator_id)
-    if rows > len(data):
-        raise ValueError(
-            f"{rows} items in {len(data)} bytes: every column is None, and a reader takes at most "
-            "one item per byte"
-        )
-    return data
-
-
-def _encode_list_state(items: list[ListItem], *, operator_id: str) -> tuple[bytes, int]:
-    """The list-state file of ``items`` and their number."""
     validate_id(operator_id, "operator id")
     if not isinstance(items, list):
         raise TypeError(f"items must be a list of dicts, got {type(items).__name__}")
@@ -224,7 +212,7 @@ def _encode_list_state(items: list[ListItem], *, operator_id: str) -> tuple[byte
         META_OPERATOR_ID: operator_id,
         META_ITEMS: _dump_json(segment.to_json()),
     }
-    return _write_file(table.schema, metadata, ordered, ends), table.num_rows
+    return _write_file(table.schema, metadata, ordered, ends)
 
 
 def _check_positive_int(value: object, name: str) -> None:
@@ -543,10 +531,7 @@ class _Snapshot:
         if leftover:
             raise self.corrupt(f"{what}: {leftover} bytes after its last batch")
         if segment.rows > self.size:  # null-typed columns: rows from no bytes, millions of items
-            raise self.corrupt(
-                f"{what}: index lists {segment.rows} rows in a file of {self.size} bytes (at most "
-                "one row per byte is read)"
-            )
+            raise self.corrupt(f"{what}: {segment.rows} rows in a file of {self.size} bytes")
         rows = sum(b.num_rows for b in batches)
         if rows != segment.rows:
             raise self.corrupt(f"{what}: index says {segment.rows} rows, its batches hold {rows}")

@@ -72,7 +72,8 @@ def build_deploy_dag(
             "`check` refuses, before anything is submitted, a savepoint that does not verify or "
             "whose state cannot be assigned, a parallelism above the job's max parallelism, and "
             "a job that is still running, a savepoint of another pipeline unless **allow another "
-            "pipeline's savepoint** is on, and a user who may not edit the pipeline's own DAG. "
+            "pipeline's savepoint** is on and the user may read that pipeline's DAG, and a user "
+            "who may not edit the pipeline's own DAG. "
             "`run` then runs the pipeline like its own DAG would, and its retries resume from "
             "the latest checkpoint."
         ),
