@@ -7,7 +7,7 @@ Airflow is imported inside the functions, so the module imports without it."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -133,19 +133,26 @@ def build_deploy_dag(
                     jobs=list(known_pipelines(pipelines_dir)),
                 )
             metastore = CheckpointMetastoreHook(metastore_conn_id).get_metastore()
+
+            def authorize_source(source_job: str, source: str) -> None:
+                _authorize_other_job(
+                    context["dag_run"],
+                    source_job,
+                    source,
+                    jobs=list(known_pipelines(pipelines_dir)),
+                    check_permissions=check_permissions,
+                    trust_other_job=trust_other_job,
+                )
+
             try:
                 plan = deploy_plan_from_params(
-                    params, pipelines=known_pipelines(pipelines_dir), metastore=metastore
+                    params,
+                    pipelines=known_pipelines(pipelines_dir),
+                    metastore=metastore,
+                    authorize_source=authorize_source,
                 )
             finally:
                 metastore.dispose()
-            _authorize_other_job(
-                context["dag_run"],
-                plan,
-                jobs=list(known_pipelines(pipelines_dir)),
-                check_permissions=check_permissions,
-                trust_other_job=trust_other_job,
-            )
             _refuse_active_runs(context["ti"], plan["job"])
             return plan
 
@@ -173,11 +180,13 @@ def plan_deploy(
     metastore: Metastore,
     storage_url: str | None = None,
     allow_other_job: bool = False,
+    authorize_source: Callable[[str, str], None] | None = None,
 ) -> dict[str, Any]:
     """Validate a deploy without running it: the spec loads, the job is not running, the
     savepoint verifies (``_metadata`` and file sizes), it is the job's own unless
     ``allow_other_job``, and its state can be assigned to ``parallelism`` subtasks under the
-    spec's max parallelism.
+    spec's max parallelism. Another job's savepoint goes to ``authorize_source`` (its job id and
+    path) as soon as its ``_metadata`` names the job, before anything else is checked of it.
 
     ``storage_url`` defaults as for the operator: the spec's ``storage``, else
     ``CKPT_STORAGE_URL``, else the embedded default."""
@@ -215,6 +224,12 @@ def plan_deploy(
             decision = restore.find_latest_valid(metastore, storage, spec.job, deep=False)
             starts = decision.describe()
     elif "/" in source or source.isdigit():
+        if allow_other_job and authorize_source is not None and "/" in source:
+            found = restore.load_external(
+                storage, source, deep=False, job_id=spec.job, allow_other_job=True
+            )
+            if found.from_job_id is not None:
+                authorize_source(found.from_job_id, source)
         preview = restore.preview_restore(
             metastore,
             storage,
@@ -254,7 +269,11 @@ def plan_deploy(
 
 
 def deploy_plan_from_params(
-    params: Mapping[str, Any], *, pipelines: Mapping[str, Path], metastore: Metastore
+    params: Mapping[str, Any],
+    *,
+    pipelines: Mapping[str, Path],
+    metastore: Metastore,
+    authorize_source: Callable[[str, str], None] | None = None,
 ) -> dict[str, Any]:
     """The deploy's ``check`` task: anything wrong fails it for good, with the reason."""
     from airflow.sdk.exceptions import AirflowFailException
@@ -267,6 +286,7 @@ def deploy_plan_from_params(
             params.get("parallelism"),
             metastore=metastore,
             allow_other_job=bool(params.get("allow_other_job", False)),
+            authorize_source=authorize_source,
         )
     except CheckpointingError as exc:
         raise AirflowFailException(str(exc)) from None
@@ -274,25 +294,24 @@ def deploy_plan_from_params(
 
 def _authorize_other_job(
     dag_run: Any,
-    plan: Mapping[str, Any],
+    source_job: str,
+    source: str,
     *,
     jobs: list[str],
     check_permissions: bool,
     trust_other_job: bool,
 ) -> None:
-    """Another job's state flows into this job's sink: the triggering user must be allowed to
-    read that job (:func:`authorize_source`); where users are not checked, only a deployment
-    that trusts every user of the deploy DAG (``trust_other_job``) lets it through."""
+    """Another job's state (``source``, of job ``source_job``) would flow into this job's sink:
+    the triggering user must be allowed to read that job (:func:`authorize_source`); where
+    users are not checked, only a deployment that trusts every user of the deploy DAG
+    (``trust_other_job``) lets it through."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    source_job = plan.get("from_job")
-    if source_job is None:
-        return
     if check_permissions:
-        authorize_source(dag_run, str(source_job), jobs=jobs)
+        authorize_source(dag_run, source_job, jobs=jobs)
     elif not trust_other_job:
         raise AirflowFailException(
-            f"from: {plan['restore']} is job {source_job}'s state and this deploy DAG does not "
+            f"from: {source} is job {source_job}'s state and this deploy DAG does not "
             "check users (check_permissions=False), so nobody vouches that the triggering user "
             f"may read job {source_job}: refused (build_deploy_dag(..., trust_other_job=True) "
             "to allow it)"

@@ -124,11 +124,11 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         specs set it; a deployment whose auth manager a task cannot ask turns it off in the
         spec DAGs' ``operator_args``.
 
-    Credentials (the metastore URL, AWS keys, any ``env_vars`` whose name says secret, password,
-    token or key) reach the driver through spark-submit's process environment only, never as
-    ``--conf`` arguments (which the Spark provider makes of ``env_vars`` on YARN and Kubernetes,
-    visible in ``ps``). A deploy mode whose driver runs elsewhere (``cluster``) cannot get them
-    that way and is refused with the reason.
+    Credentials (the metastore URL, AWS keys, any ``env_vars`` whose name looks like one:
+    :func:`is_secret_name`) reach the driver through spark-submit's process environment only,
+    never as ``--conf`` arguments (which the Spark provider makes of ``env_vars`` on YARN and
+    Kubernetes, visible in ``ps``). A deploy mode whose driver runs elsewhere (``cluster``)
+    cannot get them that way and is refused with the reason.
     """
 
     template_fields: Sequence[str] = (
