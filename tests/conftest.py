@@ -22,6 +22,38 @@ from checkpointing.metastore.models import Base
 from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.helpers import free_port
 
+#: set by ``make test``: what the suite needs must be there, so a missing one fails the run
+#: (as a missing PostgreSQL does) instead of quietly skipping the tests that need it
+REQUIRE_ALL_ENV = "CKPT_TEST_REQUIRE_ALL"
+
+
+def missing_requirements() -> list[str]:
+    """What the whole suite needs and this machine lacks: Apache Airflow, Playwright's Python
+    package, and Chromium for the browser test (``CKPT_TEST_CHROMIUM``)."""
+    import importlib.util
+
+    missing = []
+    if importlib.util.find_spec("airflow") is None:
+        missing.append("Apache Airflow (uv sync)")
+    if importlib.util.find_spec("playwright") is None:
+        missing.append("Playwright's Python package (uv sync)")
+    chromium = Path(os.environ.get("CKPT_TEST_CHROMIUM", "/usr/bin/chromium"))
+    if not chromium.exists():
+        missing.append(f"Chromium at {chromium} (apt-get install chromium as root)")
+    return missing
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under ``make test`` (:data:`REQUIRE_ALL_ENV`), refuse to start without what the suite
+    needs, naming it; a plain ``pytest`` still skips the tests that need what is missing."""
+    if os.environ.get(REQUIRE_ALL_ENV) != "1":
+        return
+    missing = missing_requirements()
+    if missing:
+        raise pytest.UsageError(
+            f"make test needs {', '.join(missing)}; without it tests would be skipped"
+        )
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Airflow reads its home and database at first import: never the user's ``~/airflow``."""

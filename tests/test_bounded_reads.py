@@ -33,6 +33,7 @@ from checkpointing.state.snapshot import (
     write_list_state,
 )
 from checkpointing.state.storage import (
+    DEFAULT_MAX_EXTERNAL_METADATA_BYTES,
     DEFAULT_MAX_METADATA_BYTES,
     METADATA_FILE,
     CheckpointStorage,
@@ -175,6 +176,33 @@ def test_the_metadata_limit_is_configurable(
     monkeypatch.setenv("CKPT_MAX_METADATA_BYTES", "lots")
     with pytest.raises(ConfigError, match=r"^CKPT_MAX_METADATA_BYTES='lots': expected a"):
         FileSystemCheckpointStorage(f"file://{tmp_path}")
+
+
+def test_a_metadata_file_given_by_path_has_a_lower_limit(
+    any_storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28: an external ``_metadata`` (deploy ``from``, ``--restore PATH``) was read and
+    parsed up to the 64 MiB cap before anything vouched for it (16 MiB grew memory by 418 MiB).
+    By path it is now refused over 4 MiB, unread; the job's own checkpoints keep their cap."""
+    from checkpointing.restore.lookup import load_external
+
+    assert any_storage.max_external_metadata_bytes == DEFAULT_MAX_EXTERNAL_METADATA_BYTES
+    assert DEFAULT_MAX_EXTERNAL_METADATA_BYTES == 4 << 20
+    directory = any_storage.savepoint_url(JOB, 3)
+    url = f"{directory}/{METADATA_FILE}"
+    size = (4 << 20) + 2
+    _put(any_storage, url, b"{" + b" " * (size - 2) + b"}")
+    body_reads = _count_s3_body_bytes(any_storage, monkeypatch)
+    with pytest.raises(CorruptSnapshotError) as err:
+        load_external(any_storage, directory)
+    assert str(err.value) == f"{url}: size {size} bytes is over the read limit of {4 << 20} bytes"
+    assert sum(body_reads) == 0
+    with pytest.raises(CorruptSnapshotError, match=r": not a \S+ file$"):
+        read_metadata(any_storage, url)  # a checkpoint of the job's own: read, then judged
+
+    monkeypatch.setenv("CKPT_MAX_EXTERNAL_METADATA_BYTES", "many")
+    with pytest.raises(ConfigError, match=r"^CKPT_MAX_EXTERNAL_METADATA_BYTES='many': expected"):
+        FileSystemCheckpointStorage("file:///tmp/x")
 
 
 # ============================================================================ state files

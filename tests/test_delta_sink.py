@@ -314,6 +314,44 @@ def _load(tmp_path: Path, name: str, sink: str, source: str | None = None, extra
     return load_spec(path)
 
 
+@pytest.mark.parametrize(
+    ("planted", "reason"),
+    [
+        (b'{"add": {"path": "x"}\n', r"line 1 is not a JSON action \(Expecting"),
+        (
+            b'{"add": ' + b"[" * 100_000 + b"\n",
+            r"line 1 is not a JSON action \(nested too deeply\)",
+        ),
+        (b'{"add": {"path": "\xff"}}\n', r"not UTF-8 \(invalid start byte at byte 18\)"),
+        (b'{"commitInfo": {}}\n["add"]\n', r"line 2 is not a JSON object"),
+        (b" " * 2000, r"2000 bytes, over the Delta log read limit of 1000 bytes"),
+    ],
+)
+def test_a_malformed_delta_log_file_is_one_line_naming_it(
+    tmp_path: Path, planted: bytes, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28: each Delta log JSON file was read whole and a bad line aborted the sink's
+    recovery (and the vacuum) with an uncaught ``ValueError`` / ``RecursionError`` /
+    ``UnicodeDecodeError``. Now bounded, and a :class:`StorageError` naming the file."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from checkpointing.coordination.sink_vacuum import _later_adds
+    from checkpointing.sinks import delta_log
+
+    url = str(tmp_path / "table")
+    write_deltalake(url, pa.table({"user": ["a"], "n": [1]}))
+    table = DeltaTable(url)
+    assert delta_log.log_adds(url) == set(delta_log.current_files(table))  # an intact log
+    monkeypatch.setattr(delta_log, "MAX_LOG_FILE_BYTES", 1000 if b"[[[" not in planted else 10**6)
+    name = f"{1:020d}.json"
+    (tmp_path / "table" / "_delta_log" / name).write_bytes(planted)
+    where = re.escape(f"{url}/_delta_log/{name}: ")
+    with pytest.raises(StorageError, match=f"^{where}{reason}"):
+        delta_log.referenced_files(url, table)
+    with pytest.raises(StorageError, match=f"^{where}{reason}"):
+        _later_adds(url, 0)
+
+
 def test_spec_refusals(tmp_path: Path) -> None:
     with pytest.raises(
         SpecError, match=r"sink\.mode: .*only a format: delta or iceberg sink has a mode"

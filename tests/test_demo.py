@@ -15,7 +15,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from checkpointing.pipeline import datasets
 from checkpointing.pipeline.spec import PipelineSpec, load_spec
 from demo.flights import SPEC_PATH, demo_spec, ensure_flights, verify
 
@@ -183,25 +182,37 @@ def _flights() -> pd.DataFrame:
     return frame.assign(year=2013, month=1, carrier="AA", flight=1, tailnum="N1", air_time=60.0)
 
 
+#: the sink of :func:`_flights` worked out by hand (not by the code ``verify`` compares with):
+#: per route flights, departed, arrived, distance, avg/max dep_delay, avg/min/max arr_delay
+_COLUMNS = ["origin", "dest", "flights", "departed", "arrived", "distance"]
+_COLUMNS += ["avg_dep_delay", "max_dep_delay", "avg_arr_delay", "min_arr_delay", "max_arr_delay"]
+_JFK_LAX_ALL = ("JFK", "LAX", 3, 2, 2, 7425, 8.5, 12.0, 5.5, 1.0, 10.0)
+_LGA_ATL_ALL = ("LGA", "ATL", 2, 2, 2, 1524, 2.0, 7.0, -2.5, -7.0, 2.0)
+_EWR_SFO_ALL = ("EWR", "SFO", 1, 1, 1, 2565, 0.0, 0.0, 4.0, 4.0, 4.0)
+_BY_HAND = {
+    "final": [_JFK_LAX_ALL, _LGA_ATL_ALL, _EWR_SFO_ALL],
+    "changelog/epoch=0": [  # days 1 and 2
+        ("JFK", "LAX", 2, 1, 1, 4950, 5.0, 5.0, 10.0, 10.0, 10.0),
+        ("LGA", "ATL", 1, 1, 1, 762, -3.0, -3.0, -7.0, -7.0, -7.0),
+    ],
+    "changelog/epoch=1": [_JFK_LAX_ALL, _LGA_ATL_ALL, _EWR_SFO_ALL],  # days 3 and 4: all routes
+}
+
+
 def _sink(tmp_path: Path, flights: pd.DataFrame) -> tuple[Path, list[Path], PipelineSpec]:
-    """The example spec over ``flights`` (2 days per epoch) and a correct sink written by
-    pandas, as the pipeline would write it."""
+    """The example spec over ``flights`` (2 days per epoch) and a correct sink, the rows of
+    :data:`_BY_HAND`, as the pipeline would write it: an oracle independent of ``verify``'s
+    (issue 28: built with ``datasets.expected_aggregates``, ``check.ok`` held by construction)."""
     files, _ = ensure_flights(tmp_path / "data", flights)
     spec = demo_spec(SPEC_PATH, "t", tmp_path / "data", tmp_path / "out")
     spec = spec.model_copy(
         update={"source": spec.source.model_copy(update={"splits_per_epoch": 2})}
     )
-    aggs = {n: (a.function, a.column) for n, a in spec.aggregations.items()}
-    key = list(spec.key)
+    assert list(spec.key) + list(spec.aggregations) == _COLUMNS
     out = tmp_path / "out"
-    (out / "final").mkdir(parents=True)
-    datasets.expected_aggregates(flights, key, aggs).to_parquet(out / "final" / "part-0.parquet")
-    for epoch, days in enumerate([(1, 2), (3, 4)]):
-        upto = flights[flights.day <= days[1]]
-        touched = flights[flights.day.isin(days)][key].drop_duplicates()
-        rows = datasets.expected_aggregates(upto.merge(touched, on=key), key, aggs)
-        (out / "changelog" / f"epoch={epoch}").mkdir(parents=True)
-        rows.to_parquet(out / "changelog" / f"epoch={epoch}" / "part-0.parquet")
+    for part, rows in _BY_HAND.items():
+        (out / part).mkdir(parents=True)
+        pd.DataFrame(rows, columns=_COLUMNS).to_parquet(out / part / "part-0.parquet")
     return out, files, spec
 
 

@@ -326,9 +326,34 @@ def test_whitespace_outside_the_body_is_harmless(storage: FileSystemCheckpointSt
 
 
 @pytest.mark.parametrize("deep", [True, False], ids=["deep", "shallow"])
-def test_verify_handles_accepts_intact_files(any_storage: CheckpointStorage, deep: bool) -> None:
+def test_verify_handles_accepts_intact_files(
+    any_storage: CheckpointStorage, deep: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each of the three state files is checked once (read and checksummed when deep, its size
+    asked otherwise), the stateless subtask's absent handle not at all, and nothing fails."""
     _location, metadata = make_checkpoint(any_storage)
-    verify_handles(any_storage, metadata, deep=deep)  # stateless subtask: nothing to check
+    files = {h.handle: h.size for h in metadata.files()}
+    assert len(files) == 3 and None not in files  # the stateless subtask has no file
+    seen: list[tuple[str, str, int | None]] = []
+    read, size_of = any_storage.read_bytes, any_storage.size_of
+
+    def counting_read(url: str, **kwargs: Any) -> bytes:
+        data = read(url, **kwargs)
+        seen.append(("read", url, kwargs.get("size")))
+        assert kwargs.get("checksum") is not None  # verified, not just read
+        return data
+
+    def counting_size(url: str) -> int | None:
+        seen.append(("size", url, None))
+        return size_of(url)
+
+    monkeypatch.setattr(any_storage, "read_bytes", counting_read)
+    monkeypatch.setattr(any_storage, "size_of", counting_size)
+    verify_handles(any_storage, metadata, deep=deep)
+    if deep:
+        assert sorted(seen) == sorted(("read", url, size) for url, size in files.items())
+    else:
+        assert sorted(seen) == sorted(("size", url, None) for url in files)
 
 
 def _handle(metadata: CheckpointMetadata, attempt_id: str) -> SubtaskStateHandle:

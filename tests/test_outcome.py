@@ -115,4 +115,9 @@ def test_a_sigkilled_driver_is_one_line_with_the_checkpoint_the_retry_restores(
     assert "ran out of memory (exit code 52" in out_of_memory
     assert "raise spark.driver.memory" in out_of_memory
     assert "\n" not in out_of_memory
-    assert signal.SIGKILL.name == "SIGKILL"
+    # the hook's own return code is the signal's, and another signal is named by its name
+    assert submit_returncode(hook) == -signal.SIGKILL
+    terminated = describe_failed_try(
+        "job", 1, -signal.SIGTERM, RuntimeError("x"), latest, retries_left=True, retry_parallelism=2
+    )
+    assert "the Spark driver died of SIGTERM (spark-submit exit code -15)" in terminated

@@ -237,6 +237,58 @@ def test_the_permission_check_asks_the_auth_manager_for_the_triggering_user(
         authorize_trigger("ada", "routes")
 
 
+@needs_airflow
+def test_a_pipeline_dags_chosen_restore_needs_the_edit_right_as_in_the_api(
+    airflow_home: Path,
+    metastore: Metastore,
+    two_jobs: tuple[FileSystemCheckpointStorage, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 28: the pipeline DAG's **Restore from** was gated by the trigger right alone, while
+    the API's "Restore from here" needs edit. The first try (what ``execute`` asks before any
+    coordinator or spark-submit) now asks the auth manager for edit when the restore is chosen
+    (not ``latest``); a viewer's run is refused, an editor's goes ahead."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from checkpointing.pipeline.spec import load_spec
+    from checkpointing_airflow.pipeline_dag import build_pipeline_dag
+
+    storage, _ = two_jobs
+    spec = load_spec(write_spec(tmp_path / "pipelines", "mine", storage=storage.base_url))
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "uma:user,vic:viewer")
+    (run,) = build_pipeline_dag(spec).tasks
+    assert run.authorize_restore is True
+    run.parallelism = 1  # as rendered from the trigger form
+
+    class Ti:
+        dag_id, run_id, try_number = "mine", "manual__1", 1
+
+    class DagRun:
+        triggering_user_name: str | None = "vic"
+        team_name = None
+
+    context: Any = {"ti": Ti(), "dag_run": DagRun()}
+    for chosen in ("1", "none"):
+        run.restore = chosen
+        match = rf"^restore '{chosen}': user 'vic' may not edit the DAG mine"
+        with pytest.raises(AirflowFailException, match=match):
+            run.plan_try(context, spec, metastore, storage.base_url)
+    run.restore = "latest"  # what a scheduled run or a plain trigger restores: no edit needed
+    assert run.plan_try(context, spec, metastore, storage.base_url) == ("latest", 1)
+    DagRun.triggering_user_name = None
+    run.restore = "1"
+    with pytest.raises(AirflowFailException, match="the run has no triggering user"):
+        run.plan_try(context, spec, metastore, storage.base_url)
+    DagRun.triggering_user_name = "uma"
+    assert run.plan_try(context, spec, metastore, storage.base_url) == ("1", 1)
+    # a deployment whose auth manager a task cannot ask turns the check off explicitly
+    (unchecked,) = build_pipeline_dag(spec, operator_args={"authorize_restore": False}).tasks
+    unchecked.restore, unchecked.parallelism = "1", 1
+    DagRun.triggering_user_name = "vic"
+    assert unchecked.plan_try(context, spec, metastore, storage.base_url) == ("1", 1)
+
+
 # ============================================================================ another job's state
 
 
@@ -308,97 +360,105 @@ def test_the_deploy_check_refuses_another_jobs_savepoint_unless_allowed(
     assert dag.get_task("run").allow_other_job.key == "allow_other_job"  # what check decided
 
 
-# ============================================================================ spark-submit
+@needs_airflow
+def test_a_deploy_from_another_jobs_state_needs_the_right_to_read_that_job(
+    airflow_home: Path,
+    metastore: Metastore,
+    two_jobs: tuple[FileSystemCheckpointStorage, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 28: ``allow_other_job`` let a user who may edit ``mine`` start it from ``theirs``'s
+    savepoint without any right on ``theirs``: its state then flowed into ``mine``'s sink. The
+    deploy's check (the code its ``check`` task runs) now asks the auth manager whether the
+    triggering user may read the source job, in its team, as soon as the ``_metadata`` names
+    that job; where users are not checked, only an explicit trust setting lets it through."""
+    from airflow.sdk.exceptions import AirflowFailException
 
-FAKE_SPARK_SUBMIT = """#!{python}
-import json, os, sys
-with open(os.environ["FAKE_SPARK_SUBMIT_OUT"], "w") as f:
-    json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, f)
-"""
+    from checkpointing_airflow import dag_factory
+    from checkpointing_airflow.deploy_dag import _authorize_other_job
 
+    storage, theirs = two_jobs
+    pipelines = {"mine": write_spec(tmp_path / "pipelines", "mine", storage=storage.base_url)}
+    params = {"pipeline": "mine", "from": theirs, "parallelism": 2, "allow_other_job": True}
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "uma:user,nobody:")
 
-def install_fake_spark_submit(bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in ``spark-submit`` first on PATH, writing its argv and environment to the file
-    returned (nothing runs)."""
-    bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / "spark-submit"
-    fake.write_text(FAKE_SPARK_SUBMIT.format(python=sys.executable))
-    fake.chmod(0o755)
-    out = bin_dir.parent / "submitted.json"
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SPARK_SUBMIT_OUT", str(out))
-    return out
+    class Run:
+        triggering_user_name: str | None = "uma"
+        team_name: str | None = None
+
+    def deploy(jobs: list[str], **options: bool) -> dict[str, Any]:
+        """The deploy's check for a run of ``Run``, as its ``check`` task wires it."""
+        options = {"check_permissions": True, "trust_other_job": False, **options}
+
+        def authorize(source_job: str, source: str) -> None:
+            _authorize_other_job(Run(), source_job, source, jobs=jobs, **options)
+
+        return dag_factory.deploy_plan_from_params(
+            params, pipelines=pipelines, metastore=metastore, authorize_source=authorize
+        )
+
+    assert deploy(["mine"])["from_job"] == "theirs"  # uma may read every DAG
+    Run.triggering_user_name = "nobody"  # may read no DAG
+    with pytest.raises(AirflowFailException, match="user 'nobody' may not read the DAG theirs"):
+        deploy(["mine"])
+    Run.triggering_user_name = None
+    with pytest.raises(AirflowFailException, match=r"no triggering user.*read the DAG theirs"):
+        deploy(["mine"])
+    own = dag_factory.deploy_plan_from_params(  # its own state: no right on another job asked
+        {"pipeline": "mine", "from": "latest"},
+        pipelines=pipelines,
+        metastore=metastore,
+        authorize_source=lambda *_: pytest.fail("asked for its own state"),
+    )
+    assert own["from_job"] is None
+
+    # multi-team: alice may edit team_a's mine; theirs is not of this folder, so its team (and
+    # her right on it) is unknown: refused; a source among the folder's pipelines is her team's
+    monkeypatch.setenv("AIRFLOW__CORE__MULTI_TEAM", "True")
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "alice:user:team_a")
+    Run.triggering_user_name, Run.team_name = "alice", "team_a"
+    with pytest.raises(AirflowFailException, match="job theirs is not a pipeline of this DAG's"):
+        deploy(["mine"])
+    assert deploy(["mine", "theirs"])["from_job"] == "theirs"
+    Run.team_name = "team_b"
+    with pytest.raises(AirflowFailException, match="user 'alice' may not read the DAG theirs"):
+        deploy(["mine", "theirs"])
+
+    # no user checks (check_permissions=False): refused unless the deployment trusts its users
+    with pytest.raises(AirflowFailException, match=r"nobody vouches.*trust_other_job=True"):
+        deploy(["mine"], check_permissions=False)
+    assert deploy(["mine"], check_permissions=False, trust_other_job=True)["from_job"] == "theirs"
 
 
 @needs_airflow
-def test_credentials_reach_the_driver_by_environment_never_on_the_command_line(
-    airflow_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """On YARN (Kubernetes takes the same path in the provider, with ``driverEnv``)."""
-    from airflow.sdk._shared.secrets_masker import redact
-    from airflow.sdk.exceptions import AirflowFailException
+def test_secret_looking_variable_names_stay_off_the_command_line() -> None:
+    """Issue 28: these names held credentials and went to spark-submit as ``--conf …Env.X=…``
+    on YARN and Kubernetes; URLs, DSNs and connection strings embed them."""
+    from checkpointing_airflow.operators import is_secret_name
 
-    from checkpointing_airflow import operators
-    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
-
-    password, aws_secret = "pw-7c1e9b2a", "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY"
-    url = f"postgresql+psycopg://ckpt:{password}@db.internal:5432/ckpt"
-    for mode in ("client", "cluster"):
-        monkeypatch.setenv(
-            f"AIRFLOW_CONN_SPARK_{mode.upper()}",
-            json.dumps({"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": mode}}),
-        )
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_AWS_TEST",
-        json.dumps({"conn_type": "aws", "login": "AKIAEXAMPLE12345", "password": aws_secret}),
-    )
-    bin_dir = tmp_path / "bin"
-    install_fake_spark_submit(bin_dir, monkeypatch)
-
-    op = CheckpointedSparkSubmitOperator(
-        task_id="run",
-        pipeline="spec.yaml",
-        conn_id="spark_client",
-        aws_conn_id="aws_test",
-        # PATH: the stand-in spark-submit first
-        env_vars={
-            "MY_API_TOKEN": "tok-5f2d8c1e0a",
-            "LOG_LEVEL": "INFO",
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        },
-    )
-    env = op._driver_env(url, "s3://bucket/prefix")
-    secrets = op.prepare_submit(env)
-    assert set(secrets) == {
-        "CKPT_METASTORE_URL",
-        "AWS_ACCESS_KEY_ID",
+    secret = [
+        "DATABASE_URL",
+        "SENTRY_DSN",
+        "APIKEY",
+        "DB_PWD",
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "PGPASSFILE",
+        "PGPASSWORD",
+        "REDIS_URI",
+        "MONGO_CONN",
+        "GITHUB_TOKEN",
+        "MY_SECRET",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "SSH_PRIVATE_KEY",
         "AWS_SECRET_ACCESS_KEY",
-        "MY_API_TOKEN",
-    }
-    assert "CKPT_METASTORE_URL" not in (op.env_vars or {})
-    assert op.env_vars["LOG_LEVEL"] == "INFO"  # the rest still goes the provider's way
-    with operators._process_environment(secrets):
-        op._hook.submit(op.application)
-    submitted = json.loads((tmp_path / "submitted.json").read_text())
-    command_line = " ".join(submitted["argv"])
-    for value in (url, password, aws_secret, "AKIAEXAMPLE12345", "tok-5f2d8c1e0a"):
-        assert value not in command_line
-    assert "LOG_LEVEL=INFO" in command_line  # not a secret: the provider's --conf
-    for name, value in secrets.items():
-        assert submitted["env"][name] == value  # spark-submit, hence the driver, has them
-    assert "CKPT_METASTORE_URL" not in os.environ  # only for spark-submit's start
-
-    # masked by the variable's name, whatever the value looks like
-    logged = f"connect {url} with {aws_secret} and tok-5f2d8c1e0a; password {password}"
-    masked = str(redact(logged))
-    for value in (aws_secret, "tok-5f2d8c1e0a", password):
-        assert value not in masked, masked
-
-    cluster = CheckpointedSparkSubmitOperator(
-        task_id="run", pipeline="spec.yaml", conn_id="spark_cluster", aws_conn_id="aws_test"
-    )
-    with pytest.raises(AirflowFailException, match=r"deploy mode cluster .* deploy mode client"):
-        cluster.prepare_submit(cluster._driver_env(url, "s3://bucket/prefix"))
+        "CKPT_METASTORE_URL",
+        "AZURE_SAS",
+        "BASIC_AUTH",
+    ]
+    assert [n for n in secret if not is_secret_name(n)] == []
+    plain = ["LOG_LEVEL", "PATH", "JAVA_HOME", "SPARK_HOME", "PYSPARK_PYTHON", "TZ", "LANG"]
+    assert [n for n in plain if is_secret_name(n)] == []
 
 
 @needs_airflow

@@ -583,6 +583,19 @@ def test_list_state_corruption_and_format_mix_ups(tmp_path: Path) -> None:
         read_list_state(rewrite(data, items=index_item(data, rows=3)))
 
 
+def test_a_small_list_state_file_cannot_decode_to_millions_of_items(tmp_path: Path) -> None:
+    """Issue 28: a ~1 KB list state with a null-typed column decoded to 1,000,000 items (no
+    bytes per row), reached by ``ckpt inspect``. Rows are bounded by the file's size now."""
+    forged = write_list_state([{"a": None}] * 1_000_000, operator_id="source")
+    assert len(forged) < 2000
+    file = tmp_path / "splits"
+    file.write_bytes(forged)
+    with pytest.raises(CorruptSnapshotError, match=r"items: 1000000 rows in a file of \d+ bytes"):
+        read_list_state(file)
+    few = [{"a": None}] * 100  # under one item per byte: fine
+    assert read_list_state(write_list_state(few, operator_id="source")) == few
+
+
 def index_item(data: bytes, **changes: Any) -> str:
     item = json.loads(pa.ipc.open_file(pa.py_buffer(data)).schema.metadata[b"ckpt.items"])
     return json.dumps({**item, **changes})

@@ -333,6 +333,34 @@ def test_dispose_on_failure_removes_only_its_own_location(any_storage: Checkpoin
     assert physical_files(any_storage) == keep
 
 
+def test_a_delete_through_a_symlink_below_the_base_is_refused(tmp_path: Path) -> None:
+    """Issue 28: with ``base/jobA`` a symlink to another folder, disposing ``jobA``'s chk-7
+    deleted ``victim/chk-7``, outside the base ("inside" was checked on the URL's string)."""
+    victim = tmp_path / "victim"
+    (victim / "chk-7" / "op").mkdir(parents=True)
+    (victim / "chk-7" / "op" / "0").write_bytes(b"not ours")
+    (victim / "file").write_bytes(b"not ours")
+    real_base = tmp_path / "real-base"
+    real_base.mkdir()
+    (tmp_path / "base").symlink_to(real_base)  # the base itself may be a symlink
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'base'}")
+    (real_base / "jobA").symlink_to(victim)
+
+    location = storage.location_for(storage.checkpoint_url("jobA", 7))
+    with pytest.raises(StorageError, match=r"jobA/chk-7: it resolves to .*victim/chk-7, outside"):
+        location.dispose_on_failure()
+    with pytest.raises(StorageError, match="a symlink below the base"):
+        storage.delete(f"{storage.job_url('jobA')}/file")
+    assert (victim / "chk-7" / "op" / "0").read_bytes() == b"not ours"
+    assert (victim / "file").read_bytes() == b"not ours"
+
+    # through the (symlinked) base without a symlink below it: deleted as before
+    own = storage.initialize_location_for_checkpoint("jobB", 1)
+    storage.write_bytes(own.file_url("op", "0"), b"ours")
+    own.dispose_on_failure()
+    assert not (real_base / "jobB" / "chk-1").exists()
+
+
 def test_list_files_is_recursive_and_sorted(any_storage: CheckpointStorage) -> None:
     location = any_storage.initialize_location_for_checkpoint(JOB, 1)
     urls = [location.file_url(*p) for p in [("b",), ("a", "z"), ("a", "b", "c"), ("c",)]]

@@ -16,15 +16,11 @@ this job's sink's is vacuumed; anything else is refused naming it.
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from checkpointing.coordination import store
 from checkpointing.metastore.engine import Metastore
-
-_COMMIT = re.compile(r"(?P<version>[0-9]{20})\.json")
 
 
 @dataclass(frozen=True)
@@ -80,20 +76,6 @@ def vacuum(job_id: str, files: list[SinkFile]) -> list[str]:
 
 def _later_adds(url: str, after: int) -> set[str]:
     """Every file a JSON commit of a version above ``after`` adds."""
-    from pyarrow import fs
+    from checkpointing.sinks.delta_log import log_adds
 
-    from checkpointing.sinks.delta_files import filesystem
-
-    filesystem_, root = filesystem(url)
-    found: set[str] = set()
-    selector = fs.FileSelector(f"{root}/_delta_log", allow_not_found=True)
-    for info in filesystem_.get_file_info(selector):
-        match = _COMMIT.fullmatch(info.path.rsplit("/", 1)[-1])
-        if info.type != fs.FileType.File or match is None or int(match["version"]) <= after:
-            continue
-        with filesystem_.open_input_stream(info.path) as stream:
-            for line in stream.read().decode().splitlines():
-                add = json.loads(line).get("add") if '"add"' in line else None
-                if isinstance(add, dict) and isinstance(add.get("path"), str):
-                    found.add(add["path"])
-    return found
+    return log_adds(url, after)

@@ -192,7 +192,9 @@ def load_external(
     path = path.rstrip("/")
     url = path if path.endswith("/" + METADATA_FILE) else f"{path}/{METADATA_FILE}"
     url = storage.check_target(url)  # a plain absolute path becomes a file:// URL
-    metadata = read_metadata(storage, url)
+    # nothing vouches for a file given by path: a lower read limit than the job's own
+    limit = min(storage.max_external_metadata_bytes, storage.max_metadata_bytes)
+    metadata = read_metadata(storage, url, max_size=limit)
     foreign = job_id is not None and metadata.job_id != validate_id(job_id, "job id")
     if foreign and not allow_other_job:
         raise ForeignSnapshotError(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,11 @@ BUCKETS_KEY = "ckptBuckets"
 #: the txn version of a table state no checkpoint committed to (checkpoint ids start at 1)
 NO_CHECKPOINT = 0
 _SECRET_OPTIONS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+#: the largest Delta log JSON file read (a commit of this sink adds one file per bucket or
+#: partition: kilobytes to a few MiB); a planted larger one is refused unread
+MAX_LOG_FILE_BYTES = 64 << 20
+#: a JSON commit file of the log: its version
+_COMMIT = re.compile(r"(?P<version>[0-9]{20})\.json")
 
 
 def table_url(path: str) -> str:
@@ -264,20 +270,62 @@ def current_files(table: DeltaTable) -> dict[str, int]:
 def referenced_files(url: str, table: DeltaTable) -> set[str]:
     """Every data file a version of the table still in its log adds (the current version's,
     and those of the JSON commits): never deleted, as time travel and RESTORE read them."""
+    return set(current_files(table)) | log_adds(url)
+
+
+def log_adds(url: str, after: int | None = None) -> set[str]:
+    """The data files the table's JSON log files add (only commits above version ``after``,
+    when given). Each file is bounded by :data:`MAX_LOG_FILE_BYTES` and parsed line by line; a
+    file over the bound, not UTF-8, or with a line that is not a JSON object is
+    :class:`StorageError` naming the file, rather than a ``ValueError`` or ``RecursionError``
+    from deep inside a sink's recovery."""
     from pyarrow import fs
 
-    found = set(current_files(table))
     filesystem_, root = filesystem(url)
+    found: set[str] = set()
     selector = fs.FileSelector(f"{root}/_delta_log", allow_not_found=True)
     for info in filesystem_.get_file_info(selector):
-        if info.type != fs.FileType.File or not info.path.endswith(".json"):
+        name = info.path.rsplit("/", 1)[-1]
+        if info.type != fs.FileType.File or not name.endswith(".json"):
             continue
+        if after is not None:
+            match = _COMMIT.fullmatch(name)
+            if match is None or int(match["version"]) <= after:
+                continue
+        where = f"{url.rstrip('/')}/_delta_log/{name}"
+        if info.size is not None and info.size > MAX_LOG_FILE_BYTES:
+            raise StorageError(
+                f"{where}: {info.size} bytes, over the Delta log read limit of "
+                f"{MAX_LOG_FILE_BYTES} bytes"
+            )
         with filesystem_.open_input_stream(info.path) as stream:
-            for line in stream.read().decode().splitlines():
-                if '"add"' in line:
-                    add = json.loads(line).get("add")
-                    if isinstance(add, dict) and isinstance(add.get("path"), str):
-                        found.add(add["path"])
+            data = stream.read(MAX_LOG_FILE_BYTES + 1)
+        if len(data) > MAX_LOG_FILE_BYTES:
+            raise StorageError(f"{where}: over the Delta log read limit of {MAX_LOG_FILE_BYTES}")
+        found |= _adds_of(data, where)
+    return found
+
+
+def _adds_of(data: bytes, where: str) -> set[str]:
+    """The ``add`` paths of one JSON log file's lines, or one line saying what is wrong."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StorageError(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    found = set()
+    for number, line in enumerate(text.splitlines(), 1):
+        if '"add"' not in line:
+            continue
+        try:
+            action = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            reason = str(exc)[:120] if isinstance(exc, ValueError) else "nested too deeply"
+            raise StorageError(f"{where}: line {number} is not a JSON action ({reason})") from None
+        if not isinstance(action, dict):
+            raise StorageError(f"{where}: line {number} is not a JSON object")
+        add = action.get("add")
+        if isinstance(add, dict) and isinstance(add.get("path"), str):
+            found.add(add["path"])
     return found
 
 

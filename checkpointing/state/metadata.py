@@ -185,10 +185,15 @@ def _digest(body: dict[str, object]) -> str:
 
 
 def read_metadata(
-    storage: CheckpointStorage, url: str, checksum: str | None = None
+    storage: CheckpointStorage,
+    url: str,
+    checksum: str | None = None,
+    *,
+    max_size: int | None = None,
 ) -> CheckpointMetadata:
-    """Load and verify a ``_metadata`` file (and its file checksum, when the metastore has one)."""
-    data = storage.read_bytes(url, checksum=checksum)
+    """Load and verify a ``_metadata`` file (and its file checksum, when the metastore has one);
+    ``max_size`` lowers the read limit (a file given by path, which nothing vouches for)."""
+    data = storage.read_bytes(url, checksum=checksum, max_size=max_size)
     return CheckpointMetadata.from_bytes(data, url)
 
 

@@ -183,6 +183,7 @@ def write_list_state(items: list[ListItem], *, operator_id: str) -> bytes:
 
     Every item needs the same keys, and each key holds only strings or only ints (or None), so the
     items come back exactly as given; the redistribution on restore is the caller's business.
+    A reader takes at most one item per byte of the file: never more all-None items than that.
     """
     validate_id(operator_id, "operator id")
     if not isinstance(items, list):
@@ -529,6 +530,8 @@ class _Snapshot:
             raise self.corrupt(f"{what}: cannot decode its batches ({exc})") from None
         if leftover:
             raise self.corrupt(f"{what}: {leftover} bytes after its last batch")
+        if segment.rows > self.size:  # null-typed columns: rows from no bytes, millions of items
+            raise self.corrupt(f"{what}: {segment.rows} rows in a file of {self.size} bytes")
         rows = sum(b.num_rows for b in batches)
         if rows != segment.rows:
             raise self.corrupt(f"{what}: index says {segment.rows} rows, its batches hold {rows}")

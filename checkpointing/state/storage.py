@@ -46,6 +46,11 @@ METADATA_FILE = "_metadata"
 DEFAULT_MAX_METADATA_BYTES = 64 << 20
 #: environment variable overriding :data:`DEFAULT_MAX_METADATA_BYTES` (bytes, a positive integer)
 MAX_METADATA_BYTES_ENV = "CKPT_MAX_METADATA_BYTES"
+#: the largest ``_metadata`` read by path (a deploy's ``from``, ``--restore PATH``): nothing has
+#: vouched for it yet (no metastore checksum), and parsed JSON takes ~25 times its size in memory
+DEFAULT_MAX_EXTERNAL_METADATA_BYTES = 4 << 20
+#: environment variable overriding :data:`DEFAULT_MAX_EXTERNAL_METADATA_BYTES`
+MAX_EXTERNAL_METADATA_BYTES_ENV = "CKPT_MAX_EXTERNAL_METADATA_BYTES"
 _CHUNK = 1 << 20
 
 
@@ -69,6 +74,7 @@ class CheckpointStorage(ABC):
         self.base_url = base_url.rstrip("/")
         #: reads of a ``_metadata`` file without a known size stop here (see :meth:`read_bytes`)
         self.max_metadata_bytes = max_metadata_bytes()
+        self.max_external_metadata_bytes = max_metadata_bytes(external=True)
 
     @staticmethod
     def from_url(url: str) -> CheckpointStorage:
@@ -261,13 +267,16 @@ class StorageLocation:
         self.storage.delete_tree(self.url)
 
 
-def max_metadata_bytes() -> int:
-    """The ``_metadata`` read limit: :data:`MAX_METADATA_BYTES_ENV` or the default."""
-    text = os.environ.get(MAX_METADATA_BYTES_ENV, "").strip()
+def max_metadata_bytes(*, external: bool = False) -> int:
+    """The ``_metadata`` read limit: :data:`MAX_METADATA_BYTES_ENV` or the default; for one
+    read by path (``external``), :data:`MAX_EXTERNAL_METADATA_BYTES_ENV` or its default."""
+    env = MAX_EXTERNAL_METADATA_BYTES_ENV if external else MAX_METADATA_BYTES_ENV
+    default = DEFAULT_MAX_EXTERNAL_METADATA_BYTES if external else DEFAULT_MAX_METADATA_BYTES
+    text = os.environ.get(env, "").strip()
     if not text:
-        return DEFAULT_MAX_METADATA_BYTES
+        return default
     if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"{MAX_METADATA_BYTES_ENV}={text!r}: expected a positive number of bytes")
+        raise ConfigError(f"{env}={text!r}: expected a positive number of bytes")
     return int(text)
 
 
@@ -376,17 +385,36 @@ class FileSystemCheckpointStorage(CheckpointStorage):
 
     def delete(self, url: str) -> None:
         try:
-            self.path_of(url).unlink(missing_ok=True)
+            self._deletable(url).unlink(missing_ok=True)
         except OSError as exc:
             raise StorageError(f"cannot delete {url}: {exc}") from exc
 
     def delete_tree(self, url: str) -> None:
         try:
-            shutil.rmtree(self.path_of(url))
+            shutil.rmtree(self._deletable(url))  # never follows a symlink below the path
         except FileNotFoundError:
             pass
         except OSError as exc:  # e.g. permissions: say so, never leave it silently half-deleted
             raise StorageError(f"cannot delete {url}: {exc}") from exc
+
+    def _deletable(self, url: str) -> Path:
+        """The path of ``url``, once no component below the base is a symlink: "inside the
+        base" is checked on URLs, and with ``base/job`` a symlink to another folder a delete of
+        ``base/job/chk-7`` would remove that folder's ``chk-7``. The base itself may be a
+        symlink; a path outside the base (a savepoint target) is the user's own."""
+        path = self.path_of(url)
+        base = Path(self.base_url.removeprefix("file://"))
+        try:
+            below = path.relative_to(base)
+        except ValueError:
+            return path
+        real = Path(os.path.realpath(path))
+        if real != Path(os.path.realpath(base)) / below:
+            raise StorageError(
+                f"cannot delete {url}: it resolves to {real}, outside checkpoint storage "
+                f"{self.base_url} (a symlink below the base); refused"
+            )
+        return path
 
     def list_files(self, url: str) -> list[str]:
         root = self.path_of(url)

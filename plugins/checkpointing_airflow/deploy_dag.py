@@ -7,7 +7,7 @@ Airflow is imported inside the functions, so the module imports without it."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from checkpointing_airflow.dag_defaults import (
     TAG,
 )
 from checkpointing_airflow.dag_files import known_pipelines
-from checkpointing_airflow.permissions import authorize_run
+from checkpointing_airflow.permissions import authorize_run, authorize_source
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG
@@ -43,13 +43,17 @@ def build_deploy_dag(
     metastore_conn_id: str = METASTORE_CONN_ID,
     spark_conn_id: str = SPARK_CONN_ID,
     check_permissions: bool = True,
+    trust_other_job: bool = False,
 ) -> DAG:
     """``checkpoint_deploy``: start a pipeline of ``pipelines_dir`` (its current spec and code)
     from a savepoint or its latest checkpoint, possibly at a new parallelism. ``check``
     validates everything it can before ``run`` submits anything, starting with the triggering
     user's permission to edit the pipeline's own DAG (:func:`authorize_trigger`; off with
     ``check_permissions=False``). A savepoint of another job is refused unless the run asks for
-    it (``allow_other_job``)."""
+    it (``allow_other_job``) and that user may read the other job's DAG (:func:`authorize_source`);
+    without the permission checks nobody vouches for that, so such a deploy is refused unless the
+    deployment says it trusts every user of this DAG with every job's state
+    (``trust_other_job=True``)."""
     from airflow.sdk import DAG, Param, get_current_context, task
 
     from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
@@ -68,7 +72,8 @@ def build_deploy_dag(
             "`check` refuses, before anything is submitted, a savepoint that does not verify or "
             "whose state cannot be assigned, a parallelism above the job's max parallelism, and "
             "a job that is still running, a savepoint of another pipeline unless **allow another "
-            "pipeline's savepoint** is on, and a user who may not edit the pipeline's own DAG. "
+            "pipeline's savepoint** is on and the user may read that pipeline's DAG, and a user "
+            "who may not edit the pipeline's own DAG. "
             "`run` then runs the pipeline like its own DAG would, and its retries resume from "
             "the latest checkpoint."
         ),
@@ -107,7 +112,8 @@ def build_deploy_dag(
                 title="Allow another pipeline's savepoint",
                 description=(
                     "Start from a checkpoint or savepoint of another job (e.g. a renamed "
-                    "pipeline); recorded with the restore. Off: such a path is refused."
+                    "pipeline); recorded with the restore, and only for a user who may read "
+                    "that job's DAG. Off: such a path is refused."
                 ),
             ),
         },
@@ -127,9 +133,23 @@ def build_deploy_dag(
                     jobs=list(known_pipelines(pipelines_dir)),
                 )
             metastore = CheckpointMetastoreHook(metastore_conn_id).get_metastore()
+
+            def authorize_source(source_job: str, source: str) -> None:
+                _authorize_other_job(
+                    context["dag_run"],
+                    source_job,
+                    source,
+                    jobs=list(known_pipelines(pipelines_dir)),
+                    check_permissions=check_permissions,
+                    trust_other_job=trust_other_job,
+                )
+
             try:
                 plan = deploy_plan_from_params(
-                    params, pipelines=known_pipelines(pipelines_dir), metastore=metastore
+                    params,
+                    pipelines=known_pipelines(pipelines_dir),
+                    metastore=metastore,
+                    authorize_source=authorize_source,
                 )
             finally:
                 metastore.dispose()
@@ -160,11 +180,13 @@ def plan_deploy(
     metastore: Metastore,
     storage_url: str | None = None,
     allow_other_job: bool = False,
+    authorize_source: Callable[[str, str], None] | None = None,
 ) -> dict[str, Any]:
     """Validate a deploy without running it: the spec loads, the job is not running, the
     savepoint verifies (``_metadata`` and file sizes), it is the job's own unless
     ``allow_other_job``, and its state can be assigned to ``parallelism`` subtasks under the
-    spec's max parallelism.
+    spec's max parallelism. Another job's savepoint goes to ``authorize_source`` (its job id and
+    path) as soon as its ``_metadata`` names the job, before anything else is checked of it.
 
     ``storage_url`` defaults as for the operator: the spec's ``storage``, else
     ``CKPT_STORAGE_URL``, else the embedded default."""
@@ -194,6 +216,7 @@ def plan_deploy(
     source = str(source).strip()
     if source.startswith("/"):  # a local savepoint given as a plain path: the URL it is known by
         source = Path(source).as_uri()
+    from_job: str | None = None
     if source == "latest":
         if status is None:
             starts = "empty state (the job has no checkpoints yet)"
@@ -201,6 +224,12 @@ def plan_deploy(
             decision = restore.find_latest_valid(metastore, storage, spec.job, deep=False)
             starts = decision.describe()
     elif "/" in source or source.isdigit():
+        if allow_other_job and authorize_source is not None and "/" in source:
+            found = restore.load_external(
+                storage, source, deep=False, job_id=spec.job, allow_other_job=True
+            )
+            if found.from_job_id is not None:
+                authorize_source(found.from_job_id, source)
         preview = restore.preview_restore(
             metastore,
             storage,
@@ -222,7 +251,8 @@ def plan_deploy(
             f"{preview.decision.checkpoint_id} of job {preview.metadata.job_id} "
             f"({preview.decision.metadata_path}), reassigned to {chosen} subtask(s)"
         )
-        if preview.decision.from_job_id is not None:
+        from_job = preview.decision.from_job_id
+        if from_job is not None:
             starts += " (another job's: allowed explicitly)"
     else:
         raise DeployError(f"from: expected 'latest' or a savepoint path, got {source!r}")
@@ -233,12 +263,17 @@ def plan_deploy(
         "restore": source,
         "parallelism": chosen,
         "allow_other_job": bool(allow_other_job),
+        "from_job": from_job,
         "starts_from": starts,
     }
 
 
 def deploy_plan_from_params(
-    params: Mapping[str, Any], *, pipelines: Mapping[str, Path], metastore: Metastore
+    params: Mapping[str, Any],
+    *,
+    pipelines: Mapping[str, Path],
+    metastore: Metastore,
+    authorize_source: Callable[[str, str], None] | None = None,
 ) -> dict[str, Any]:
     """The deploy's ``check`` task: anything wrong fails it for good, with the reason."""
     from airflow.sdk.exceptions import AirflowFailException
@@ -251,9 +286,36 @@ def deploy_plan_from_params(
             params.get("parallelism"),
             metastore=metastore,
             allow_other_job=bool(params.get("allow_other_job", False)),
+            authorize_source=authorize_source,
         )
     except CheckpointingError as exc:
         raise AirflowFailException(str(exc)) from None
+
+
+def _authorize_other_job(
+    dag_run: Any,
+    source_job: str,
+    source: str,
+    *,
+    jobs: list[str],
+    check_permissions: bool,
+    trust_other_job: bool,
+) -> None:
+    """Another job's state (``source``, of job ``source_job``) would flow into this job's sink:
+    the triggering user must be allowed to read that job (:func:`authorize_source`); where
+    users are not checked, only a deployment that trusts every user of the deploy DAG
+    (``trust_other_job``) lets it through."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    if check_permissions:
+        authorize_source(dag_run, source_job, jobs=jobs)
+    elif not trust_other_job:
+        raise AirflowFailException(
+            f"from: {source} is job {source_job}'s state and this deploy DAG does not "
+            "check users (check_permissions=False), so nobody vouches that the triggering user "
+            f"may read job {source_job}: refused (build_deploy_dag(..., trust_other_job=True) "
+            "to allow it)"
+        )
 
 
 def _refuse_active_runs(ti: Any, job_id: str) -> None:

@@ -35,12 +35,27 @@ log = logging.getLogger(__name__)
 SECRET_ENV = frozenset(
     {"CKPT_METASTORE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
 )
-#: further variable names taken for credentials (``env_vars`` given to the operator)
-_SECRET_NAME = re.compile(r"SECRET|PASSW|TOKEN|CREDENTIAL|PRIVATE|(^|_)KEY($|_)", re.IGNORECASE)
+#: further variable names taken for credentials (``env_vars`` given to the operator): a name
+#: that may hold one goes to spark-submit's environment rather than its command line, so
+#: erring on the side of a secret costs nothing in client mode. Passwords (``PASS``, ``PWD``),
+#: keys (``KEY``, ``APIKEY``), tokens and auth, and URLs, DSNs and connection strings, which
+#: embed credentials (``DATABASE_URL``, ``SENTRY_DSN``, ``…_CONNECTION_STRING``).
+_SECRET_NAME = re.compile(
+    r"SECRET|PASS|PWD|TOKEN|CREDENTIAL|PRIVATE|KEY|AUTH|COOKIE|SESSION|SIGNATURE"
+    r"|DSN|(^|_)UR[LI]S?($|_)|CONN(ECTION)?($|_)|CONNECTION_?STR|(^|_)SAS($|_)",
+    re.IGNORECASE,
+)
+
+
+#: the driver's own variables that look like credentials but are not (a bucket and prefix,
+#: needed in the task log to find the checkpoints)
+PUBLIC_ENV = frozenset({"CKPT_STORAGE_URL"})
 
 
 def is_secret_name(name: str) -> bool:
     """Whether an environment variable's name says it holds a credential."""
+    if name in PUBLIC_ENV:
+        return False
     return name in SECRET_ENV or bool(_SECRET_NAME.search(name))
 
 
@@ -102,12 +117,18 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         without it such a path fails the task before anything is submitted. (templated)
     :param allow_changed_tables: restore even though a static table (``tables:``) changed
         since the checkpoint; the change is recorded with the restore. (templated)
+    :param authorize_restore: a first try whose ``restore`` is not ``latest`` (a checkpoint id,
+        ``none``, a path) needs its run's triggering user to be allowed to edit the pipeline's
+        DAG, as the API's "Restore from here" does, not only to trigger it
+        (:func:`~checkpointing_airflow.permissions.authorize_trigger`). The pipeline DAGs of
+        specs set it; a deployment whose auth manager a task cannot ask turns it off in the
+        spec DAGs' ``operator_args``.
 
-    Credentials (the metastore URL, AWS keys, any ``env_vars`` whose name says secret, password,
-    token or key) reach the driver through spark-submit's process environment only, never as
-    ``--conf`` arguments (which the Spark provider makes of ``env_vars`` on YARN and Kubernetes,
-    visible in ``ps``). A deploy mode whose driver runs elsewhere (``cluster``) cannot get them
-    that way and is refused with the reason.
+    Credentials (the metastore URL, AWS keys, any ``env_vars`` whose name looks like one:
+    :func:`is_secret_name`) reach the driver through spark-submit's process environment only,
+    never as ``--conf`` arguments (which the Spark provider makes of ``env_vars`` on YARN and
+    Kubernetes, visible in ``ps``). A deploy mode whose driver runs elsewhere (``cluster``)
+    cannot get them that way and is refused with the reason.
     """
 
     template_fields: Sequence[str] = (
@@ -138,6 +159,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         coordinator_poll: float = 1.0,
         allow_other_job: bool | str = False,
         allow_changed_tables: bool | str = False,
+        authorize_restore: bool = False,
         **kwargs: Any,
     ) -> None:
         from checkpointing_airflow.callbacks import job_failed, restore_from_latest
@@ -159,6 +181,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.coordinator_poll = coordinator_poll
         self.allow_other_job = allow_other_job
         self.allow_changed_tables = allow_changed_tables
+        self.authorize_restore = authorize_restore
 
     # ------------------------------------------------------------------ what this try runs
 
@@ -264,8 +287,28 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         if recovery is not None:
             return recovery.restore, recovery.parallelism
         restore = str(self.restore)
+        if self.authorize_restore and restore != "latest":
+            self._authorize_restore(context, spec, restore)
         self._refuse_other_jobs_state(spec, storage_url, restore)
         return restore, self.parallelism_for(spec, 1)
+
+    def _authorize_restore(self, context: Context, spec: PipelineSpec, restore: str) -> None:
+        """Choosing what a pipeline restores is an edit of it (the API asks the same): the
+        run's triggering user must be allowed to edit the pipeline's DAG, else the task fails
+        for good before anything is submitted."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from checkpointing_airflow.permissions import PermissionRefused, authorize_trigger
+
+        dag_run = context["dag_run"]
+        try:
+            authorize_trigger(
+                getattr(dag_run, "triggering_user_name", None),
+                spec.job,
+                team_name=getattr(dag_run, "team_name", None),
+            )
+        except PermissionRefused as exc:
+            raise AirflowFailException(f"restore {restore!r}: {exc}") from None
 
     def submit(
         self, context: Context, spec: PipelineSpec, metastore: Metastore, secrets: Mapping[str, str]

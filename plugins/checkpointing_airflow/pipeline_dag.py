@@ -129,7 +129,8 @@ def build_pipeline_dag(
             conn_id=spark_conn_id,
             retries=spec.retries,
             retry_delay=spec.retry_delay,
-            **(operator_args or {}),
+            # choosing the restore is an edit of the pipeline, as in the API
+            **{"authorize_restore": True, **(operator_args or {})},
         )
     return dag
 
