@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from checkpointing.cli import app
 from checkpointing.errors import SpecError
-from checkpointing.pipeline.interval import DataInterval
+from checkpointing.pipeline.interval import DataInterval, pipeline_of
 from checkpointing.pipeline.spec import load_spec
 
 SPEC = """
@@ -94,6 +94,19 @@ def test_bad_interval_specs_are_refused_in_one_line(
 ) -> None:
     with pytest.raises(SpecError, match=message) as refused:
         load_spec(write(tmp_path, text), interval=interval)
+    assert "\n" not in str(refused.value)
+
+
+def test_an_instance_is_authorised_as_its_pipeline_and_no_spec_may_look_like_one(
+    tmp_path: Path,
+) -> None:
+    """The API and the generic DAGs ask the auth manager about the DAG of ``pipeline_of(job)``:
+    an interval's instance is its pipeline's; so a spec's job may not end like an instance."""
+    assert pipeline_of("daily.20261125T000000") == "daily"
+    assert pipeline_of("daily") == "daily" and pipeline_of("a.b.c") == "a.b.c"
+    assert pipeline_of("x.2026112T000000") == "x.2026112T000000"  # not an instance's suffix
+    with pytest.raises(SpecError, match="ends like an interval's job instance") as refused:
+        load_spec(write(tmp_path, INCREMENTAL.replace("job: daily", "job: x.20261125T000000")))
     assert "\n" not in str(refused.value)
 
 

@@ -33,6 +33,8 @@ class Scope(StrEnum):
     INTERVAL = "interval"  # its data interval: each interval its own job instance
 
 
+#: a job instance id: ``<job>.<TS_NODASH of the interval's start>``
+_INSTANCE = re.compile(r"^(?P<job>.+)\.(?P<start>[0-9]{8}T[0-9]{6})$")
 _USES = re.compile(r"\$\{(" + "|".join(VARIABLES) + r")\}")
 
 
@@ -71,6 +73,25 @@ class DataInterval:
 
     def describe(self) -> str:
         return f"{self.start.isoformat()} to {self.end.isoformat()}"
+
+
+def pipeline_of(job_id: str) -> str:
+    """The pipeline (and DAG) a job id belongs to: an interval's job instance
+    (``daily.20261125T000000``) is its pipeline's (``daily``); any other job id is its own (a
+    spec's job may not end like an instance: :func:`check_job_name`)."""
+    match = _INSTANCE.fullmatch(job_id)
+    return match["job"] if match else job_id
+
+
+def check_job_name(job: str) -> str:
+    """A spec's job id must not look like an interval's job instance, whose permissions are its
+    pipeline's: ``x.20261125T000000`` would be authorised as the DAG ``x``."""
+    if _INSTANCE.fullmatch(job):
+        raise ValueError(
+            f"{job!r} ends like an interval's job instance (.<YYYYMMDDTHHMMSS>), which names "
+            "the runs of scope: interval pipelines: choose another job id"
+        )
+    return job
 
 
 def uses_interval(path: object) -> bool:

@@ -39,7 +39,7 @@ from checkpointing.errors import ConfigError, SpecError
 from checkpointing.ids import validate_id
 from checkpointing.pipeline.aggregation_spec import AGGREGATE_FUNCTIONS, Aggregation
 from checkpointing.pipeline.columns import as_list, check_columns, is_identifier
-from checkpointing.pipeline.interval import DataInterval, Scope
+from checkpointing.pipeline.interval import DataInterval, Scope, check_job_name
 from checkpointing.pipeline.maintenance_spec import MaintenanceSpec
 from checkpointing.pipeline.path_variables import as_sample, expand_path_variables, path_variables
 from checkpointing.pipeline.sink_spec import EPOCH_COLUMN, SinkSpec
@@ -260,7 +260,7 @@ class PipelineSpec(BaseModel):
     @field_validator("job")
     @classmethod
     def _job_id(cls, v: str) -> str:
-        return validate_id(v, "job")
+        return check_job_name(validate_id(v, "job"))
 
     @field_validator("retry_delay", "restart_delay", mode="before")
     @classmethod

@@ -8,6 +8,7 @@ import logging
 from typing import Any, Literal
 
 from checkpointing.errors import CheckpointingError
+from checkpointing.pipeline.interval import pipeline_of
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,9 @@ def authorize_trigger(
         return user_name  # every visitor is an admin
     manager = create_auth_manager()
     user = next((u for u in manager.get_users() if u.username == user_name), None)
+    dag_id = pipeline_of(job_id)  # an interval's job instance is its pipeline's DAG
     allowed = user is not None and manager.is_authorized_dag(
-        method=method, details=DagDetails(id=job_id, team_name=team_name), user=user
+        method=method, details=DagDetails(id=dag_id, team_name=team_name), user=user
     )
     if not allowed and method == "GET":
         raise PermissionRefused(

@@ -23,6 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from checkpointing.errors import InvalidIdError
 from checkpointing.ids import validate_id
+from checkpointing.pipeline.interval import pipeline_of
 from checkpointing_airflow.api.airflow_internals import dag_team_name, request_user
 from checkpointing_airflow.dag_defaults import JOB_ID_PATTERN
 
@@ -89,10 +90,11 @@ def may_access(caller: Caller, pipeline_id: str, method: Method) -> bool:
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 
+    dag_id = pipeline_of(pipeline_id)  # an interval's job instance is its pipeline's
     return bool(
         get_auth_manager().is_authorized_dag(
             method=method,
-            details=DagDetails(id=pipeline_id, team_name=dag_team_name(pipeline_id)),
+            details=DagDetails(id=dag_id, team_name=dag_team_name(dag_id)),
             user=caller.user,
         )
     )
