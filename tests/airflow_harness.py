@@ -121,7 +121,7 @@ job: {job}
 source: {{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}
 key: user
 aggregations: {{{aggs}}}
-sink: {{path: {out}}}
+sink: {{path: "{out}"}}
 parallelism: 2
 max_parallelism: 16
 checkpoint: {checkpoint}

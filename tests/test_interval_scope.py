@@ -110,10 +110,31 @@ def test_an_instance_is_authorised_as_its_pipeline_and_no_spec_may_look_like_one
     assert "\n" not in str(refused.value)
 
 
+def test_the_dag_of_an_interval_spec_passes_each_run_its_interval(tmp_path: Path) -> None:
+    """The factory's DAG: runs at once and catchup as the spec says, the trigger form's **Full
+    refresh** switch, and the operator given the run's interval (Airflow 3: the point of
+    ``run_after`` when a run has none). An incremental spec may not ask for more runs at once."""
+    from checkpointing_airflow.dag_factory import build_pipeline_dag
+    from checkpointing_airflow.pipeline_dag import INTERVAL_END, INTERVAL_START
+
+    text = SPEC + "schedule: '@daily'\nmax_active_runs: 3\ncatchup: true\n"
+    dag = build_pipeline_dag(load_spec(write(tmp_path, text)))
+    assert (dag.dag_id, dag.max_active_runs, dag.catchup) == ("daily", 3, True)
+    assert dag.params["full_refresh"] is False
+    task = dag.get_task("run")
+    assert (task.interval_start, task.interval_end) == (INTERVAL_START, INTERVAL_END)
+    assert task.full_refresh == "{{ params.full_refresh }}"
+    assert {"interval_start", "interval_end", "full_refresh"} <= set(task.template_fields)
+    incremental = build_pipeline_dag(load_spec(write(tmp_path, INCREMENTAL)))
+    assert incremental.max_active_runs == 1 and "full_refresh" not in incremental.params
+    with pytest.raises(SpecError, match="max_active_runs and catchup: only a scope: interval"):
+        load_spec(write(tmp_path, INCREMENTAL + "max_active_runs: 2\n"))
+
+
 def test_bad_intervals_are_refused_in_one_line() -> None:
     for start, end, message in [
         ("yesterday", "2026-11-26", "start 'yesterday' is not an ISO 8601"),
-        ("2026-11-26", "2026-11-25", "the end 2026-11-25 is not after the start"),
+        ("2026-11-26", "2026-11-25", "the end 2026-11-25 is before the start"),
     ]:
         with pytest.raises(SpecError, match=message):
             DataInterval.parse(start, end)

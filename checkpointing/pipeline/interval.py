@@ -40,7 +40,9 @@ _USES = re.compile(r"\$\{(" + "|".join(VARIABLES) + r")\}")
 
 @dataclass(frozen=True)
 class DataInterval:
-    """A run's data interval ``[start, end)`` in UTC (Airflow's ``data_interval_start/end``)."""
+    """A run's data interval ``[start, end)`` in UTC (Airflow's ``data_interval_start/end``).
+    ``start == end`` is a point: Airflow 3's cron schedules (``CronTriggerTimetable``) and manual
+    runs have a logical date and no interval; the instance is then that date's."""
 
     start: datetime
     end: datetime
@@ -50,9 +52,9 @@ class DataInterval:
         """From ISO 8601 texts (``2026-11-25``, ``2026-11-25T00:00:00+00:00``; no offset: UTC);
         :class:`SpecError` naming the bad one, or an end not after the start."""
         interval = cls(_instant(start, "start"), _instant(end, "end"))
-        if interval.end <= interval.start:
+        if interval.end < interval.start:
             raise SpecError(
-                f"data interval: the end {end} is not after the start {start} (an interval is "
+                f"data interval: the end {end} is before the start {start} (an interval is "
                 "[start, end))"
             )
         return interval

@@ -16,7 +16,6 @@ from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 
-import yaml
 from pydantic import (
     BaseModel,
     ByteSize,
@@ -43,6 +42,7 @@ from checkpointing.pipeline.interval import DataInterval, Scope, check_job_name
 from checkpointing.pipeline.maintenance_spec import MaintenanceSpec
 from checkpointing.pipeline.path_variables import as_sample, expand_path_variables, path_variables
 from checkpointing.pipeline.sink_spec import EPOCH_COLUMN, SinkSpec
+from checkpointing.pipeline.spec_file import read_spec_file
 from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.state.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
 
@@ -231,6 +231,10 @@ class PipelineSpec(BaseModel):
     parallelism_on_retry: int | None = Field(default=None, ge=1, strict=True)
     owner: str = "airflow"
     tags: list[str] = []
+    #: ``scope: interval`` only: DAG runs (intervals) at once, and whether the scheduler
+    #: creates the runs of past intervals since ``start_date`` (Airflow's ``catchup``)
+    max_active_runs: int = Field(default=1, ge=1, le=64, strict=True)
+    catchup: bool = Field(default=False, strict=True)
     #: scheduled garbage collection, the DAG ``<job>__maintenance``; none: no such DAG
     maintenance: MaintenanceSpec | None = None
     #: where the spec was loaded from (set by :func:`load_spec`, not part of the file)
@@ -356,6 +360,11 @@ class PipelineSpec(BaseModel):
                 "sink.partition_by: a format: delta upsert table is not partitioned (its files "
                 "are buckets of keys): partition a mode: changelog table or the parquet sink"
             )
+        if self.scope is not Scope.INTERVAL and (self.max_active_runs > 1 or self.catchup):
+            raise ValueError(
+                "max_active_runs and catchup: only a scope: interval job's runs are independent "
+                "(an incremental job's runs share its state and sink: one at a time)"
+            )
         if self.scope is Scope.INTERVAL and self.sink.format == "iceberg":
             raise ValueError(
                 "scope: interval: an Iceberg sink is one table for every interval; use a "
@@ -459,20 +468,7 @@ def load_spec(
     its job id made the interval's instance (``daily.20261125T000000``); unbound, it is a
     template (placeholders kept) that validates but does not run."""
     path = Path(path)
-    try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # safe loader
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such pipeline spec") from None
-    except IsADirectoryError:
-        raise SpecError(f"{path}: is a directory, not a pipeline spec (a YAML file)") from None
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}): not a pipeline spec") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read the pipeline spec: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: {_yaml_problem(exc)}") from None
-    if not isinstance(raw, dict):
-        raise SpecError(f"{path}: a pipeline spec is a mapping (job:, source:, key:, …)")
+    raw = read_spec_file(path)
     raw = {**raw, **(overrides or {})}
     variables, keep = path_variables(raw, path, home or ckpt_home(), interval)
     try:
@@ -519,39 +515,6 @@ def load_spec(
         raise SpecError(f"{path}: {exc}") from None
     spec._code = code
     return spec
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (the YAML
-    spec says keys are unique; PyYAML silently keeps the last)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<:`` merges may be overridden
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:  # unhashable: the base class reports it
-                continue
-            if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"duplicate key {key!r} (first given on line {first + 1})",
-                    key_node.start_mark,
-                )
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """One line: where (line, column) and what, without PyYAML's multi-line context dump."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return f"{where}not valid YAML: {problem}"
 
 
 def _check_checkpoint_fields(section: Any) -> None:

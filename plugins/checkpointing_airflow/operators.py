@@ -124,6 +124,15 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         specs set it; a deployment whose auth manager a task cannot ask turns it off in the
         spec DAGs' ``operator_args``.
 
+    :param interval_start: a ``scope: interval`` spec's data interval start (ISO 8601; the
+        pipeline DAGs pass their run's ``data_interval_start``): the try runs that interval's
+        job instance. (templated)
+    :param interval_end: the data interval's end (exclusive). (templated)
+    :param full_refresh: a ``scope: interval`` job: replace the interval's output (``ckpt run
+        --full-refresh``). Every try of the DAG run passes the run's id as the refresh's token,
+        so a retry resumes the refresh from its own checkpoints, never from older ones.
+        (templated)
+
     Credentials (the metastore URL, AWS keys, any ``env_vars`` whose name looks like one:
     :func:`is_secret_name`) reach the driver through spark-submit's process environment only,
     never as ``--conf`` arguments (which the Spark provider makes of ``env_vars`` on YARN and
@@ -140,6 +149,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         "storage_url",
         "allow_other_job",
         "allow_changed_tables",
+        "interval_start",
+        "interval_end",
+        "full_refresh",
     )
     ui_color = "#e8f4ea"
     #: "Checkpoints" on its task instances: the pipeline's page in the Checkpoints UI
@@ -160,6 +172,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         allow_other_job: bool | str = False,
         allow_changed_tables: bool | str = False,
         authorize_restore: bool = False,
+        interval_start: str | None = None,
+        interval_end: str | None = None,
+        full_refresh: bool | str = False,
         **kwargs: Any,
     ) -> None:
         from checkpointing_airflow.callbacks import job_failed, restore_from_latest
@@ -182,13 +197,20 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.allow_other_job = allow_other_job
         self.allow_changed_tables = allow_changed_tables
         self.authorize_restore = authorize_restore
+        self.interval_start = interval_start
+        self.interval_end = interval_end
+        self.full_refresh = full_refresh
 
     # ------------------------------------------------------------------ what this try runs
 
     def load_spec(self) -> PipelineSpec:
+        from checkpointing.pipeline.interval import DataInterval
         from checkpointing.pipeline.spec import load_spec
 
-        return load_spec(self.pipeline)
+        interval = None
+        if self.interval_start not in (None, "") and self.interval_end not in (None, ""):
+            interval = DataInterval.parse(str(self.interval_start), str(self.interval_end))
+        return load_spec(self.pipeline, interval=interval)
 
     def metastore_url(self) -> str:
         return CheckpointMetastoreHook(self.metastore_conn_id).get_url()
@@ -284,6 +306,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         retry's recovery plan, else the first try's ``restore``, refused before anything runs
         when it is another job's checkpoint or savepoint and that is not allowed."""
         recovery = self.recovery_for(context, spec, metastore, storage_url)
+        if _truthy(self.full_refresh):  # every try: the driver resumes or redoes the refresh
+            parallelism = recovery.parallelism if recovery else self.parallelism_for(spec, 1)
+            return "latest", parallelism
         if recovery is not None:
             return recovery.restore, recovery.parallelism
         restore = str(self.restore)
@@ -343,6 +368,12 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             args.append("--allow-other-job")
         if _truthy(self.allow_changed_tables):
             args.append("--allow-changed-tables")
+        if spec.interval is not None:
+            args += ["--interval-start", spec.interval.start.isoformat()]
+            args += ["--interval-end", spec.interval.end.isoformat()]
+        if _truthy(self.full_refresh):
+            # the DAG run's identity (the attempt id without its try): the same on every try
+            args += ["--full-refresh", "--refresh-token", attempt.removesuffix(f"-t{try_number}")]
         if self.fail_first_try_after_epochs and try_number == 1:
             args += ["--fail-after-epochs", str(self.fail_first_try_after_epochs)]
         return args

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from checkpointing.config import format_duration
+from checkpointing.pipeline.interval import Scope
 from checkpointing.pipeline.spec import PipelineSpec, SpecError, load_spec
 from checkpointing_airflow.dag_defaults import (
     DEPLOY_DAG_ID,
@@ -86,9 +87,10 @@ def build_pipeline_dag(
         doc_md=describe(spec),
         schedule=spec.schedule,
         start_date=START_DATE,
-        catchup=False,
-        # two runs of one job would write the same state and sink
-        max_active_runs=1,
+        # an incremental job's two runs would write the same state and sink: one at a time;
+        # a scope: interval job's runs are instances of their own (the spec may allow more)
+        catchup=spec.catchup,
+        max_active_runs=spec.max_active_runs,
         tags=list(dict.fromkeys([TAG, *spec.tags])),
         default_args={"owner": spec.owner},
         params={
@@ -116,6 +118,7 @@ def build_pipeline_dag(
                 ),
             ),
             **_table_params(spec),
+            **_interval_params(spec),
         },
     ) as dag:
         CheckpointedSparkSubmitOperator(
@@ -125,6 +128,7 @@ def build_pipeline_dag(
             parallelism="{{ params.parallelism }}",
             allow_changed_tables="{{ params.allow_changed_tables }}" if spec.tables else False,
             parallelism_on_retry=spec.parallelism_on_retry,
+            **_interval_args(spec),
             metastore_conn_id=metastore_conn_id,
             conn_id=spark_conn_id,
             retries=spec.retries,
@@ -269,6 +273,43 @@ def _sink_doc(spec: PipelineSpec) -> str:
     if spec.stateless:
         return f"`{spec.sink.path}` (the committed epochs in `changelog/`{parts})"
     return f"`{spec.sink.path}` (final table in `final/`, epochs in `changelog/`{parts})"
+
+
+#: the run's data interval (Airflow 3: a run without one, e.g. triggered with no logical date,
+#: is the point of its ``run_after``)
+INTERVAL_START = "{{ (data_interval_start or dag_run.run_after).isoformat() }}"
+INTERVAL_END = "{{ (data_interval_end or dag_run.run_after).isoformat() }}"
+
+
+def _interval_args(spec: PipelineSpec) -> dict[str, Any]:
+    """A ``scope: interval`` spec: its run's data interval, and the full-refresh switch."""
+    if spec.scope is not Scope.INTERVAL:
+        return {}
+    return {
+        "interval_start": INTERVAL_START,
+        "interval_end": INTERVAL_END,
+        "full_refresh": "{{ params.full_refresh }}",
+    }
+
+
+def _interval_params(spec: PipelineSpec) -> dict[str, Any]:
+    """A ``scope: interval`` spec: the trigger form's full refresh of the run's interval."""
+    from airflow.sdk import Param
+
+    if spec.scope is not Scope.INTERVAL:
+        return {}
+    return {
+        "full_refresh": Param(
+            False,
+            type="boolean",
+            title="Full refresh",
+            description=(
+                "replace this interval's output: its sink reset (only the job's own output), "
+                "then the interval read again from the start; its checkpoints before are not "
+                "restored any more. Retries of this run resume the refresh."
+            ),
+        )
+    }
 
 
 def _table_params(spec: PipelineSpec) -> dict[str, Any]:
