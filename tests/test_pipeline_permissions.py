@@ -461,6 +461,99 @@ def test_secret_looking_variable_names_stay_off_the_command_line() -> None:
     assert [n for n in plain if is_secret_name(n)] == []
 
 
+# ============================================================================ spark-submit
+
+FAKE_SPARK_SUBMIT = """#!{python}
+import json, os, sys
+with open(os.environ["FAKE_SPARK_SUBMIT_OUT"], "w") as f:
+    json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, f)
+"""
+
+
+def install_fake_spark_submit(bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in ``spark-submit`` first on PATH, writing its argv and environment to the file
+    returned (nothing runs)."""
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "spark-submit"
+    fake.write_text(FAKE_SPARK_SUBMIT.format(python=sys.executable))
+    fake.chmod(0o755)
+    out = bin_dir.parent / "submitted.json"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SPARK_SUBMIT_OUT", str(out))
+    return out
+
+
+@needs_airflow
+def test_credentials_reach_the_driver_by_environment_never_on_the_command_line(
+    airflow_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On YARN (Kubernetes takes the same path in the provider, with ``driverEnv``)."""
+    from airflow.sdk._shared.secrets_masker import redact
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from checkpointing_airflow import operators
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
+
+    password, aws_secret = "pw-7c1e9b2a", "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY"
+    url = f"postgresql+psycopg://ckpt:{password}@db.internal:5432/ckpt"
+    for mode in ("client", "cluster"):
+        monkeypatch.setenv(
+            f"AIRFLOW_CONN_SPARK_{mode.upper()}",
+            json.dumps({"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": mode}}),
+        )
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_TEST",
+        json.dumps({"conn_type": "aws", "login": "AKIAEXAMPLE12345", "password": aws_secret}),
+    )
+    bin_dir = tmp_path / "bin"
+    install_fake_spark_submit(bin_dir, monkeypatch)
+
+    op = CheckpointedSparkSubmitOperator(
+        task_id="run",
+        pipeline="spec.yaml",
+        conn_id="spark_client",
+        aws_conn_id="aws_test",
+        # PATH: the stand-in spark-submit first
+        env_vars={
+            "MY_API_TOKEN": "tok-5f2d8c1e0a",
+            "LOG_LEVEL": "INFO",
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        },
+    )
+    env = op._driver_env(url, "s3://bucket/prefix")
+    secrets = op.prepare_submit(env)
+    assert set(secrets) == {
+        "CKPT_METASTORE_URL",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "MY_API_TOKEN",
+    }
+    assert "CKPT_METASTORE_URL" not in (op.env_vars or {})
+    assert op.env_vars["LOG_LEVEL"] == "INFO"  # the rest still goes the provider's way
+    with operators._process_environment(secrets):
+        op._hook.submit(op.application)
+    submitted = json.loads((tmp_path / "submitted.json").read_text())
+    command_line = " ".join(submitted["argv"])
+    for value in (url, password, aws_secret, "AKIAEXAMPLE12345", "tok-5f2d8c1e0a"):
+        assert value not in command_line
+    assert "LOG_LEVEL=INFO" in command_line  # not a secret: the provider's --conf
+    for name, value in secrets.items():
+        assert submitted["env"][name] == value  # spark-submit, hence the driver, has them
+    assert "CKPT_METASTORE_URL" not in os.environ  # only for spark-submit's start
+
+    # masked by the variable's name, whatever the value looks like
+    logged = f"connect {url} with {aws_secret} and tok-5f2d8c1e0a; password {password}"
+    masked = str(redact(logged))
+    for value in (aws_secret, "tok-5f2d8c1e0a", password):
+        assert value not in masked, masked
+
+    cluster = CheckpointedSparkSubmitOperator(
+        task_id="run", pipeline="spec.yaml", conn_id="spark_cluster", aws_conn_id="aws_test"
+    )
+    with pytest.raises(AirflowFailException, match=r"deploy mode cluster .* deploy mode client"):
+        cluster.prepare_submit(cluster._driver_env(url, "s3://bucket/prefix"))
+
+
 @needs_airflow
 def test_a_pipeline_dag_restores_another_jobs_savepoint_only_when_allowed(
     airflow_home: Path,
