@@ -25,6 +25,7 @@ from checkpointing_airflow.spark_submit_internals import submit_returncode, subm
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
     from checkpointing.metastore.engine import Metastore
     from checkpointing.pipeline.spec import PipelineSpec
     from checkpointing.restore.recovery import RecoveryPlan
@@ -236,6 +237,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             tasks=pipeline_plan(attempt, parallelism, spec.max_parallelism),
             poll=self.coordinator_poll,
             failover_reason=f"try {ti.try_number} ({attempt}) failed",
+            stats_tracker=self.stats_tracker(context, spec, metastore, attempt),
         ):
             self.log.info(
                 "job %s: try %d as coordinator %s, restore %s, parallelism %d",
@@ -253,6 +255,16 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             secrets = self.prepare_submit(self._driver_env(url, storage_url))
             self.submit(context, spec, metastore, secrets)
         return self._outcome(spec, metastore, attempt)
+
+    def stats_tracker(
+        self, context: Context, spec: PipelineSpec, metastore: Metastore, attempt: str
+    ) -> CheckpointStatsTracker:
+        """What watches this try's checkpoints and restore from the coordinator loop: its events
+        become metrics (:mod:`~checkpointing_airflow.metrics`)."""
+        from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
+        from checkpointing_airflow.metrics import CheckpointMetrics
+
+        return CheckpointStatsTracker(spec.job, metastore, attempt, [CheckpointMetrics(spec.job)])
 
     def plan_try(
         self, context: Context, spec: PipelineSpec, metastore: Metastore, storage_url: str
