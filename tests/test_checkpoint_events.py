@@ -10,8 +10,10 @@ import socket
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from airflow.sdk import BaseNotifier
 
 from checkpointing.clock import ManualClock
 from checkpointing.config import CheckpointConfig
@@ -30,6 +32,7 @@ from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import RestoreEvent
 from checkpointing.state.storage import FileSystemCheckpointStorage
 from checkpointing.status import JobStatus, RestoreStatus
+from checkpointing_airflow.alerts import CheckpointAlerts, normalize_alerts
 from checkpointing_airflow.metrics import CheckpointMetrics
 from tests.helpers import JOB, ack_all, complete, make_plan, new_coordinator
 
@@ -232,3 +235,85 @@ def test_the_attempt_reports_its_last_checkpoints_when_it_ends_and_a_failing_wat
     ) as coord:
         complete(coord)
     assert coord.job_id == JOB
+
+
+class FileNotifier(BaseNotifier):
+    """A real Airflow notifier: its templated text, rendered with the alert, appended to a file."""
+
+    template_fields = ("text",)
+
+    def __init__(
+        self, path: Path, text: str = "{{ checkpoint_alert.kind }}|{{ checkpoint_alert }}"
+    ):
+        super().__init__()
+        self.path = path
+        self.text = text
+
+    def notify(self, context: Any) -> None:
+        with self.path.open("a") as out:
+            out.write(self.text + "\n")
+
+
+class BrokenNotifier(BaseNotifier):
+    def notify(self, context: Any) -> None:
+        raise ConnectionError("Slack is down")
+
+
+def test_checkpoint_trouble_restores_and_savepoints_reach_airflow_notifiers_by_kind(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock, tmp_path: Path
+) -> None:
+    everything, failures_only = tmp_path / "all.txt", tmp_path / "failures.txt"
+    alerts = CheckpointAlerts(
+        JOB,
+        normalize_alerts(
+            {
+                "all": [BrokenNotifier(), FileNotifier(everything)],
+                "checkpoint_failures": FileNotifier(failures_only, "{{ checkpoint_alert.reason }}"),
+            }
+        ),
+        {"run_id": "manual__1"},
+        "http://airflow/checkpoints/ui/?pipeline=job-a",
+    )
+    coord = new_coordinator(metastore, storage, clock, tolerable_failures=2)
+    coord.activate()
+    complete(coord)
+    tracker = CheckpointStatsTracker(JOB, metastore, "a1", [alerts], failure_alert_threshold=2)
+    tracker.start()
+    for _ in range(3):  # the alert at 2 failures, the job fails at 3 > 2
+        pending = coord.trigger_checkpoint()
+        coord.receive_decline(pending.checkpoint_id, pending.tasks[0].attempt_id)
+        tracker.poll()
+    complete(coord, savepoint=True)
+    with metastore.transaction() as s:
+        s.add(
+            RestoreEvent(
+                job_id=JOB,
+                attempt="a1",
+                checkpoint_id=1,
+                checkpoint_type="CHECKPOINT",
+                parallelism=4,
+                fallbacks={"skipped": [{"checkpoint_id": 5, "reason": "checksum mismatch"}]},
+                status=RestoreStatus.RESTORED,
+                created_at=clock.now(),
+            )
+        )
+    tracker.poll()
+    kinds = [a.kind for a in alerts.sent]
+    assert kinds == [
+        "checkpoint_failures",
+        "tolerable_failures_exceeded",
+        "restore_fallback",
+        "restore_rescaled",
+        "savepoint_completed",
+    ]
+    lines = everything.read_text().splitlines()
+    assert [line.split("|")[0] for line in lines] == kinds  # the broken notifier changed nothing
+    first = lines[0].split("|", 1)[1]
+    assert first == (
+        "pipeline job-a: 2 consecutive checkpoint failure(s), last checkpoint 3: "
+        "CHECKPOINT_DECLINED; the job fails after 3 (tolerable_failures=2). "
+        "Checkpoints: http://airflow/checkpoints/ui/?pipeline=job-a"
+    )
+    assert "skipping unusable ones (checkpoint 5: checksum mismatch)" in lines[2]
+    assert "at parallelism 4 (taken at 2)" in lines[3]
+    assert failures_only.read_text() == "CHECKPOINT_DECLINED\n"

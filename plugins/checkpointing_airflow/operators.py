@@ -23,6 +23,7 @@ from checkpointing_airflow.links import CheckpointsLink
 from checkpointing_airflow.spark_submit_internals import submit_returncode, submit_target
 
 if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.sdk import Context
 
     from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
@@ -103,6 +104,18 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         without it such a path fails the task before anything is submitted. (templated)
     :param allow_changed_tables: restore even though a static table (``tables:``) changed
         since the checkpoint; the change is recorded with the restore. (templated)
+    :param alerts: Airflow notifiers (any ``BaseNotifier``, or a callable taking the context)
+        for checkpoint trouble, restores and savepoints: one or a list hears every alert; a
+        mapping names the kinds (``checkpoint_failures``, ``tolerable_failures_exceeded``,
+        ``restore_fallback``, ``restore_rescaled``, ``savepoint_completed``,
+        ``savepoint_failed``, or ``all``). The context has ``checkpoint_alert`` (its
+        ``message`` names the pipeline, the checkpoint, the reason and the Checkpoints page).
+        A notifier that raises is logged; it never fails the job.
+    :param alert_after_failures: consecutive checkpoint failures that raise
+        ``checkpoint_failures`` (once per run of failures).
+
+    While it runs the task also reports the try's checkpoint metrics through Airflow's
+    ``Stats`` (:mod:`checkpointing_airflow.metrics`, names under ``ckpt.``).
 
     Credentials (the metastore URL, AWS keys, any ``env_vars`` whose name says secret, password,
     token or key) reach the driver through spark-submit's process environment only, never as
@@ -139,8 +152,11 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         coordinator_poll: float = 1.0,
         allow_other_job: bool | str = False,
         allow_changed_tables: bool | str = False,
+        alerts: Mapping[str, Any] | Sequence[Any] | Any | None = None,
+        alert_after_failures: int = 1,
         **kwargs: Any,
     ) -> None:
+        from checkpointing_airflow.alerts import normalize_alerts
         from checkpointing_airflow.callbacks import job_failed, restore_from_latest
 
         kwargs["on_retry_callback"] = _with(restore_from_latest, kwargs.get("on_retry_callback"))
@@ -160,6 +176,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.coordinator_poll = coordinator_poll
         self.allow_other_job = allow_other_job
         self.allow_changed_tables = allow_changed_tables
+        self.alerts = normalize_alerts(alerts)
+        self.alert_after_failures = alert_after_failures
 
     # ------------------------------------------------------------------ what this try runs
 
@@ -260,11 +278,49 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self, context: Context, spec: PipelineSpec, metastore: Metastore, attempt: str
     ) -> CheckpointStatsTracker:
         """What watches this try's checkpoints and restore from the coordinator loop: its events
-        become metrics (:mod:`~checkpointing_airflow.metrics`)."""
+        become metrics (:mod:`~checkpointing_airflow.metrics`), alerts to the notifiers
+        (:mod:`~checkpointing_airflow.alerts`) and the lineage facet of the try."""
         from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
+        from checkpointing_airflow.alerts import CheckpointAlerts
+        from checkpointing_airflow.lineage import TryLineage
+        from checkpointing_airflow.links import checkpoints_page
         from checkpointing_airflow.metrics import CheckpointMetrics
 
-        return CheckpointStatsTracker(spec.job, metastore, attempt, [CheckpointMetrics(spec.job)])
+        self._lineage = TryLineage(attempt)
+        listeners: list[Any] = [CheckpointMetrics(spec.job), self._lineage]
+        if self.alerts:
+            page = checkpoints_page(spec.job)
+            listeners.append(CheckpointAlerts(spec.job, self.alerts, context, page))
+        return CheckpointStatsTracker(
+            spec.job,
+            metastore,
+            attempt,
+            listeners,
+            failure_alert_threshold=self.alert_after_failures,
+        )
+
+    # ------------------------------------------------------------------ OpenLineage
+
+    def get_openlineage_facets_on_start(self) -> OperatorLineage:
+        """The OpenLineage provider's START event: the spec's input datasets and sink."""
+        from checkpointing_airflow.lineage import operator_lineage
+
+        return operator_lineage(self.load_spec())
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage:
+        """COMPLETE: the datasets and the ``checkpointing`` run facet (what the try restored,
+        epochs redone, parallelism, its checkpoints)."""
+        from checkpointing_airflow.lineage import TryLineage, operator_lineage
+
+        ti = task_instance
+        watched = getattr(self, "_lineage", None) or TryLineage(
+            attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        )
+        return operator_lineage(self.load_spec(), watched.facet())
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> OperatorLineage:
+        """FAIL: as COMPLETE, up to where the try failed."""
+        return self.get_openlineage_facets_on_complete(task_instance)
 
     def plan_try(
         self, context: Context, spec: PipelineSpec, metastore: Metastore, storage_url: str
