@@ -317,3 +317,13 @@ def test_checkpoint_trouble_restores_and_savepoints_reach_airflow_notifiers_by_k
     assert "skipping unusable ones (checkpoint 5: checksum mismatch)" in lines[2]
     assert "at parallelism 4 (taken at 2)" in lines[3]
     assert failures_only.read_text() == "CHECKPOINT_DECLINED\n"
+
+
+def test_every_metric_and_alert_kind_is_documented() -> None:
+    from checkpointing.pipeline.alerts_spec import ALERT_KINDS
+    from checkpointing_airflow.metrics import METRICS, PREFIX
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    section = docs.split("## Alerts, metrics and lineage", 1)[1].split("\n## ", 1)[0]
+    assert [m for m in METRICS if f"`{PREFIX}.{m}`" not in section] == []
+    assert [k for k in ALERT_KINDS if f"| `{k}` |" not in section] == []
