@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
+import queue
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -162,13 +164,36 @@ class CheckpointAlerts:
         self.url = url
         #: every alert raised, for the task's log and tests
         self.sent: list[CheckpointAlert] = []
+        self._queue: queue.Queue[tuple[Notifier, CheckpointAlert] | None] = queue.Queue()
+        self._worker: threading.Thread | None = None
 
     def on_event(self, event: CheckpointEvent) -> None:
+        """Queue the event's alerts for the sending thread: a slow notifier (a chat service's
+        timeout) must not hold up the coordinator loop that triggers and expires checkpoints."""
         for alert in alerts_of(event, self.pipeline, self.url):
             self.sent.append(alert)
             log.warning("checkpoint alert %s: %s", alert.kind, alert.message)
             for notifier in [*self.notifiers.get(alert.kind, ()), *self.notifiers.get("all", ())]:
-                self._send(notifier, alert)
+                self._queue.put((notifier, alert))
+                if self._worker is None or not self._worker.is_alive():
+                    self._worker = threading.Thread(
+                        target=self._run, name=f"ckpt-alerts-{self.pipeline}", daemon=True
+                    )
+                    self._worker.start()
+
+    def close(self, timeout: float = 30) -> None:
+        """Wait, up to ``timeout`` seconds, for the queued alerts to be sent: the try's last ones
+        (the job failing) go out before the task ends."""
+        worker = self._worker
+        if worker is not None and worker.is_alive():
+            self._queue.put(None)
+            worker.join(timeout)
+            if worker.is_alive():
+                log.warning("checkpoint alerts: notifiers still sending after %.0f s", timeout)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            self._send(*item)
 
     def _send(self, notifier: Notifier, alert: CheckpointAlert) -> None:
         """Airflow's notifiers render their templated fields in place, once: each alert gets a

@@ -234,10 +234,6 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.log import mask_secret
 
-        from checkpointing.coordination.attempt import coordinate_attempt
-        from checkpointing.restore.recovery import pipeline_plan
-        from checkpointing.state.storage import CheckpointStorage
-
         spec = self.load_spec()
         ti = context["ti"]
         url = self.metastore_url()
@@ -245,6 +241,30 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         metastore = open_metastore(url)
         storage_url = self.storage_for(spec)
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        try:
+            self._coordinate(context, spec, metastore, url, storage_url, attempt)
+        finally:
+            alerting = getattr(self, "_alerting", None)
+            if alerting is not None:
+                alerting.close()  # the try's last alerts are sent before the task ends
+        return self._outcome(spec, metastore, attempt)
+
+    def _coordinate(
+        self,
+        context: Context,
+        spec: PipelineSpec,
+        metastore: Metastore,
+        url: str,
+        storage_url: str,
+        attempt: str,
+    ) -> None:
+        """Plan the try, then run it under ``coordinate_attempt`` (the coordinator loop, the
+        stats tracker) with spark-submit."""
+        from checkpointing.coordination.attempt import coordinate_attempt
+        from checkpointing.restore.recovery import pipeline_plan
+        from checkpointing.state.storage import CheckpointStorage
+
+        ti = context["ti"]
         restore, parallelism = self.plan_try(context, spec, metastore, storage_url)
         with coordinate_attempt(
             spec.job,
@@ -272,7 +292,6 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             self.py_files = _with_py_files(self.py_files, spec.py_files)
             secrets = self.prepare_submit(self._driver_env(url, storage_url))
             self.submit(context, spec, metastore, secrets)
-        return self._outcome(spec, metastore, attempt)
 
     def stats_tracker(
         self, context: Context, spec: PipelineSpec, metastore: Metastore, attempt: str
@@ -289,8 +308,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self._lineage = TryLineage(attempt)
         listeners: list[Any] = [CheckpointMetrics(spec.job), self._lineage]
         if self.alerts:
-            page = checkpoints_page(spec.job)
-            listeners.append(CheckpointAlerts(spec.job, self.alerts, context, page))
+            self._alerting = CheckpointAlerts(
+                spec.job, self.alerts, context, checkpoints_page(spec.job)
+            )
+            listeners.append(self._alerting)
         return CheckpointStatsTracker(
             spec.job,
             metastore,
