@@ -3,9 +3,10 @@ OpenLineage provider, which calls the operator's ``get_openlineage_facets_on_*``
 Airflow Asset of its sink, the pipeline task's outlet, for data-aware scheduling downstream.
 
 Datasets follow OpenLineage's naming: a local path is namespace ``file``, an S3 prefix namespace
-``s3://bucket`` with the key prefix as name (a source's glob is cut at its directory), an Iceberg
-table the warehouse's namespace with ``namespace.table`` as name. The run facet ``checkpointing``
-carries what the try restored and checkpointed (:class:`CheckpointRunFacet`).
+``s3://bucket`` with the key prefix as name (a source's glob is cut at its directory); an Iceberg
+table is named by its location, with ``namespace.table`` in its ``symlinks`` facet. The run
+facet ``checkpointing`` carries what the try restored and checkpointed
+(:class:`CheckpointRunFacet`).
 """
 
 from __future__ import annotations
@@ -120,11 +121,18 @@ def sink_location(spec: PipelineSpec) -> str:
 
 
 def output_dataset(spec: PipelineSpec) -> OutputDataset:
-    if spec.sink.format == "iceberg" and spec.sink.table:
-        namespace, _ = dataset_name(spec.resolve(spec.sink.path))
-        return OutputDataset(namespace=namespace, name=spec.sink.table)
+    """The sink by its location (as OpenLineage's Spark integration names tables); an Iceberg
+    table also by its name, a ``symlinks`` facet of type TABLE."""
     namespace, name = dataset_name(sink_location(spec))
-    return OutputDataset(namespace=namespace, name=name)
+    if spec.sink.format != "iceberg" or not spec.sink.table:
+        return OutputDataset(namespace=namespace, name=name)
+    from openlineage.client.generated.symlinks_dataset import Identifier, SymlinksDatasetFacet
+
+    warehouse, _ = dataset_name(spec.resolve(spec.sink.path))
+    table = Identifier(namespace=warehouse, name=spec.sink.table, type="TABLE")
+    return OutputDataset(
+        namespace=namespace, name=name, facets={"symlinks": SymlinksDatasetFacet([table])}
+    )
 
 
 def sink_asset(spec: PipelineSpec) -> Asset:
