@@ -7,6 +7,7 @@ A listener or metrics backend that fails changes nothing in the attempt."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -331,3 +332,75 @@ def test_every_metric_and_alert_kind_is_documented() -> None:
     section = docs.split("## Alerts, metrics and lineage", 1)[1].split("\n## ", 1)[0]
     assert [m for m in METRICS if f"`{PREFIX}.{m}`" not in section] == []
     assert [k for k in ALERT_KINDS if f"| `{k}` |" not in section] == []
+
+
+@pytest.fixture
+def otlp() -> Iterator[list[Any]]:
+    """An OTLP/HTTP metrics receiver on loopback (what an OpenTelemetry collector is to Airflow),
+    and Airflow's Stats exporting to it (``[metrics] otel_on``); the requests it got, decoded."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from airflow.sdk._shared.observability.metrics.base_stats_logger import NoStatsLogger
+    from airflow.sdk.observability.metrics.stats_utils import get_stats_factory
+    from airflow.sdk.observability.stats import Stats
+    from opentelemetry import metrics
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    requests: list[Any] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            requests.append(ExportMetricsServiceRequest.FromString(body))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AIRFLOW__METRICS__STATSD_ON", "False")
+        mp.setenv("AIRFLOW__METRICS__OTEL_ON", "True")
+        mp.setenv("AIRFLOW__METRICS__OTEL_HOST", "127.0.0.1")
+        mp.setenv("AIRFLOW__METRICS__OTEL_PORT", str(server.server_address[1]))
+        mp.setenv("AIRFLOW__METRICS__OTEL_INTERVAL_MILLISECONDS", "600000")
+        Stats.initialize(factory=get_stats_factory(), export_legacy_names=False)
+        try:
+            yield requests
+        finally:
+            Stats.initialize(factory=NoStatsLogger, export_legacy_names=False)
+            provider = metrics.get_meter_provider()
+            if hasattr(provider, "shutdown"):
+                provider.shutdown()
+            server.shutdown()
+
+
+def test_the_metrics_reach_an_opentelemetry_collector_with_the_pipeline_as_attribute(
+    otlp: list[Any],
+) -> None:
+    from opentelemetry import metrics
+
+    stats = CheckpointMetrics(JOB)
+    stats.on_event(CheckpointCompleted(JOB, 7, "CHECKPOINT", 1.5, 4096, 1024, "file:///c/chk-7"))
+    stats.on_event(CheckpointFailed(JOB, 8, "CHECKPOINT", "CHECKPOINT_EXPIRED", None, 1))
+    metrics.get_meter_provider().force_flush()  # type: ignore[attr-defined]
+    points: dict[str, list[dict[str, str]]] = {}
+    for request in otlp:
+        for resource in request.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    data = getattr(metric, metric.WhichOneof("data"))
+                    points.setdefault(metric.name, []).extend(
+                        {a.key: a.value.string_value for a in p.attributes}
+                        for p in data.data_points
+                    )
+    assert {"pipeline": JOB} in points["airflow.ckpt.checkpoints.completed"]
+    assert {"pipeline": JOB, "reason": "CHECKPOINT_EXPIRED"} in points[
+        "airflow.ckpt.checkpoints.failed"
+    ]
+    assert {"pipeline": JOB} in points["airflow.ckpt.checkpoint.duration"]
+    assert {"pipeline": JOB} in points["airflow.ckpt.checkpoint.size"]
