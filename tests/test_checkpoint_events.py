@@ -158,6 +158,26 @@ def test_completions_declines_and_the_failure_threshold_become_events_and_statsd
     assert f"airflow.ckpt.checkpoint.last_completed_age.{JOB}:10.0|g" in lines
 
 
+def test_a_job_failed_on_checkpoint_failures_is_reported_though_its_count_was_reset(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
+) -> None:
+    """The driver fails the job; the operator's loop then stops the scheduler, which resets the
+    count, possibly before the watch polls: the job's failure cause still says it."""
+    coord = new_coordinator(metastore, storage, clock, failures=[], tolerable_failures=0)
+    coord.activate()
+    recorder = Recorder()
+    tracker = CheckpointStatsTracker(JOB, metastore, "a0", [recorder])
+    tracker.start()
+    pending = coord.trigger_checkpoint()
+    coord.receive_decline(pending.checkpoint_id, pending.tasks[0].attempt_id)
+    coord.stop_scheduler()  # resets the consecutive failures
+    tracker.poll()
+    (exceeded,) = recorder.of(TolerableFailuresExceeded)
+    assert (exceeded.count, exceeded.tolerable_failures) == (1, 0)
+    tracker.poll()
+    assert len(recorder.of(TolerableFailuresExceeded)) == 1
+
+
 def test_a_restore_that_skipped_a_corrupt_checkpoint_and_rescaled_is_reported_with_its_cost(
     metastore: Metastore,
     storage: FileSystemCheckpointStorage,

@@ -28,6 +28,7 @@ from checkpointing.coordination.events import (
     Restored,
     TolerableFailuresExceeded,
 )
+from checkpointing.coordination.failure import TOLERABLE_FAILURES_EXCEEDED
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Checkpoint, CheckpointTask, Job, RestoreEvent
 from checkpointing.metastore.outcome import epochs_done
@@ -66,6 +67,8 @@ class CheckpointStatsTracker:
         self._restore_reported = False
         self._alerted_failures = False
         self._exceeded_reported = False
+        #: the job's failure cause when the watch started: a new one is this attempt's
+        self._initial_cause: str | None = None
         #: (time, epochs done) of the last progress point: the restore, then each completion
         self._progress: tuple[datetime, int] | None = None
 
@@ -74,6 +77,7 @@ class CheckpointStatsTracker:
         with self.metastore.transaction() as s:
             job = s.get(Job, self.job_id)
             self._floor = job.next_checkpoint_id if job is not None else 1
+            self._initial_cause = job.failure_cause if job is not None else None
             self._alerted_failures = bool(
                 job is not None
                 and self.failure_alert_threshold is not None
@@ -199,11 +203,19 @@ class CheckpointStatsTracker:
                     last[1] if last else None,
                 )
             )
-        if count > job.tolerable_failures and not self._exceeded_reported:
+        # the cause too: a coordinator stopping the failed job resets the count at once
+        cause = job.failure_cause
+        failed = bool(
+            cause and cause != self._initial_cause and TOLERABLE_FAILURES_EXCEEDED in cause
+        )
+        if (count > job.tolerable_failures or failed) and not self._exceeded_reported:
             self._exceeded_reported = True
             events.append(
                 TolerableFailuresExceeded(
-                    self.job_id, count, job.tolerable_failures, job.failure_cause
+                    self.job_id,
+                    max(count, job.tolerable_failures + 1),
+                    job.tolerable_failures,
+                    cause,
                 )
             )
         return events
