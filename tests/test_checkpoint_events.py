@@ -404,7 +404,7 @@ def test_the_metrics_reach_an_opentelemetry_collector_with_the_pipeline_as_attri
 ) -> None:
     from opentelemetry import metrics
 
-    stats = CheckpointMetrics(JOB)
+    stats = CheckpointMetrics(JOB, legacy_names=False)  # the pipeline is an attribute here
     stats.on_event(CheckpointCompleted(JOB, 7, "CHECKPOINT", 1.5, 4096, 1024, "file:///c/chk-7"))
     stats.on_event(CheckpointFailed(JOB, 8, "CHECKPOINT", "CHECKPOINT_EXPIRED", None, 1))
     metrics.get_meter_provider().force_flush()  # type: ignore[attr-defined]
@@ -424,3 +424,4 @@ def test_the_metrics_reach_an_opentelemetry_collector_with_the_pipeline_as_attri
     ]
     assert {"pipeline": JOB} in points["airflow.ckpt.checkpoint.duration"]
     assert {"pipeline": JOB} in points["airflow.ckpt.checkpoint.size"]
+    assert not [name for name in points if JOB in name]  # no per-pipeline names

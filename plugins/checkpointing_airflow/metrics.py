@@ -6,8 +6,9 @@ The operator's coordinator loop watches its attempt
 :class:`CheckpointMetrics` turns the events into Flink's checkpoint metrics, under the prefix
 :data:`PREFIX` (after Airflow's own ``statsd_prefix``). Every metric is sent twice, like Airflow's
 own: once by its name with the tag ``pipeline`` (and ``reason`` for failures), for backends that
-keep tags (OpenTelemetry, Datadog, StatsD with InfluxDB tags), and once with the pipeline (and
-reason) appended to the name, for plain StatsD. docs/operations.md lists them.
+keep tags (OpenTelemetry, Datadog, StatsD with InfluxDB tags), and, while Airflow's
+``[metrics] legacy_names_on`` is true (its default), once more with the pipeline (and reason)
+appended to the name, for plain StatsD. docs/operations.md lists them.
 """
 
 from __future__ import annotations
@@ -68,11 +69,18 @@ class CheckpointMetrics:
     event's metrics through ``Stats``; a backend that fails is logged, never raised.
 
     :param pipeline: the tag (and name suffix) of every metric: the job id.
+    :param legacy_names: also send the names with the pipeline appended; default: Airflow's
+        ``[metrics] legacy_names_on``.
     """
 
-    def __init__(self, pipeline: str, stats: Any = None) -> None:
+    def __init__(self, pipeline: str, stats: Any = None, legacy_names: bool | None = None) -> None:
         self.pipeline = pipeline
         self.stats = stats
+        if legacy_names is None:
+            from airflow.sdk.configuration import conf
+
+            legacy_names = conf.getboolean("metrics", "legacy_names_on", fallback=True)
+        self.legacy_names = legacy_names
 
     def on_event(self, event: CheckpointEvent) -> None:
         try:
@@ -134,16 +142,19 @@ class CheckpointMetrics:
         extra = {**(tags or {}), **({"reason": reason} if reason else {})}
         tagged, plain = self._names(name, reason)
         stats.incr(tagged, tags=self._tags(extra))
-        stats.incr(plain)
+        if self.legacy_names:
+            stats.incr(plain)
 
     def gauge(self, name: str, value: float) -> None:
         stats = self.stats or _stats()
         tagged, plain = self._names(name)
         stats.gauge(tagged, value, tags=self._tags(None))
-        stats.gauge(plain, value)
+        if self.legacy_names:
+            stats.gauge(plain, value)
 
     def timing(self, name: str, seconds: float) -> None:
         stats = self.stats or _stats()
         tagged, plain = self._names(name)
         stats.timing(tagged, timedelta(seconds=seconds), tags=self._tags(None))
-        stats.timing(plain, timedelta(seconds=seconds))
+        if self.legacy_names:
+            stats.timing(plain, timedelta(seconds=seconds))
