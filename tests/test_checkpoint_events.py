@@ -6,6 +6,7 @@ A listener or metrics backend that fails changes nothing in the attempt."""
 
 from __future__ import annotations
 
+import atexit
 import socket
 import threading
 import time
@@ -360,6 +361,7 @@ def otlp() -> Iterator[list[Any]]:
     and Airflow's Stats exporting to it (``[metrics] otel_on``); the requests it got, decoded."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+    from airflow.sdk._shared.observability.metrics import otel_logger
     from airflow.sdk._shared.observability.metrics.base_stats_logger import NoStatsLogger
     from airflow.sdk.observability.metrics.stats_utils import get_stats_factory
     from airflow.sdk.observability.stats import Stats
@@ -393,6 +395,8 @@ def otlp() -> Iterator[list[Any]]:
             yield requests
         finally:
             Stats.initialize(factory=NoStatsLogger, export_legacy_names=False)
+            # Airflow flushes its meter provider at exit: not this one, shut down now
+            atexit.unregister(otel_logger.flush_otel_metrics)
             provider = metrics.get_meter_provider()
             if hasattr(provider, "shutdown"):
                 provider.shutdown()
