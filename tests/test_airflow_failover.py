@@ -19,9 +19,13 @@ tries."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,12 +46,52 @@ from tests.entry_points import package_zip
 
 FILES = 4
 
-#: the pipelines DAG of one spec, as the DAG factory builds it; the first try crashes
+#: the pipelines DAG of one spec, as the DAG factory builds it; the first try crashes. Every
+#: checkpoint alert goes to a notifier that raises and to one that writes it to a file (issue 26)
 DAG = """
+from airflow.sdk import BaseNotifier
+
 from checkpointing.pipeline.spec import load_spec
 from checkpointing_airflow.dag_factory import build_pipeline_dag
 
-dag = build_pipeline_dag(load_spec({spec!r}), operator_args={{"fail_first_try_after_epochs": 2}})
+
+class FileNotifier(BaseNotifier):
+    template_fields = ("text",)
+
+    def __init__(self, path, text):
+        super().__init__()
+        self.path, self.text = path, text
+
+    def notify(self, context):
+        with open(self.path, "a") as out:
+            out.write(self.text + "\\n")
+
+
+class BrokenNotifier(BaseNotifier):
+    def notify(self, context):
+        raise ConnectionError("the chat service is down")
+
+
+dag = build_pipeline_dag(
+    load_spec({spec!r}),
+    operator_args={{
+        "fail_first_try_after_epochs": 2,
+        "alerts": [
+            BrokenNotifier(),
+            FileNotifier({alerts!r}, "{{{{ checkpoint_alert.kind }}}}|{{{{ checkpoint_alert }}}}"),
+        ],
+    }},
+)
+"""
+#: a DAG scheduled on the pipeline's sink (its task's Asset outlet)
+DOWNSTREAM = """
+from datetime import datetime
+
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG, Asset
+
+with DAG("after_py_events", schedule=[Asset({uri!r})], start_date=datetime(2026, 1, 1)):
+    EmptyOperator(task_id="read")
 """
 #: the job ``ckpt_example.jobs:build`` returns: events/*.parquet → per-user AGGS → out
 JOB = "py_events"
@@ -102,15 +146,72 @@ def run_lines(result: subprocess.CompletedProcess) -> list[str]:
     return re.findall(r"job \S+ finished: .*", result.stdout + result.stderr)
 
 
+class StatsD:
+    """A StatsD server on loopback: a thread keeps every line received."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.received: list[str] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._receive, daemon=True)
+        self.thread.start()
+
+    def _receive(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                data, _ = self.sock.recvfrom(65536)
+            except TimeoutError:
+                continue
+            self.received += data.decode(errors="replace").splitlines()
+
+    def lines(self) -> list[str]:
+        return list(self.received)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def statsd() -> Iterator[StatsD]:
+    server = StatsD()
+    yield server
+    server.close()
+
+
 def test_a_crashed_try_is_retried_from_the_latest_checkpoint_at_another_parallelism(
-    airflow: AirflowHome, events: Path, tmp_path: Path
+    airflow: AirflowHome, events: Path, tmp_path: Path, statsd: StatsD
 ) -> None:
     parallelism_on_retry = 3  # the Pipeline's parallelism is 2
     job = JOB
     spec = write_python_pipeline(
         tmp_path, events, retries=2, retry_delay="1s", parallelism_on_retry=parallelism_on_retry
     )
-    airflow.write_dag(job, DAG.format(spec=str(spec)))
+    alerts, lineage = tmp_path / "alerts.txt", tmp_path / "lineage.jsonl"
+    sink_uri = (tmp_path / "out").as_uri()
+    airflow.write_dag(job, DAG.format(spec=str(spec), alerts=str(alerts)))
+    airflow.write_dag("after_py_events", DOWNSTREAM.format(uri=sink_uri))
+    # issue 26: metrics to a StatsD listener, lineage to OpenLineage's file transport
+    airflow.env.update(
+        {
+            "AIRFLOW__METRICS__STATSD_ON": "True",
+            "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
+            "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+                {"type": "file", "log_file_path": str(lineage), "append": True}
+            ),
+        }
+    )
+    started = time.monotonic()
+    reserialized = airflow.run("dags", "reserialize")  # the downstream DAG's asset schedule
+    print(f"airflow dags reserialize took {time.monotonic() - started:.1f} s")
+    assert reserialized.returncode == 0, reserialized.stderr[-3000:]
+    unpaused = airflow.run("dags", "unpause", "after_py_events")  # new DAGs start paused
+    assert unpaused.returncode == 0, unpaused.stderr[-3000:]
     result = airflow.dags_test(job)
     logs = result.stdout + result.stderr
     assert result.returncode == 0, logs[-4000:]
@@ -151,6 +252,59 @@ def test_a_crashed_try_is_retried_from_the_latest_checkpoint_at_another_parallel
     aborted = views.list_checkpoints(metastore, job, status="ABORTED")
     assert all(c["failure_reason"] != "CHECKPOINT_EXPIRED" for c in aborted)
     assert_exactly_once(tmp_path / "out", events, AGGS)
+
+    # issue 26: the rescaled restore was an alert (the notifier that raised changed nothing)
+    (rescaled,) = alerts.read_text().splitlines()
+    assert rescaled.startswith(
+        f"restore_rescaled|pipeline {job}: attempt {by_status['RESTORED']['attempt']} restored "
+        f"checkpoint 2 at parallelism {parallelism_on_retry} (taken at 2). Checkpoints: "
+    ), rescaled
+    assert f"/checkpoints/ui/?pipeline={job}" in rescaled
+    assert "the chat service is down" in logs
+    # the tries' checkpoint metrics reached StatsD, by pipeline
+    lines = statsd.lines()
+    for line in (
+        f"airflow.ckpt.checkpoints.completed.{job}:1|c",
+        f"airflow.ckpt.restores.{job}:1|c",
+        f"airflow.ckpt.restore.epochs_redone.{job}:0|g",
+    ):
+        assert line in lines, sorted(x for x in lines if ".ckpt." in x)
+    assert any(x.startswith(f"airflow.ckpt.checkpoint.duration.{job}:") for x in lines)
+    assert any(x.startswith(f"airflow.ckpt.restore.duration.{job}:") for x in lines)
+    # OpenLineage: START and FAIL of try 1, START and COMPLETE of try 2, with the datasets and
+    # the checkpointing facet of what try 2 restored
+    # one event a line (not splitlines(): the DAG's documentation holds other line breaks)
+    emitted = [json.loads(line) for line in lineage.read_text().split("\n") if line]
+    runs = [e for e in emitted if e["job"]["name"] == f"{job}.run"]
+    assert [e["eventType"] for e in runs] == ["START", "FAIL", "START", "COMPLETE"], runs
+    complete = runs[-1]
+    assert [(d["namespace"], d["name"]) for d in complete["outputs"]] == [
+        ("file", str(tmp_path / "out"))
+    ]
+    assert [(d["namespace"], d["name"]) for d in complete["inputs"]] == [
+        ("file", str(events))  # the spec's events/ is a link to them
+    ]
+    facet = complete["run"]["facets"]["checkpointing"]
+    assert (facet["restoredCheckpointId"], facet["parallelism"], facet["rescaledFrom"]) == (
+        2,
+        parallelism_on_retry,
+        2,
+    )
+    assert facet["epochsRedone"] == 0 and facet["epochsDone"] == 4 and facet["checkpoints"]
+    # the sink's Asset was updated: the scheduler runs the DAG scheduled on it
+    started = time.monotonic()
+    scheduled = airflow.run("scheduler", "--num-runs", "3", timeout=300)
+    print(f"the scheduler's 3 loops took {time.monotonic() - started:.1f} s")
+    assert scheduled.returncode == 0, scheduled.stderr[-3000:]
+    airflow_db = create_engine(airflow.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    try:
+        with airflow_db.connect() as conn:
+            run_types = conn.execute(
+                text("SELECT run_type FROM dag_run WHERE dag_id = 'after_py_events'")
+            ).scalars()
+            assert list(run_types) == ["asset_triggered"], scheduled.stdout[-3000:]
+    finally:
+        airflow_db.dispose()
 
 
 def test_an_interval_dag_run_refreshes_its_interval_and_its_retry_resumes_the_refresh(

@@ -48,7 +48,7 @@ def test_a_session_token_connection_reaches_spark_submit_by_environment_only(
 ) -> None:
     from airflow.sdk._shared.secrets_masker import redact
 
-    from checkpointing_airflow import operators
+    from checkpointing_airflow import driver_secrets
     from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
 
     monkeypatch.setenv(
@@ -65,7 +65,7 @@ def test_a_session_token_connection_reaches_spark_submit_by_environment_only(
     with caplog.at_level(logging.DEBUG):
         env = op._driver_env("sqlite:////tmp/m.db", "s3://bucket/checkpoints")
         secrets = op.prepare_submit(env)
-        with operators._process_environment(secrets):
+        with driver_secrets.process_environment(secrets):
             op._hook.submit(op.application)
     assert env["AWS_ENDPOINT_URL"] == token_connection
     assert env["AWS_DEFAULT_REGION"] == "eu-west-1"

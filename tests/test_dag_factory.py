@@ -318,6 +318,16 @@ def test_a_spec_becomes_a_dag_named_after_its_job_with_its_deployment_fields(
         parallelism_on_retry=2,
         owner="data-eng",
         tags=["flights", "checkpointing"],
+        alerts={
+            "after_failures": 2,
+            "notifiers": [
+                {
+                    "notifier": "airflow.providers.smtp.notifications.smtp.SmtpNotifier",
+                    "args": {"to": "oncall@example.com", "subject": "{{ checkpoint_alert }}"},
+                    "on": ["checkpoint_failures", "restore_fallback"],
+                }
+            ],
+        },
     )
     assert sync_dag_files(tmp_path) == ([tmp_path / "routes.py"], [])
     spec = load_spec(spec_file)
@@ -338,6 +348,15 @@ def test_a_spec_becomes_a_dag_named_after_its_job_with_its_deployment_fields(
     assert run.parallelism_on_retry == 2
     assert run.metastore_conn_id == "checkpoint_metastore"
     assert run._conn_id == "spark_default"  # SparkSubmitOperator's Spark connection
+    # the spec's alerts: Airflow notifiers built from their import path, by alert kind
+    assert run.alert_after_failures == 2
+    assert set(run.alerts) == {"checkpoint_failures", "restore_fallback"}
+    (smtp,) = run.alerts["checkpoint_failures"]
+    assert type(smtp).__name__ == "SmtpNotifier" and smtp.to == "oncall@example.com"
+    # the pipeline's sink is the task's Asset outlet (data-aware scheduling downstream)
+    (outlet,) = run.outlets
+    assert outlet.uri == (tmp_path / spec.sink.path).resolve().as_uri()
+    assert outlet.extra == {"pipeline": "daily_routes", "format": "parquet"}
 
     # the trigger form's values reach the operator as it reads them
     env = dag.get_template_env()
@@ -398,6 +417,14 @@ def test_a_spec_becomes_a_dag_named_after_its_job_with_its_deployment_fields(
         (
             {"maintenance": {"schedule": "61 * * * *"}},
             r"routes\.yaml: maintenance\.schedule: .*out of range.*'61 \* \* \* \*'",
+        ),
+        (
+            {"alerts": {"notifiers": [{"notifier": "no_such.module.Notifier"}]}},
+            r"routes\.yaml: alerts\.notifiers: ModuleNotFoundError: No module named 'no_such'",
+        ),
+        (
+            {"alerts": {"notifiers": [{"notifier": "a.B", "on": ["checkpoint_failure"]}]}},
+            r"routes\.yaml: alerts\.notifiers\.0\.on: .*unknown alert kind\(s\) \['checkpoint_fail",
         ),
         (
             {"maintenance": {"vacuum_sink": True}},

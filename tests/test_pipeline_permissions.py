@@ -435,7 +435,7 @@ def test_a_deploy_from_another_jobs_state_needs_the_right_to_read_that_job(
 def test_secret_looking_variable_names_stay_off_the_command_line() -> None:
     """Issue 28: these names held credentials and went to spark-submit as ``--conf …Env.X=…``
     on YARN and Kubernetes; URLs, DSNs and connection strings embed them."""
-    from checkpointing_airflow.operators import is_secret_name
+    from checkpointing_airflow.driver_secrets import is_secret_name
 
     secret = [
         "DATABASE_URL",
@@ -491,7 +491,7 @@ def test_credentials_reach_the_driver_by_environment_never_on_the_command_line(
     from airflow.sdk._shared.secrets_masker import redact
     from airflow.sdk.exceptions import AirflowFailException
 
-    from checkpointing_airflow import operators
+    from checkpointing_airflow import driver_secrets
     from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
 
     password, aws_secret = "pw-7c1e9b2a", "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY"
@@ -530,7 +530,7 @@ def test_credentials_reach_the_driver_by_environment_never_on_the_command_line(
     }
     assert "CKPT_METASTORE_URL" not in (op.env_vars or {})
     assert op.env_vars["LOG_LEVEL"] == "INFO"  # the rest still goes the provider's way
-    with operators._process_environment(secrets):
+    with driver_secrets.process_environment(secrets):
         op._hook.submit(op.application)
     submitted = json.loads((tmp_path / "submitted.json").read_text())
     command_line = " ".join(submitted["argv"])

@@ -12,7 +12,8 @@ next attempt need not wait for it to expire.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 
@@ -20,10 +21,13 @@ from checkpointing.config import CheckpointConfig
 from checkpointing.coordination.coordinator import CheckpointCoordinator
 from checkpointing.coordination.coordinator_loop import CheckpointCoordinatorDeActivator
 from checkpointing.coordination.pending import TaskSpec
+from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
 from checkpointing.metastore import jobs
 from checkpointing.metastore.engine import Metastore
 from checkpointing.state.storage import CheckpointStorage
 from checkpointing.status import JobStatus
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -37,6 +41,7 @@ def coordinate_attempt(
     tasks: Sequence[TaskSpec],
     poll: timedelta | float,
     failover_reason: str,
+    stats_tracker: CheckpointStatsTracker | None = None,
 ) -> Iterator[CheckpointCoordinator]:
     """Be ``job_id``'s active coordinator, as ``attempt``, for the ``with`` block's duration.
 
@@ -50,6 +55,9 @@ def coordinate_attempt(
 
     :param attempt: the attempt id, used as the coordinator id: the attempt's own process acts
         under the same id (``CheckpointCoordinator.join``), so the two are one coordinator.
+    :param stats_tracker: watches the attempt: started once the job is registered, polled after
+        every pass of the loop and once more when the block ends (its last checkpoints, an
+        exceeded ``tolerable_failures``); its failures are logged, never raised.
     """
     planned = list(tasks)
 
@@ -59,9 +67,15 @@ def coordinate_attempt(
     coordinator = CheckpointCoordinator(
         job_id, metastore, storage, config, coordinator_id=attempt, plan_provider=running_tasks
     )
+    if stats_tracker is not None:
+        _watch(stats_tracker.start)
     coordinator.activate()  # a dead predecessor's pending checkpoints: coordinator failover
     loop = CheckpointCoordinatorDeActivator(
-        coordinator, poll, follow_job_status=True, name=f"ckpt-{job_id}"
+        coordinator,
+        poll,
+        follow_job_status=True,
+        name=f"ckpt-{job_id}",
+        after_pass=None if stats_tracker is None else stats_tracker.poll,
     )
     loop.start()
     try:
@@ -71,3 +85,14 @@ def coordinate_attempt(
         raise
     finally:
         loop.stop()
+        if stats_tracker is not None:
+            _watch(stats_tracker.poll)
+
+
+def _watch(step: Callable[[], object]) -> None:
+    """A step of the attempt's stats tracker: its failure (the metastore unreachable) is logged;
+    the attempt's outcome is the job's, never the watch's."""
+    try:
+        step()
+    except Exception:
+        log.exception("checkpoint stats tracker failed")

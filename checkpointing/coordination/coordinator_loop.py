@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -40,6 +41,9 @@ class CheckpointCoordinatorDeActivator:
     :param follow_job_status: read the job's status each pass and start/stop periodic
         checkpointing on RUNNING/not RUNNING, passing only while RUNNING; the first pass comes
         after one ``poll``. Without it every pass runs at once and ``wake`` shortens the wait.
+    :param after_pass: called after every pass, whatever the job's status (the attempt's
+        :class:`~checkpointing.coordination.stats_tracker.CheckpointStatsTracker` polls there);
+        an exception out of it is logged and the loop goes on.
     """
 
     def __init__(
@@ -49,8 +53,10 @@ class CheckpointCoordinatorDeActivator:
         *,
         follow_job_status: bool = False,
         name: str | None = None,
+        after_pass: Callable[[], object] | None = None,
     ) -> None:
         self.coordinator = coordinator
+        self.after_pass = after_pass
         self.poll = poll.total_seconds() if isinstance(poll, timedelta) else float(poll)
         self.follow_job_status = follow_job_status
         self._stop = threading.Event()
@@ -92,6 +98,11 @@ class CheckpointCoordinatorDeActivator:
                 return
             except Exception:  # a dying loop would silently stop checkpointing
                 log.exception("job %s: coordinator pass failed", self.coordinator.job_id)
+            if self.after_pass is not None:
+                try:
+                    self.after_pass()
+                except Exception:  # watching the job never stops coordinating it
+                    log.exception("job %s: after-pass hook failed", self.coordinator.job_id)
             self._wait()
 
     def run_pass(self) -> None:

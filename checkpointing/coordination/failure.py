@@ -113,6 +113,10 @@ class CoordinatorSuperseded(CheckpointException):
         self.successor = successor
 
 
+#: what the job's ``failure_cause`` says when failures exceeded ``tolerable_failures``
+TOLERABLE_FAILURES_EXCEEDED = "exceeded checkpoint tolerable failure threshold"
+
+
 class TolerableFailuresExceeded(CheckpointingError):
     """More consecutive checkpoint failures than ``tolerable_failures``: the job must fail."""
 
@@ -186,7 +190,7 @@ class CheckpointFailureManager:
         )
         if count > self.tolerable_failures:
             return TolerableFailuresExceeded(
-                f"job {self.job_id}: exceeded checkpoint tolerable failure threshold "
+                f"job {self.job_id}: {TOLERABLE_FAILURES_EXCEEDED} "
                 f"({count} consecutive failures > tolerable_failures={self.tolerable_failures}); "
                 f"last: {reason.value}"
             )

@@ -37,6 +37,7 @@ from checkpointing.config import (
 from checkpointing.errors import ConfigError, SpecError
 from checkpointing.ids import validate_id
 from checkpointing.pipeline.aggregation_spec import AGGREGATE_FUNCTIONS, Aggregation
+from checkpointing.pipeline.alerts_spec import AlertsSpec
 from checkpointing.pipeline.columns import as_list, check_columns, is_identifier
 from checkpointing.pipeline.interval import DataInterval, Scope, check_job_name
 from checkpointing.pipeline.maintenance_spec import MaintenanceSpec
@@ -237,6 +238,8 @@ class PipelineSpec(BaseModel):
     catchup: bool = Field(default=False, strict=True)
     #: scheduled garbage collection, the DAG ``<job>__maintenance``; none: no such DAG
     maintenance: MaintenanceSpec | None = None
+    #: notifiers for checkpoint trouble, restores and savepoints (the pipeline DAG's task)
+    alerts: AlertsSpec | None = None
     #: where the spec was loaded from (set by :func:`load_spec`, not part of the file)
     spec_path: Path | None = Field(default=None, exclude=True)
     #: what its entry points resolved to (set by :func:`load_spec`)

@@ -150,6 +150,8 @@ class RunRestore:
         if detail is not None:  # e.g. the table brought back to what the checkpoint committed
             log.info("sink: %s", detail)
             assignment = {**(assignment or {}), "sink": detail}
+        # how long the restore took, for the watching operator's metrics (restore_duration)
+        assignment = {**(assignment or {}), "restore_s": round(time.monotonic() - started, 3)}
         lookup.record_restore(
             self.metastore,
             decision,

@@ -6,10 +6,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,45 +16,25 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from checkpointing.metastore.jobs import storage_url_for_run
 from checkpointing_airflow.attempts import attempt_id, run_started
 from checkpointing_airflow.aws_credentials import aws_environment
+from checkpointing_airflow.driver_secrets import (
+    is_secret_name,
+    mask_url_password,
+    process_environment,
+)
 from checkpointing_airflow.hooks import CheckpointMetastoreHook, open_metastore
 from checkpointing_airflow.links import CheckpointsLink
 from checkpointing_airflow.spark_submit_internals import submit_returncode, submit_target
 
 if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.sdk import Context
 
+    from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
     from checkpointing.metastore.engine import Metastore
     from checkpointing.pipeline.spec import PipelineSpec
     from checkpointing.restore.recovery import RecoveryPlan
 
 log = logging.getLogger(__name__)
-
-#: driver variables that hold credentials: never on a command line, always masked in logs
-SECRET_ENV = frozenset(
-    {"CKPT_METASTORE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
-)
-#: further variable names taken for credentials (``env_vars`` given to the operator): a name
-#: that may hold one goes to spark-submit's environment rather than its command line, so
-#: erring on the side of a secret costs nothing in client mode. Passwords (``PASS``, ``PWD``),
-#: keys (``KEY``, ``APIKEY``), tokens and auth, and URLs, DSNs and connection strings, which
-#: embed credentials (``DATABASE_URL``, ``SENTRY_DSN``, ``…_CONNECTION_STRING``).
-_SECRET_NAME = re.compile(
-    r"SECRET|PASS|PWD|TOKEN|CREDENTIAL|PRIVATE|KEY|AUTH|COOKIE|SESSION|SIGNATURE"
-    r"|DSN|(^|_)UR[LI]S?($|_)|CONN(ECTION)?($|_)|CONNECTION_?STR|(^|_)SAS($|_)",
-    re.IGNORECASE,
-)
-
-
-#: the driver's own variables that look like credentials but are not (a bucket and prefix,
-#: needed in the task log to find the checkpoints)
-PUBLIC_ENV = frozenset({"CKPT_STORAGE_URL"})
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether an environment variable's name says it holds a credential."""
-    if name in PUBLIC_ENV:
-        return False
-    return name in SECRET_ENV or bool(_SECRET_NAME.search(name))
 
 
 def spark_application() -> str:
@@ -123,6 +101,15 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         (:func:`~checkpointing_airflow.permissions.authorize_trigger`). The pipeline DAGs of
         specs set it; a deployment whose auth manager a task cannot ask turns it off in the
         spec DAGs' ``operator_args``.
+    :param alerts: Airflow notifiers (any ``BaseNotifier``, or a callable taking the context)
+        for checkpoint trouble, restores and savepoints: one or a list hears every alert; a
+        mapping names the kinds (``checkpoint_failures``, ``tolerable_failures_exceeded``,
+        ``restore_fallback``, ``restore_rescaled``, ``savepoint_completed``,
+        ``savepoint_failed``, or ``all``). The context has ``checkpoint_alert`` (its
+        ``message`` names the pipeline, the checkpoint, the reason and the Checkpoints page).
+        A notifier that raises is logged; it never fails the job.
+    :param alert_after_failures: consecutive checkpoint failures that raise
+        ``checkpoint_failures`` (once per run of failures).
 
     :param interval_start: a ``scope: interval`` spec's data interval start (ISO 8601; the
         pipeline DAGs pass their run's ``data_interval_start``): the try runs that interval's
@@ -133,11 +120,14 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         so a retry resumes the refresh from its own checkpoints, never from older ones.
         (templated)
 
+    While it runs the task also reports the try's checkpoint metrics through Airflow's
+    ``Stats`` (:mod:`checkpointing_airflow.metrics`, names under ``ckpt.``).
+
     Credentials (the metastore URL, AWS keys, any ``env_vars`` whose name looks like one:
-    :func:`is_secret_name`) reach the driver through spark-submit's process environment only,
-    never as ``--conf`` arguments (which the Spark provider makes of ``env_vars`` on YARN and
-    Kubernetes, visible in ``ps``). A deploy mode whose driver runs elsewhere (``cluster``)
-    cannot get them that way and is refused with the reason.
+    :mod:`checkpointing_airflow.driver_secrets`) reach the driver through spark-submit's
+    process environment only, never as ``--conf`` arguments (which the Spark provider makes of
+    ``env_vars`` on YARN and Kubernetes, visible in ``ps``). A deploy mode whose driver runs
+    elsewhere (``cluster``) cannot get them that way and is refused with the reason.
     """
 
     template_fields: Sequence[str] = (
@@ -175,8 +165,11 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         interval_start: str | None = None,
         interval_end: str | None = None,
         full_refresh: bool | str = False,
+        alerts: Mapping[str, Any] | Sequence[Any] | Any | None = None,
+        alert_after_failures: int = 1,
         **kwargs: Any,
     ) -> None:
+        from checkpointing_airflow.alerts import normalize_alerts
         from checkpointing_airflow.callbacks import job_failed, restore_from_latest
 
         kwargs["on_retry_callback"] = _with(restore_from_latest, kwargs.get("on_retry_callback"))
@@ -200,6 +193,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.interval_start = interval_start
         self.interval_end = interval_end
         self.full_refresh = full_refresh
+        self.alerts = normalize_alerts(alerts)
+        self.alert_after_failures = alert_after_failures
 
     # ------------------------------------------------------------------ what this try runs
 
@@ -260,10 +255,6 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.log import mask_secret
 
-        from checkpointing.coordination.attempt import coordinate_attempt
-        from checkpointing.restore.recovery import pipeline_plan
-        from checkpointing.state.storage import CheckpointStorage
-
         spec = self.load_spec()
         ti = context["ti"]
         url = self.metastore_url()
@@ -271,6 +262,30 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         metastore = open_metastore(url)
         storage_url = self.storage_for(spec)
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        try:
+            self._coordinate(context, spec, metastore, url, storage_url, attempt)
+        finally:
+            alerting = getattr(self, "_alerting", None)
+            if alerting is not None:
+                alerting.close()  # the try's last alerts are sent before the task ends
+        return self._outcome(spec, metastore, attempt)
+
+    def _coordinate(
+        self,
+        context: Context,
+        spec: PipelineSpec,
+        metastore: Metastore,
+        url: str,
+        storage_url: str,
+        attempt: str,
+    ) -> None:
+        """Plan the try, then run it under ``coordinate_attempt`` (the coordinator loop, the
+        stats tracker) with spark-submit."""
+        from checkpointing.coordination.attempt import coordinate_attempt
+        from checkpointing.restore.recovery import pipeline_plan
+        from checkpointing.state.storage import CheckpointStorage
+
+        ti = context["ti"]
         restore, parallelism = self.plan_try(context, spec, metastore, storage_url)
         with coordinate_attempt(
             spec.job,
@@ -281,6 +296,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             tasks=pipeline_plan(attempt, parallelism, spec.max_parallelism),
             poll=self.coordinator_poll,
             failover_reason=f"try {ti.try_number} ({attempt}) failed",
+            stats_tracker=self.stats_tracker(context, spec, metastore, attempt),
         ):
             self.log.info(
                 "job %s: try %d as coordinator %s, restore %s, parallelism %d",
@@ -297,7 +313,56 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             self.py_files = _with_py_files(self.py_files, spec.py_files)
             secrets = self.prepare_submit(self._driver_env(url, storage_url))
             self.submit(context, spec, metastore, secrets)
-        return self._outcome(spec, metastore, attempt)
+
+    def stats_tracker(
+        self, context: Context, spec: PipelineSpec, metastore: Metastore, attempt: str
+    ) -> CheckpointStatsTracker:
+        """What watches this try's checkpoints and restore from the coordinator loop: its events
+        become metrics (:mod:`~checkpointing_airflow.metrics`), alerts to the notifiers
+        (:mod:`~checkpointing_airflow.alerts`) and the lineage facet of the try."""
+        from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
+        from checkpointing_airflow.alerts import CheckpointAlerts
+        from checkpointing_airflow.lineage import TryLineage
+        from checkpointing_airflow.links import checkpoints_page
+        from checkpointing_airflow.metrics import CheckpointMetrics
+
+        self._lineage = TryLineage(attempt)
+        listeners: list[Any] = [CheckpointMetrics(spec.job), self._lineage]
+        if self.alerts:
+            self._alerting = CheckpointAlerts(
+                spec.job, self.alerts, context, checkpoints_page(spec.job)
+            )
+            listeners.append(self._alerting)
+        return CheckpointStatsTracker(
+            spec.job,
+            metastore,
+            attempt,
+            listeners,
+            failure_alert_threshold=self.alert_after_failures,
+        )
+
+    # ------------------------------------------------------------------ OpenLineage
+
+    def get_openlineage_facets_on_start(self) -> OperatorLineage:
+        """The OpenLineage provider's START event: the spec's input datasets and sink."""
+        from checkpointing_airflow.lineage import operator_lineage
+
+        return operator_lineage(self.load_spec())
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage:
+        """COMPLETE: the datasets and the ``checkpointing`` run facet (what the try restored,
+        epochs redone, parallelism, its checkpoints)."""
+        from checkpointing_airflow.lineage import TryLineage, operator_lineage
+
+        ti = task_instance
+        watched = getattr(self, "_lineage", None) or TryLineage(
+            attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        )
+        return operator_lineage(self.load_spec(), watched.facet())
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> OperatorLineage:
+        """FAIL: as COMPLETE, up to where the try failed."""
+        return self.get_openlineage_facets_on_complete(task_instance)
 
     def plan_try(
         self, context: Context, spec: PipelineSpec, metastore: Metastore, storage_url: str
@@ -307,6 +372,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         when it is another job's checkpoint or savepoint and that is not allowed."""
         recovery = self.recovery_for(context, spec, metastore, storage_url)
         if _truthy(self.full_refresh):  # every try: the driver resumes or redoes the refresh
+            if self.authorize_restore and recovery is None:  # it replaces output: an edit
+                self._authorize_restore(context, spec, "full refresh")
             parallelism = recovery.parallelism if recovery else self.parallelism_for(spec, 1)
             return "latest", parallelism
         if recovery is not None:
@@ -341,7 +408,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         """Run spark-submit (the provider's ``execute``) with ``secrets`` in its process
         environment only; a failed try logs one line saying how it ended and what comes next."""
         try:
-            with _process_environment(secrets):  # spark-submit inherits them, nothing else
+            with process_environment(secrets):  # spark-submit inherits them, nothing else
                 super().execute(context)
         except BaseException as exc:
             try_number = context["ti"].try_number
@@ -392,7 +459,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             if name in secrets:
                 mask_secret(value)
                 if name == "CKPT_METASTORE_URL":
-                    _mask_url_password(value, mask_secret)
+                    mask_url_password(value, mask_secret)
             else:
                 mask_secret(value, name)  # Airflow's own rule for sensitive names
         self.env_vars = {k: v for k, v in env.items() if k not in secrets}
@@ -492,34 +559,6 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             retries_left=(self.retries or 0) >= try_number,
             retry_parallelism=self.parallelism_for(spec, try_number + 1),
         )
-
-
-@contextmanager
-def _process_environment(values: Mapping[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment (which spark-submit inherits), then restored."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _mask_url_password(url: str, mask: Any) -> None:
-    """The password of a SQLAlchemy URL masked on its own too (it may be quoted without the
-    rest of the URL)."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        password = make_url(url).password
-    except Exception:  # an unparsable URL: masked whole already
-        return
-    if password:
-        mask(str(password))
 
 
 def _with(ours: Any, theirs: Any) -> list[Any]:

@@ -78,9 +78,11 @@ def build_pipeline_dag(
     ``conf`` or the failure drill ``fail_first_try_after_epochs`` (``make demo`` uses both)."""
     from airflow.sdk import DAG, Param
 
+    from checkpointing_airflow.lineage import sink_asset
     from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
 
     check_deployment(spec)
+    alerting = _alert_args(spec)
     with DAG(
         dag_id=spec.job,
         description=summary(spec),
@@ -133,10 +135,29 @@ def build_pipeline_dag(
             conn_id=spark_conn_id,
             retries=spec.retries,
             retry_delay=spec.retry_delay,
+            # each successful run updates the sink's Asset: downstream DAGs can schedule on it
+            outlets=[sink_asset(spec)],
+            **alerting,
             # choosing the restore is an edit of the pipeline, as in the API
             **{"authorize_restore": True, **(operator_args or {})},
         )
     return dag
+
+
+def _alert_args(spec: PipelineSpec) -> dict[str, Any]:
+    """The operator's ``alerts`` from the spec's ``alerts:`` section; a notifier that cannot be
+    built is a :class:`SpecError` naming it."""
+    from checkpointing_airflow.alerts import notifiers_from_spec
+
+    if spec.alerts is None:
+        return {}
+    try:
+        notifiers = notifiers_from_spec(spec.alerts)
+    except Exception as exc:
+        raise SpecError(
+            f"{spec.spec_path or spec.job}: alerts.notifiers: {type(exc).__name__}: {exc}"
+        ) from None
+    return {"alerts": notifiers, "alert_after_failures": spec.alerts.after_failures}
 
 
 def check_deployment(spec: PipelineSpec) -> None:
