@@ -60,15 +60,11 @@ def mask_metastore_url(url: str) -> None:
     """Register the metastore URL, and its password on its own (it may be quoted without the
     rest), with Airflow's secret masker, as the pipeline's task does."""
     from airflow.sdk.log import mask_secret
-    from sqlalchemy.engine import make_url
+
+    from checkpointing_airflow.driver_secrets import mask_url_password
 
     mask_secret(url)
-    try:
-        password = make_url(url).password
-    except Exception:  # an unparsable URL: masked whole already
-        return
-    if password:
-        mask_secret(str(password))
+    mask_url_password(url, mask_secret)
 
 
 def connection_url(conn: Any) -> str:
