@@ -333,7 +333,7 @@ def test_an_interval_dag_run_refreshes_its_interval_and_its_retry_resumes_the_re
     )
     airflow.write_dag(
         job,
-        DAG.format(spec=str(spec)).replace(
+        DAG.format(spec=str(spec), alerts=str(tmp_path / "alerts.txt")).replace(
             '"fail_first_try_after_epochs": 2', '"fail_first_try_after_epochs": 1'
         ),
     )
