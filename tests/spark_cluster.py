@@ -295,9 +295,14 @@ class RecordingS3Storage(S3CheckpointStorage):
         return info
 
     def read_bytes(
-        self, url: str, *, checksum: str | None = None, size: int | None = None
+        self,
+        url: str,
+        *,
+        checksum: str | None = None,
+        size: int | None = None,
+        max_size: int | None = None,
     ) -> bytes:
-        data = super().read_bytes(url, checksum=checksum, size=size)
+        data = super().read_bytes(url, checksum=checksum, size=size, max_size=max_size)
         self._record("read", url)
         return data
 
