@@ -119,6 +119,17 @@ def metastore(metastore_url: str) -> Iterator[Metastore]:
 
 
 @pytest.fixture
+def sqlite_metastore(tmp_path: Path) -> Iterator[Metastore]:
+    """A migrated SQLite metastore only: for tests of logic above the metastore, not of its
+    backends."""
+    url = f"sqlite:///{tmp_path / 'metastore.db'}"
+    Metastore(url, check_schema=False).upgrade()
+    store = Metastore(url)
+    yield store
+    store.dispose()
+
+
+@pytest.fixture
 def storage(tmp_path: Path) -> FileSystemCheckpointStorage:
     return FileSystemCheckpointStorage(f"file://{tmp_path / 'checkpoints'}")
 

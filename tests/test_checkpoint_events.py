@@ -57,12 +57,9 @@ class Raising:
 
 
 @pytest.fixture
-def metastore(tmp_path: Path) -> Iterator[Metastore]:
-    url = f"sqlite:///{tmp_path / 'metastore.db'}"
-    Metastore(url, check_schema=False).upgrade()
-    store = Metastore(url)
-    yield store
-    store.dispose()
+def metastore(sqlite_metastore: Metastore) -> Metastore:
+    """SQLite only: these tests exercise the logic above the metastore, not its backends."""
+    return sqlite_metastore
 
 
 @pytest.fixture

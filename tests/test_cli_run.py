@@ -112,25 +112,16 @@ def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(
-    events: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[pd.DataFrame, dict[int, pd.DataFrame]]:
-    """A crash-free ``ckpt run``, checked against pandas; the killed runs must equal it."""
-    workdir = tmp_path_factory.mktemp("reference")
-    env = _env(workdir / "home")
-    _upgrade(env)
-    result = _run_to_end(_write_spec(workdir, events), env)
-    assert result.returncode == 0, result.stderr[-2000:]
-    final, changelog = _read_sink(workdir / "out")
+def reference(events: Path) -> tuple[pd.DataFrame, dict[int, pd.DataFrame]]:
+    """What a crash-free run writes, by pandas: the final table, and each epoch's changelog (the
+    keys the epoch touched, aggregated over every epoch up to it); the killed runs must equal it."""
     frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
-    want = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
-    pd.testing.assert_frame_equal(final[want.columns.tolist()], want, check_dtype=False)
-    assert sorted(changelog) == list(range(FILES))
-    for epoch, got in changelog.items():
+    final = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
+    changelog = {}
+    for epoch, frame in enumerate(frames):
         upto = pd.concat(frames[: epoch + 1])
-        touched = upto[upto.user.isin(set(frames[epoch].user))]
-        want = datasets.expected_aggregates(touched, ["user"], AGGS)
-        pd.testing.assert_frame_equal(got[want.columns.tolist()], want, check_dtype=False)
+        touched = upto[upto.user.isin(set(frame.user))]
+        changelog[epoch] = datasets.expected_aggregates(touched, ["user"], AGGS)
     return final, changelog
 
 
@@ -197,12 +188,13 @@ class _Job:
         self.reader.join(timeout=10)
 
 
-# the plans: [snapshot 2]; [epoch 3 + 0.54, restore 1]. A kill inside an epoch is also what the
-# Delta sink's and the transform's kill tests do (tests/test_delta_sink.py,
-# tests/test_spark_transform.py), so seed 2's [epoch 1 + 0.08] is left out for the suite's time.
-# About 1.5 min on an idle 2-core machine (5 JVM starts), much more when other Spark jobs share it.
+# seed 16's plan: [snapshot 2 + 0.48, restore 1 + 0.01]: a kill while the tasks snapshot, then one
+# while the retry restores. A kill inside an epoch is what the Delta sink's, the S3 Parquet sink's
+# and the transform's kill tests do (tests/test_delta_sink.py, tests/test_s3_parquet_sink.py,
+# tests/test_spark_transform.py), so it is left out here for the suite's time (seeds 0 and 3 ran
+# the same points in two tests). About 1 min on an idle 2-core machine (3 JVM starts).
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("seed", [0, 3])
+@pytest.mark.parametrize("seed", [16])
 def test_kill_9_at_random_points_and_rerun_until_done(
     tmp_path: Path,
     seed: int,
@@ -242,10 +234,14 @@ def test_kill_9_at_random_points_and_rerun_until_done(
 
     final, changelog = _read_sink(tmp_path / "out")
     ref_final, ref_changelog = reference
-    pd.testing.assert_frame_equal(final, ref_final)
+    columns = ref_final.columns.tolist()
+    pd.testing.assert_frame_equal(final[columns], ref_final, check_dtype=False)
     assert sorted(changelog) == list(range(FILES)), plan
     for epoch, rows in changelog.items():
-        pd.testing.assert_frame_equal(rows, ref_changelog[epoch], obj=f"changelog epoch {epoch}")
+        want = ref_changelog[epoch]
+        pd.testing.assert_frame_equal(
+            rows[columns], want, check_dtype=False, obj=f"changelog epoch {epoch}"
+        )
     out = tmp_path / "out"
     assert not list(out.rglob("*.inprogress")) and not list(out.rglob("*.discarded"))
     assert not list((out / "_staging").glob("epoch-*"))

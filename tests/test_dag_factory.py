@@ -102,13 +102,9 @@ def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture
-def metastore(tmp_path: Path) -> Iterator[Metastore]:
-    """SQLite only: these tests exercise the DAGs' logic, not the metastore backends."""
-    url = f"sqlite:///{tmp_path / 'metastore.db'}"
-    Metastore(url, check_schema=False).upgrade()
-    store = Metastore(url)
-    yield store
-    store.dispose()
+def metastore(sqlite_metastore: Metastore) -> Metastore:
+    """SQLite only: these tests exercise the logic above the metastore, not its backends."""
+    return sqlite_metastore
 
 
 # ============================================================================ real Airflow (g)

@@ -43,9 +43,7 @@ from tests.spark_cluster import (
 )
 from tests.spark_pipeline import (
     EPOCHS,
-    assert_equals_reference,
     completed_ids,
-    events_spec,
     make_spec,
     reference_run,
     write_events,
@@ -159,7 +157,7 @@ def _assert_from_executors(
     return executors
 
 
-def test_cluster_run_snapshots_from_executors_to_s3_equals_reference(
+def test_crash_and_rescaled_restore_on_the_cluster_all_on_s3_equals_reference(
     spark: Any,
     spark_cluster: StandaloneCluster,
     events: Path,
@@ -169,88 +167,13 @@ def test_cluster_run_snapshots_from_executors_to_s3_equals_reference(
     metastore_url: str,
     tmp_path: Path,
 ) -> None:
-    s3_bucket = token_bucket
-    spec = events_spec(tmp_path, events, "cluster")
-    (tmp_path / "records").mkdir()
-    storage_url = f"s3://{s3_bucket}/checkpoints"
-    run = _attempt(
-        spark_cluster, tmp_path, "run", spec, metastore_url=metastore_url, storage_url=storage_url
-    )
-    assert run.returncode == 0, run.describe()
-    result = run.report["result"]
-    assert result["epochs_run"] == list(range(EPOCHS))
-    assert result["restored_from"] is None
-    checkpoints = result["checkpoints"]
-    assert len(checkpoints) == EPOCHS  # one per epoch (every_epochs: 1), all completed
-
-    # each checkpoint was on S3 — _metadata, and a snapshot per subtask (its changes, or in
-    # full) under shared/ — by the end of the epoch after it (written while that one ran)
-    prefix = f"s3://{s3_bucket}/checkpoints/cluster"
-    for epoch, checkpoint_id in enumerate(checkpoints[:-1]):
-        listed = run.report["listings"][str(epoch + 1)]
-        assert f"{prefix}/chk-{checkpoint_id}/_metadata" in listed
-        written = {f"{prefix}/shared/chk-{checkpoint_id}/aggregate-{i}.arrow" for i in range(3)}
-        assert written <= set(listed)
-
-    notes = read_records(tmp_path / "records")
-    writes = [n for n in notes if n["op"] == "write" and SNAPSHOT.search(n["url"])]
-    assert {(int(m[1]), int(m[2])) for n in writes if (m := SNAPSHOT.search(n["url"]))} == {
-        (c, i) for c in checkpoints for i in range(3)
-    }
-    executors = _assert_from_executors(writes, spark_cluster, run.report["pid"])
-    assert all(n["aws_session_token"] and not n["credentials_on_command_line"] for n in writes)
-    # on the wire: each snapshot PUT (made by those executors) carried the session token
-    puts = [
-        r for r in recording_s3.requests() if r["method"] == "PUT" and SNAPSHOT.search(r["url"])
-    ]
-    assert len(puts) >= 3 * EPOCHS, [r["url"] for r in puts]
-    tokens = {r["headers"].get("X-Amz-Security-Token") for r in puts}
-    assert tokens == {TOKEN}, "a snapshot PUT without the session token"
-    assert all(KEY_ID in r["headers"].get("Authorization", "") for r in puts)
-    # nowhere in Spark's event log (its environment: redacted), the driver's log, the cluster's
-    # logs (master, workers, executors' stdout/stderr)
-    event_log = tmp_path / "run-events"
-    logged = "".join(p.read_text() for p in event_log.rglob("*") if p.is_file())
-    assert "spark.executorEnv.AWS_SESSION_TOKEN" in logged  # the setting is there, redacted
-    assert KEY_ID not in logged  # AWS_ACCESS_KEY_ID: redacted by the session's regex
-    assert _assert_no_credentials_in([event_log, run.log, spark_cluster.root]) > 3
-    apps = {a["id"]: a["state"] for a in spark_cluster.state()["completedapps"]}
-    assert apps[run.report["app_id"]] == "FINISHED"  # an application of this master
-    print(f"snapshots written by executors {sorted(executors)} of app {run.report['app_id']}")
-    metadata_writes = [n for n in notes if n["op"] == "write" and n["url"].endswith("/_metadata")]
-    assert [n["url"] for n in metadata_writes] and all(
-        n["pid"] == run.report["pid"] and n["task"] is None for n in metadata_writes
-    ), "the coordinator (driver) writes _metadata"
-
-    # the metastore saw them complete; the finished job kept its newest (the live state its next
-    # run resumes from) and discarded the others (retention), on S3 too
-    rows = views.list_checkpoints(Metastore(metastore_url), "cluster")
-    assert {r["checkpoint_id"] for r in rows if r["completed_at"]} == set(checkpoints)
-    left = boto3.client("s3").list_objects_v2(Bucket=s3_bucket, Prefix="checkpoints/cluster/")
-    kept = {o["Key"].split("/")[2] for o in left.get("Contents", [])}
-    assert kept == {f"chk-{checkpoints[-1]}", "shared"}, left.get("Contents")
-    # of the shared files, only those the kept checkpoint uses are left (the registry's count)
-    key = f"checkpoints/cluster/chk-{checkpoints[-1]}/_metadata"
-    body = boto3.client("s3").get_object(Bucket=s3_bucket, Key=key)["Body"].read()
-    used = {f.handle for f in CheckpointMetadata.from_bytes(body, key).files()}
-    shared = {f"s3://{s3_bucket}/{o['Key']}" for o in left["Contents"] if "/shared/" in o["Key"]}
-    assert shared == used
-
-    assert_equals_reference(spark, spec, reference)
-
-
-def test_crash_and_rescaled_restore_on_the_cluster_all_on_s3_equals_reference(
-    spark: Any,
-    spark_cluster: StandaloneCluster,
-    events: Path,
-    reference: Any,
-    s3_bucket: str,
-    metastore_url: str,
-    tmp_path: Path,
-) -> None:
     """Input, checkpoints and a Delta table on S3: no path is shared by the driver and the
-    executors (they share only the endpoint). A crash, then a restore at another parallelism:
-    the table equals the reference's final table, each checkpoint committed to it once."""
+    executors (they share only the endpoint, and session-token credentials by environment). A
+    crash, then a restore at another parallelism: the snapshots are written and loaded by
+    executors, every snapshot PUT carries the token and no log holds a credential; the table
+    equals the reference's final table, each checkpoint committed to it once; the finished job
+    keeps only its newest checkpoint and the shared files it uses."""
+    s3_bucket = token_bucket
     s3 = boto3.client("s3")
     for f in sorted(events.glob("*.parquet")):
         s3.put_object(Bucket=s3_bucket, Key=f"in/{f.name}", Body=f.read_bytes())
@@ -284,6 +207,21 @@ def test_crash_and_rescaled_restore_on_the_cluster_all_on_s3_equals_reference(
     assert all(sizes[f.handle] == f.size for f in files)
     assert set(txn_counts(table, "cluster-crash")) == set(completed)  # committed, once each
 
+    # the snapshots were written by executors of the cluster, the _metadata by the driver (the
+    # coordinator), and each snapshot PUT on the wire carried the session token
+    notes = read_records(tmp_path / "records")
+    writes = [n for n in notes if n["op"] == "write" and SNAPSHOT.search(n["url"])]
+    assert {(int(m[1]), int(m[2])) for n in writes if (m := SNAPSHOT.search(n["url"]))} == {
+        (c, i) for c in completed for i in range(3)
+    }
+    executors = _assert_from_executors(writes, spark_cluster, crashed.report["pid"])
+    assert all(n["aws_session_token"] and not n["credentials_on_command_line"] for n in writes)
+    metadata_writes = [n for n in notes if n["op"] == "write" and n["url"].endswith("/_metadata")]
+    assert [n["url"] for n in metadata_writes] and all(
+        n["pid"] == crashed.report["pid"] and n["task"] is None for n in metadata_writes
+    ), "the coordinator (driver) writes _metadata"
+    print(f"snapshots written by executors {sorted(executors)}")
+
     # restore on the cluster with parallelism 3 -> 2: executors read the old snapshots
     restored = _attempt(spark_cluster, tmp_path, "restore", spec, parallelism=2, **kw)
     assert restored.returncode == 0, restored.describe()
@@ -312,3 +250,34 @@ def test_crash_and_rescaled_restore_on_the_cluster_all_on_s3_equals_reference(
     counts = txn_counts(table, "cluster-crash")
     assert set(counts.values()) == {1}
     assert set(result["checkpoints"]) <= set(counts) and set(completed) <= set(counts)
+
+    puts = [
+        r for r in recording_s3.requests() if r["method"] == "PUT" and SNAPSHOT.search(r["url"])
+    ]
+    assert len(puts) >= 3 * 2 + 2 * (EPOCHS - 2), [r["url"] for r in puts]
+    assert {r["headers"].get("X-Amz-Security-Token") for r in puts} == {TOKEN}
+    assert all(KEY_ID in r["headers"].get("Authorization", "") for r in puts)
+    # nowhere in Spark's event logs (their environment: redacted), the drivers' logs, the
+    # cluster's logs (master, workers, executors' stdout/stderr)
+    event_logs = [tmp_path / "crash-events", tmp_path / "restore-events"]
+    logged = "".join(p.read_text() for d in event_logs for p in d.rglob("*") if p.is_file())
+    assert "spark.executorEnv.AWS_SESSION_TOKEN" in logged  # the setting is there, redacted
+    assert KEY_ID not in logged  # AWS_ACCESS_KEY_ID: redacted by the session's regex
+    logs = [*event_logs, crashed.log, restored.log, spark_cluster.root]
+    assert _assert_no_credentials_in(logs) > 3
+    apps = {a["id"]: a["state"] for a in spark_cluster.state()["completedapps"]}
+    assert apps[restored.report["app_id"]] == "FINISHED"  # an application of this master
+
+    # the finished job kept its newest checkpoint (the live state its next run resumes from)
+    # and discarded the others (retention) on S3, and of the shared files only those it uses
+    checkpoints = result["checkpoints"]
+    rows = views.list_checkpoints(metastore, "cluster-crash")
+    assert set(checkpoints) <= {r["checkpoint_id"] for r in rows if r["completed_at"]}
+    left = s3.list_objects_v2(Bucket=s3_bucket, Prefix="checkpoints/cluster-crash/")
+    kept = {o["Key"].split("/")[2] for o in left.get("Contents", [])}
+    assert kept == {f"chk-{checkpoints[-1]}", "shared"}, left.get("Contents")
+    key = f"checkpoints/cluster-crash/chk-{checkpoints[-1]}/_metadata"
+    body = s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
+    used = {f.handle for f in CheckpointMetadata.from_bytes(body, key).files()}
+    shared = {f"s3://{s3_bucket}/{o['Key']}" for o in left["Contents"] if "/shared/" in o["Key"]}
+    assert shared == used
