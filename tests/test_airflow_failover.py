@@ -43,6 +43,7 @@ from tests.airflow_harness import (
     write_events_spec,
 )
 from tests.entry_points import package_zip
+from tests.spark_cluster import RecordingMotoServer
 
 FILES = 4
 
@@ -125,15 +126,18 @@ def airflow(
         admin.dispose()
 
 
-def write_python_pipeline(directory: Path, events: Path, **fields: object) -> Path:
-    """A spec naming the Python pipeline, with ``fields`` (deployment fields) on top, in a
-    folder with the events (``events/``) and the package's zip beside it."""
+def write_python_pipeline(
+    directory: Path, events: Path, *, entry: str = "build", **fields: object
+) -> Path:
+    """A spec naming the Python pipeline ``ckpt_example.jobs:<entry>``, with ``fields``
+    (deployment fields) on top, in a folder with the events (``events/``) and the package's zip
+    beside it."""
     (directory / "events").symlink_to(events)
     package_zip(directory)
     extra = "".join(f"{k}: {v}\n" for k, v in fields.items())
     path = directory / f"{JOB}.yaml"
     path.write_text(
-        f"job: {JOB}\npipeline: ckpt_example.jobs:build\npy_files: [ckpt_example.zip]\n{extra}"
+        f"job: {JOB}\npipeline: ckpt_example.jobs:{entry}\npy_files: [ckpt_example.zip]\n{extra}"
     )
     return path
 
@@ -183,13 +187,58 @@ def statsd() -> Iterator[StatsD]:
     server.close()
 
 
+#: temporary credentials of the ``aws_default`` connection (an assumed role's, say)
+KEY_ID, SECRET, TOKEN = "ASIAFAILOVER0EXAMPLE", "tmp-secret-failover-7c1d", "IQoJTokenFailover-9a2"
+
+
+@pytest.fixture
+def s3_connection(airflow: AirflowHome, tmp_path: Path) -> Iterator[RecordingMotoServer]:
+    """Checkpoint storage on a recording S3 server, reached only through a session-token
+    ``aws_default`` connection: no AWS_* variable in Airflow's environment (restored after)."""
+    import boto3
+
+    moto = RecordingMotoServer(tmp_path)
+    moto.start()
+    saved = dict(airflow.env)
+    try:
+        boto3.client(
+            "s3",
+            endpoint_url=moto.url,
+            aws_access_key_id=KEY_ID,
+            aws_secret_access_key=SECRET,
+            aws_session_token=TOKEN,
+            region_name="us-east-1",
+        ).create_bucket(Bucket="ckpt")
+        airflow.env = {k: v for k, v in airflow.env.items() if not k.startswith("AWS_")}
+        extra = {"aws_session_token": TOKEN, "endpoint_url": moto.url, "region_name": "us-east-1"}
+        airflow.env["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps(
+            {"conn_type": "aws", "login": KEY_ID, "password": SECRET, "extra": extra}
+        )
+        yield moto
+    finally:
+        airflow.env = saved
+        moto.stop()
+
+
 def test_a_crashed_try_is_retried_from_the_latest_checkpoint_at_another_parallelism(
-    airflow: AirflowHome, events: Path, tmp_path: Path, statsd: StatsD
+    airflow: AirflowHome,
+    events: Path,
+    tmp_path: Path,
+    statsd: StatsD,
+    s3_connection: RecordingMotoServer,
 ) -> None:
+    """A Python pipeline's try crashes; the retry restores its latest checkpoint (on S3, through
+    a session-token connection) at another parallelism, exactly once; alerts, metrics, lineage
+    and the sink's Asset follow; no credential reaches a log."""
     parallelism_on_retry = 3  # the Pipeline's parallelism is 2
     job = JOB
     spec = write_python_pipeline(
-        tmp_path, events, retries=2, retry_delay="1s", parallelism_on_retry=parallelism_on_retry
+        tmp_path,
+        events,
+        retries=2,
+        retry_delay="1s",
+        parallelism_on_retry=parallelism_on_retry,
+        entry="build_on_s3",
     )
     alerts, lineage = tmp_path / "alerts.txt", tmp_path / "lineage.jsonl"
     sink_uri = (tmp_path / "out").as_uri()
@@ -230,6 +279,14 @@ def test_a_crashed_try_is_retried_from_the_latest_checkpoint_at_another_parallel
     ), logs[-4000:]
     assert "try ran 2 epochs, 4 epochs done" in logs
     assert "alembic" not in logs.lower()
+    # the checkpoints went to S3 with the connection's session token, by the driver's and the
+    # executors' environment only: every request carried it, and no log holds a credential
+    for value in (SECRET, TOKEN):
+        assert value not in logs
+    requests = s3_connection.requests()
+    snapshots = [r for r in requests if r["method"] == "PUT" and "/aggregate-" in r["url"]]
+    assert len(snapshots) >= 2 * 2 + 2 * 3, [r["url"] for r in requests]  # both tries'
+    assert {r["headers"].get("X-Amz-Security-Token") for r in requests} == {TOKEN}
     # the retry redid only the epochs after checkpoint 2
     assert any(
         "2 of 4 epochs run (restored from checkpoint 2)" in line for line in run_lines(result)

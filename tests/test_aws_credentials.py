@@ -2,7 +2,8 @@
 resolved by ``AwsBaseHook`` and reaches spark-submit's environment (never its command line or a
 log line); the driver hands it on to its executors as ``spark.executorEnv.*`` under a redaction
 regex that covers every name. That the executors then write the snapshots with the token is
-proven on the standalone cluster (``tests/test_spark_cluster.py``)."""
+proven on the standalone cluster (``tests/test_spark_cluster.py``), and a real Airflow task's run
+with such a connection, its S3 requests and its logs, in ``tests/test_airflow_failover.py``."""
 
 from __future__ import annotations
 
@@ -115,73 +116,3 @@ def test_the_redaction_regex_extends_the_submitters_and_keeps_conf_given() -> No
         {"spark.executorEnv.AWS_SESSION_TOKEN": "given", "spark.redaction.regex": "x"},
     )
     assert conf == {}  # what the caller's conf sets wins; nothing but AWS_* is forwarded
-
-
-@needs_airflow
-@pytest.mark.timeout(900)
-def test_a_real_airflow_task_runs_with_session_token_credentials_and_logs_none(
-    tmp_path: Path,
-) -> None:
-    """``airflow dags test`` of the operator with a session-token ``aws_default`` and S3
-    checkpoint storage on a recording moto server: every request the run makes to S3 (the
-    snapshots' PUTs from Spark's Python workers among them) carries the token; the task log holds
-    neither the secret nor the token; the XCom is read from the metastore."""
-    import boto3
-
-    from checkpointing.pipeline import datasets
-    from tests.airflow_harness import make_airflow_home, write_events_spec
-    from tests.spark_cluster import RecordingMotoServer
-
-    moto = RecordingMotoServer(tmp_path)
-    moto.start()
-    try:
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=moto.url,
-            aws_access_key_id=KEY_ID,
-            aws_secret_access_key=SECRET,
-            aws_session_token=TOKEN,
-            region_name="us-east-1",
-        )
-        s3.create_bucket(Bucket="ckpt")
-        airflow = make_airflow_home(tmp_path, f"sqlite:///{tmp_path / 'airflow.db'}", tmp_path)
-        airflow.env = {k: v for k, v in airflow.env.items() if not k.startswith("AWS_")}
-        extra = {"aws_session_token": TOKEN, "endpoint_url": moto.url, "region_name": "us-east-1"}
-        airflow.env["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps(
-            {"conn_type": "aws", "login": KEY_ID, "password": SECRET, "extra": extra}
-        )
-        events = tmp_path / "events"
-        datasets.generate_events(events, events=2_000, keys=50, files=3, seed=5)
-        spec = write_events_spec(
-            tmp_path / "s3job.yaml",
-            "s3job",
-            events,
-            tmp_path / "out",
-            checkpoint="{every_epochs: 1, retained: 1}",
-            storage="s3://ckpt/checkpoints",
-        )
-        airflow.write_dag("s3job", E2E_DAG.format(spec=str(spec)))
-        result = airflow.dags_test("s3job")
-        logs = result.stdout + result.stderr
-        assert result.returncode == 0, logs[-4000:]
-        for value in (SECRET, TOKEN):
-            assert value not in logs
-        assert "try ran 3 epochs, 3 epochs done" in logs  # the outcome, from the metastore
-
-        requests = moto.requests()
-        snapshots = [r for r in requests if r["method"] == "PUT" and "/aggregate-" in r["url"]]
-        assert len(snapshots) >= 2 * 3, [r["url"] for r in requests]  # 2 subtasks, 3 epochs
-        assert {r["headers"].get("X-Amz-Security-Token") for r in requests} == {TOKEN}
-    finally:
-        moto.stop()
-
-
-E2E_DAG = """
-import pendulum
-from airflow.sdk import DAG
-
-from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
-
-with DAG("s3job", schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False):
-    CheckpointedSparkSubmitOperator(task_id="run", pipeline={spec!r})
-"""

@@ -7,6 +7,10 @@ resolved once per try, here, and handed on as boto3's standard variables: to spa
 process environment (the driver inherits it), and from the driver's environment to the executors
 through ``spark.executorEnv.*`` (:func:`checkpointing.spark.executor_env.executor_env_conf`).
 
+The task's own process reads and writes the checkpoint storage too (the restore lookup of a
+retry, the coordinator's retention and orphaned completions, the failure callbacks): it holds
+the same variables in its environment while it does (:func:`storage_environment`).
+
 Temporary credentials (a role, a session token) are not refreshed: a try must finish before they
 expire (an assumed role's default session is one hour; raise the role's maximum session duration
 and the connection's ``assume_role_kwargs`` ``DurationSeconds`` for longer runs). A retry
@@ -51,4 +55,17 @@ def aws_environment(aws_conn_id: str | None, storage_url: str) -> dict[str, str]
         env["AWS_ENDPOINT_URL"] = str(endpoint)
     if hook.region_name:
         env["AWS_DEFAULT_REGION"] = str(hook.region_name)
+    return env
+
+
+def storage_environment(aws_conn_id: str | None, storage_url: str) -> dict[str, str]:
+    """:func:`aws_environment`, its credentials masked in the task's log: for this process's
+    own storage access (under ``process_environment``) and the driver's."""
+    env = aws_environment(aws_conn_id, storage_url)
+    if env:
+        from airflow.sdk.log import mask_secret
+
+        for name in CREDENTIAL_VARIABLES:
+            if env.get(name):
+                mask_secret(env[name])
     return env

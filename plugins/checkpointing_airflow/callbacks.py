@@ -23,6 +23,7 @@ wins (and a try that never coordinated the job changes nothing of another coordi
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -50,16 +51,17 @@ def restore_from_latest(context: Any) -> None:
     if _superseded(metastore, spec.job, failed, ti.try_number):  # took over meanwhile
         return
     next_try = ti.try_number + 1
-    plan = plan_recovery(
-        metastore,
-        CheckpointStorage.from_url(task.storage_for(spec)),
-        spec.job,
-        attempt=attempt_id(ti.dag_id, ti.run_id, next_try),
-        parallelism=task.parallelism_for(spec, next_try),
-        max_parallelism=spec.max_parallelism,
-        completed_after=run_started(context),
-        otherwise=str(task.restore),
-    )
+    with _storage_access(task, spec):
+        plan = plan_recovery(
+            metastore,
+            CheckpointStorage.from_url(task.storage_for(spec)),
+            spec.job,
+            attempt=attempt_id(ti.dag_id, ti.run_id, next_try),
+            parallelism=task.parallelism_for(spec, next_try),
+            max_parallelism=spec.max_parallelism,
+            completed_after=run_started(context),
+            otherwise=str(task.restore),
+        )
     log.warning("failover: %s", plan.describe())
 
 
@@ -74,13 +76,14 @@ def job_failed(context: Any) -> None:
     failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
     if _superseded(metastore, spec.job, failed, ti.try_number):
         return
-    info = fail_attempt(
-        metastore,
-        spec.job,
-        f"try {ti.try_number} ({failed}) failed",
-        final=True,
-        coordinator_id=failed,
-    )
+    with _storage_access(task, spec):  # retention discards checkpoints in the storage
+        info = fail_attempt(
+            metastore,
+            spec.job,
+            f"try {ti.try_number} ({failed}) failed",
+            final=True,
+            coordinator_id=failed,
+        )
     if info["resume_from"] is not None:
         log.error(
             "job %s failed after %d tries; resume it from checkpoint %s (%s): trigger the "
@@ -125,6 +128,15 @@ def _superseded(metastore: Any, job_id: str, failed: str, try_number: int) -> bo
             newer,
         )
     return newer is not None
+
+
+def _storage_access(task: Any, spec: Any) -> AbstractContextManager[None]:
+    """The checkpoint storage's credentials (the task's AWS connection) in this process's
+    environment while the callback reads or discards checkpoints there, as the try had them."""
+    from checkpointing_airflow.aws_credentials import storage_environment
+    from checkpointing_airflow.driver_secrets import process_environment
+
+    return process_environment(storage_environment(task.aws_conn_id, task.storage_for(spec)))
 
 
 def _metastore(task: Any) -> Any:

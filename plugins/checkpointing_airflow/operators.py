@@ -15,7 +15,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from checkpointing.metastore.jobs import storage_url_for_run
 from checkpointing_airflow.attempts import attempt_id, run_started
-from checkpointing_airflow.aws_credentials import aws_environment
+from checkpointing_airflow.aws_credentials import storage_environment
 from checkpointing_airflow.driver_secrets import (
     is_secret_name,
     mask_url_password,
@@ -262,8 +262,11 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         metastore = open_metastore(url)
         storage_url = self.storage_for(spec)
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        # this process reads and writes the storage too (restore lookup, retention): once per try
+        self._aws_env = storage_environment(self.aws_conn_id, storage_url)
         try:
-            self._coordinate(context, spec, metastore, url, storage_url, attempt)
+            with process_environment(self._aws_env):
+                self._coordinate(context, spec, metastore, url, storage_url, attempt)
         finally:
             alerting = getattr(self, "_alerting", None)
             if alerting is not None:
@@ -515,9 +518,14 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
-            **aws_environment(self.aws_conn_id, storage_url),
+            **self._storage_env(storage_url),
         }
         return {**env, **{k: str(v) for k, v in (self.env_vars or {}).items()}}
+
+    def _storage_env(self, storage_url: str) -> dict[str, str]:
+        """The try's storage credentials, resolved once in ``execute`` (else now)."""
+        resolved = getattr(self, "_aws_env", None)
+        return storage_environment(self.aws_conn_id, storage_url) if resolved is None else resolved
 
     def _outcome(self, spec: PipelineSpec, metastore: Metastore, attempt: str) -> dict[str, Any]:
         """The try's outcome (its XCom), from the metastore: the driver may have run elsewhere."""

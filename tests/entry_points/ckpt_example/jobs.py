@@ -39,6 +39,16 @@ def clean(rows: DataFrame, tables: Mapping[str, DataFrame]) -> DataFrame:
 def build() -> Pipeline:
     """``pipeline: ckpt_example.jobs:build``: per customer, count, total and average amount of
     the events under ``events/`` (relative paths are to the spec file's folder), into ``out``."""
+    return _events()
+
+
+def build_on_s3() -> Pipeline:
+    """:func:`build` with its checkpoints in the bucket ``ckpt`` of the S3 endpoint that the
+    connection or the environment gives."""
+    return _events(storage="s3://ckpt/checkpoints")
+
+
+def _events(**fields: object) -> Pipeline:
     return Pipeline(
         job=JOB,
         source={"format": "parquet", "path": "events/*.parquet", "splits_per_epoch": 1},
@@ -49,6 +59,7 @@ def build() -> Pipeline:
         parallelism=2,
         max_parallelism=16,
         checkpoint={"every_epochs": 1, "retained": 2},
+        **fields,
     )
 
 
