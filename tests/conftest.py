@@ -210,3 +210,26 @@ def spark() -> Iterator[object]:
     session.conf.set("spark.sql.shuffle.partitions", "4")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def runtime_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The runtime tests' input (``tests/spark_pipeline.py``), written once for the session:
+    tests that change input copy it first."""
+    from tests.spark_pipeline import write_events
+
+    return write_events(tmp_path_factory.mktemp("runtime-events"))
+
+
+@pytest.fixture(scope="session")
+def runtime_reference(
+    spark: object, runtime_events: Path, tmp_path_factory: pytest.TempPathFactory
+):  # type: ignore[no-untyped-def]
+    """One crash-free run over :func:`runtime_events`, checked against pandas, for the session:
+    what every crashed, restored or rescaled run of that input must equal."""
+    from tests.spark_pipeline import reference_run
+
+    workdir = tmp_path_factory.mktemp("runtime-reference")
+    url = f"sqlite:///{workdir / 'metastore.db'}"
+    Metastore(url, check_schema=False).upgrade()
+    return reference_run(spark, runtime_events, workdir, url)

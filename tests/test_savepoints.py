@@ -28,7 +28,6 @@ from tests.spark_pipeline import (
     EPOCHS,
     assert_equals_reference,
     events_spec,
-    reference_run,
     run,
     write_events,
 )
@@ -102,16 +101,13 @@ def test_cli_savepoint_errors_are_one_line_and_exit_1(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_events(tmp_path_factory.mktemp("events"))
+def events(runtime_events: Path) -> Path:
+    return runtime_events
 
 
 @pytest.fixture(scope="module")
-def reference(spark: Any, events: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    workdir = tmp_path_factory.mktemp("reference")
-    url = f"sqlite:///{workdir / 'metastore.db'}"
-    Metastore(url, check_schema=False).upgrade()
-    return reference_run(spark, events, workdir, url)
+def reference(runtime_reference: Any) -> Any:
+    return runtime_reference
 
 
 @pytest.mark.parametrize("metastore_url", ["sqlite", "postgresql"], indirect=True)

@@ -45,8 +45,6 @@ from tests.spark_pipeline import (
     EPOCHS,
     completed_ids,
     make_spec,
-    reference_run,
-    write_events,
 )
 
 pytestmark = pytest.mark.timeout(1800)  # a loaded 2-core machine; normally ~4 min
@@ -108,17 +106,13 @@ def _assert_no_credentials_in(paths: list[Path]) -> int:
 
 
 @pytest.fixture(scope="module")
-def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_events(tmp_path_factory.mktemp("events"))
+def events(runtime_events: Path) -> Path:
+    return runtime_events
 
 
 @pytest.fixture(scope="module")
-def reference(spark: Any, events: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A crash-free run on local Spark with local checkpoints: what every cluster run must equal."""
-    workdir = tmp_path_factory.mktemp("reference")
-    url = f"sqlite:///{workdir / 'metastore.db'}"
-    Metastore(url, check_schema=False).upgrade()
-    return reference_run(spark, events, workdir, url)
+def reference(runtime_reference: Any) -> Any:
+    return runtime_reference
 
 
 @pytest.fixture

@@ -14,20 +14,18 @@ from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.spark_pipeline import (
     assert_equals_reference,
     events_spec,
-    reference_run,
     run,
-    write_events,
 )
 
 
 @pytest.fixture(scope="module")
-def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_events(tmp_path_factory.mktemp("events"))
+def events(runtime_events: Path) -> Path:
+    return runtime_events
 
 
-@pytest.fixture
-def reference(spark: Any, events: Path, tmp_path: Path, metastore_url: str) -> Any:
-    return reference_run(spark, events, tmp_path, metastore_url)
+@pytest.fixture(scope="module")
+def reference(runtime_reference: Any) -> Any:
+    return runtime_reference
 
 
 def test_crash_and_resume_equals_a_crash_free_run(

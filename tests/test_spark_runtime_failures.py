@@ -29,28 +29,22 @@ from tests.spark_pipeline import (
     completed_ids,
     events_spec,
     make_spec,
-    reference_run,
     run,
     sink_of,
     tables,
-    write_events,
 )
 
 sqlite_only = pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)
 
 
 @pytest.fixture(scope="module")
-def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_events(tmp_path_factory.mktemp("events"))
+def events(runtime_events: Path) -> Path:
+    return runtime_events
 
 
 @pytest.fixture(scope="module")
-def reference(spark: Any, events: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """One crash-free run for the module, in its own SQLite metastore."""
-    workdir = tmp_path_factory.mktemp("reference")
-    url = f"sqlite:///{workdir / 'metastore.db'}"
-    Metastore(url, check_schema=False).upgrade()
-    return reference_run(spark, events, workdir, url)
+def reference(runtime_reference: Any) -> Any:
+    return runtime_reference
 
 
 # ---------------------------------------------------------------- 1. corrupt newest snapshot
