@@ -50,6 +50,7 @@ def reference(runtime_reference: Any) -> Any:
 # ---------------------------------------------------------------- 1. corrupt newest snapshot
 
 
+@pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)  # Spark: one backend
 def test_corrupt_newest_snapshot_falls_back_to_the_previous_checkpoint(
     spark: Any, events: Path, tmp_path: Path, metastore_url: str, reference: Any
 ) -> None:
@@ -317,7 +318,8 @@ def test_incremental_runs_process_only_new_files_and_equal_one_run(
 # ---------------------------------------------------------------- 4. savepoint from outside
 
 
-@pytest.mark.parametrize("metastore_url", ["sqlite", "postgresql"], indirect=True)
+# PostgreSQL: two coordinators of one job, as in production (the protocol's unit tests run on both)
+@pytest.mark.parametrize("metastore_url", ["postgresql"], indirect=True)
 def test_savepoint_requested_by_another_coordinator_restores_into_a_fresh_job(
     spark: Any, events: Path, tmp_path: Path, metastore_url: str, reference: Any
 ) -> None:

@@ -284,6 +284,7 @@ def _split_spec(tmp_path: Path, data: Path, name: str, **overrides: Any) -> Any:
     return make_spec(tmp_path, name, source, **overrides)
 
 
+@pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)  # Spark: one backend
 def test_one_big_file_over_several_epochs_crash_and_rescaled_resume(
     spark: Any, tmp_path: Path, metastore_url: str
 ) -> None:
@@ -334,6 +335,7 @@ def plan_epochs(spec: Any) -> list[list[InputSplit]]:
     return epochs_of(splits, spec.source.splits_per_epoch)
 
 
+@pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)  # Spark: one backend
 def test_small_files_in_epochs_by_bytes_crash_resume_and_more_files_later(
     spark: Any, tmp_path: Path, metastore_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
