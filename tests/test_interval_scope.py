@@ -214,6 +214,10 @@ def test_three_daily_intervals_each_its_own_job_one_crashed_and_resumed(
     incremental = make_spec(tmp_path, "inc", f'{{format: parquet, path: "{tmp_path}/in/*/*"}}')
     with pytest.raises(SpecError, match="--full-refresh: job inc is scope: incremental"):
         run(spark, incremental, metastore, storage, full_refresh=True)
+    before = views.list_restores(metastore, middle)
+    with pytest.raises(SpecError, match="--full-refresh starts empty: it takes no --restore 1"):
+        run(spark, spec(1), metastore, storage, full_refresh=True, restore="1")
+    assert views.list_restores(metastore, middle) == before  # refused before any record
 
     ids = [f"daily.202611{24 + d}T000000" for d in range(3)]
     assert all(jobs.get_job(metastore, i) is not None for i in ids)
