@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk.configuration import conf
 
+from checkpointing.coordination.heartbeat import HEARTBEAT_TIMEOUT
 from checkpointing.metastore.jobs import storage_url_for_run
 from checkpointing_airflow.attempts import attempt_id, run_started
 from checkpointing_airflow.aws_credentials import aws_environment
+from checkpointing_airflow.deferred import DeferredSubmit
 from checkpointing_airflow.driver_secrets import (
     is_secret_name,
     mask_url_password,
@@ -110,6 +113,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         A notifier that raises is logged; it never fails the job.
     :param alert_after_failures: consecutive checkpoint failures that raise
         ``checkpoint_failures`` (once per run of failures).
+    :param deferrable: submit a detached driver, free the worker slot while the triggerer
+        coordinates (:mod:`checkpointing_airflow.deferred`); default ``default_deferrable``.
+    :param driver_heartbeat_timeout: deferrable: seconds of driver silence that fail the try.
 
     :param interval_start: a ``scope: interval`` spec's data interval start (ISO 8601; the
         pipeline DAGs pass their run's ``data_interval_start``): the try runs that interval's
@@ -167,6 +173,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         full_refresh: bool | str = False,
         alerts: Mapping[str, Any] | Sequence[Any] | Any | None = None,
         alert_after_failures: int = 1,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        driver_heartbeat_timeout: float = HEARTBEAT_TIMEOUT.total_seconds(),
         **kwargs: Any,
     ) -> None:
         from checkpointing_airflow.alerts import normalize_alerts
@@ -195,6 +203,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.full_refresh = full_refresh
         self.alerts = normalize_alerts(alerts)
         self.alert_after_failures = alert_after_failures
+        self.deferrable = deferrable
+        self.driver_heartbeat_timeout = driver_heartbeat_timeout
 
     # ------------------------------------------------------------------ what this try runs
 
@@ -255,6 +265,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.log import mask_secret
 
+        if self.deferrable:  # submits a detached driver and defers: never returns here
+            DeferredSubmit(self).execute(context)
+
         spec = self.load_spec()
         ti = context["ti"]
         url = self.metastore_url()
@@ -269,6 +282,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             if alerting is not None:
                 alerting.close()  # the try's last alerts are sent before the task ends
         return self._outcome(spec, metastore, attempt)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """The deferred try's outcome, or the failure the callbacks retry from."""
+        return DeferredSubmit(self).complete(context, event)
 
     def _coordinate(
         self,

@@ -1,0 +1,239 @@
+"""``deferrable=True`` for the ``CheckpointedSparkSubmitOperator``: the task submits a driver
+that does not depend on its process, then frees its worker slot.
+
+A 3-hour pipeline would otherwise hold a worker slot for 3 hours, and a worker restart would kill
+its driver (spark-submit's child) and force a restore. Here the task
+
+1. plans the try and takes over the job's coordination (``activate``: a dead predecessor's pending
+   checkpoints are aborted as coordinator failover), as the non-deferrable task does;
+2. starts ``spark-submit`` in client mode *detached* (its own session, output to a log file
+   under ``CKPT_HOME/logs/drivers/``, credentials by environment only, as
+   :mod:`~checkpointing_airflow.driver_secrets` has them) and records the driver's identity
+   (attempt, host, pid, log, submission time) on the job row, only while its attempt leads;
+3. defers to :class:`~checkpointing_airflow.triggers.CheckpointCoordinatorTrigger`, the
+   try's checkpoint coordinator in the triggerer, which fires when the outcome is in the
+   metastore or the driver stops heart-beating;
+4. resumes in ``execute_complete``: the try's outcome (the same XCom as without deferral) or an
+   ``AirflowException`` saying what happened, which the failure callbacks turn into a retry that
+   restores the latest checkpoint.
+
+A retry does not re-attach to a still-running driver of the try before it: it stops that driver
+when it runs on this host (two drivers must not write one sink) and restores, as without deferral.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from checkpointing.coordination.drivers import (
+    AttemptVerdict,
+    DriverIdentity,
+    Outcome,
+    process_alive,
+    read_state,
+    record_driver,
+    this_host,
+)
+from checkpointing_airflow.attempts import attempt_id
+from checkpointing_airflow.hooks import open_metastore
+from checkpointing_airflow.spark_submit_internals import submit_environment, submit_target
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from checkpointing.metastore.engine import Metastore
+    from checkpointing.pipeline.spec import PipelineSpec
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
+
+#: seconds a stopped driver gets between SIGTERM and SIGKILL
+STOP_GRACE_S = 10.0
+#: lines of a failed driver's log repeated in the task log
+LOG_TAIL_LINES = 40
+
+
+def driver_log_path(job_id: str, attempt: str) -> Path:
+    """Where a detached driver's output goes: ``CKPT_HOME/logs/drivers/<job>/<attempt>.log``
+    (the job's storage may be S3; the log is written by spark-submit on this host)."""
+    from checkpointing.config import ckpt_home
+
+    return ckpt_home() / "logs" / "drivers" / job_id / f"{attempt}.log"
+
+
+def stop_driver(driver: DriverIdentity, grace: float = STOP_GRACE_S) -> bool:
+    """SIGTERM the driver's session (spark-submit leads it; the Python driver is in it), SIGKILL
+    after ``grace`` s. Only on its own host; True when it was running here and is now gone."""
+    if process_alive(driver) is not True:
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(driver.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while process_alive(driver) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if process_alive(driver):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(driver.pid, signal.SIGKILL)
+    return True
+
+
+class DeferredSubmit:
+    """The deferrable path of one operator instance (composed into it, not a subclass)."""
+
+    def __init__(self, operator: CheckpointedSparkSubmitOperator) -> None:
+        self.op = operator
+
+    def execute(self, context: Context) -> NoReturn:
+        """Plan, take over coordination, submit the detached driver, record it and defer."""
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+        from airflow.sdk.log import mask_secret
+
+        from checkpointing.coordination.coordinator import CheckpointCoordinator
+        from checkpointing.state.storage import CheckpointStorage
+        from checkpointing_airflow.operators import _with_py_files
+        from checkpointing_airflow.triggers import CheckpointCoordinatorTrigger
+
+        op, ti = self.op, context["ti"]
+        spec = op.load_spec()
+        url = op.metastore_url()
+        mask_secret(url)
+        metastore = open_metastore(url)
+        storage_url = op.storage_for(spec)
+        attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        self._stop_previous_driver(metastore, spec, attempt)
+        restore, parallelism = op.plan_try(context, spec, metastore, storage_url)
+        coordinator = CheckpointCoordinator(
+            spec.job,
+            metastore,
+            CheckpointStorage.from_url(storage_url),
+            spec.checkpoint.config(),
+            coordinator_id=attempt,
+        )
+        coordinator.activate()  # a dead predecessor's pending checkpoints: coordinator failover
+        op.application_args = op._application_args(
+            spec, restore, parallelism, attempt, ti.try_number
+        )
+        op.conf = {"spark.pyspark.python": sys.executable, **(op.conf or {})}
+        op.py_files = _with_py_files(op.py_files, spec.py_files)
+        secrets = op.prepare_submit(op._driver_env(url, storage_url))
+        deploy_mode, master = submit_target(op._hook)
+        if deploy_mode == "cluster":
+            raise AirflowFailException(
+                f"deferrable: deploy mode cluster (master {master}) is not supported: the driver "
+                "is watched on the worker's host; use deploy mode client"
+            )
+        try:
+            driver = self.launch(spec.job, attempt, secrets)
+        except BaseException:
+            coordinator.failover(f"try {ti.try_number} ({attempt}): spark-submit did not start")
+            raise
+        if not record_driver(metastore, spec.job, driver):
+            stop_driver(driver)
+            raise AirflowFailException(
+                f"job {spec.job}: another attempt took over before the driver of {attempt} "
+                "was recorded; it was stopped"
+            )
+        op.log.info(
+            "job %s: try %d as coordinator %s, restore %s, parallelism %d: %s; deferring to "
+            "the triggerer",
+            spec.job,
+            ti.try_number,
+            attempt,
+            restore,
+            parallelism,
+            driver.describe(),
+        )
+        metastore.dispose()
+        op.defer(
+            trigger=CheckpointCoordinatorTrigger(
+                job_id=spec.job,
+                attempt=attempt,
+                parallelism=parallelism,
+                max_parallelism=spec.max_parallelism,
+                metastore_conn_id=op.metastore_conn_id,
+                storage_url=storage_url,
+                poll_seconds=op.coordinator_poll,
+                heartbeat_timeout_seconds=op.driver_heartbeat_timeout,
+            ),
+            method_name="execute_complete",
+        )
+        raise AirflowException("unreachable: defer() raises")  # for type checkers
+
+    def launch(self, job_id: str, attempt: str, secrets: Mapping[str, str]) -> DriverIdentity:
+        """``spark-submit`` in its own session (a worker restart or the task's end does not
+        stop it), its output to the driver's log file, credentials only in its environment."""
+        from checkpointing.clock import SystemClock
+
+        op = self.op
+        command = op._hook._build_spark_submit_command(op.application)  # logs it, masked
+        env = {**os.environ, **submit_environment(op._hook), **secrets}
+        log_path = driver_log_path(job_id, attempt)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        submitted_at = SystemClock().now()
+        with log_path.open("ab") as out:
+            process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        return DriverIdentity(attempt, this_host(), process.pid, str(log_path), submitted_at)
+
+    def _stop_previous_driver(self, metastore: Metastore, spec: PipelineSpec, attempt: str) -> None:
+        """A previous try's detached driver still running here (its try's task died, e.g. the
+        triggerer lost it): stop it before this try takes over and submits its own."""
+        driver = read_state(metastore, spec.job).driver
+        if driver is None or driver.attempt == attempt or not attempt_of_same_run(driver, attempt):
+            return
+        if stop_driver(driver):
+            self.op.log.warning("job %s: stopped the %s", spec.job, driver.describe())
+
+    def complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """The trigger's event as the try's outcome (its XCom), or the failure that retries."""
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+        op, ti = self.op, context["ti"]
+        verdict = AttemptVerdict.from_event(event)
+        spec = op.load_spec()
+        metastore = open_metastore(op.metastore_url())
+        attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        try:
+            if verdict.succeeded:
+                return op._outcome(spec, metastore, attempt)
+            driver = read_state(metastore, spec.job).driver
+            if driver is not None and driver.attempt == attempt:
+                self._log_tail(driver)
+                if verdict.outcome is not Outcome.SUPERSEDED and stop_driver(driver):
+                    op.log.warning("job %s: stopped the %s", spec.job, driver.describe())
+            error = AirflowException(verdict.message)
+            op.log.error("%s", op._failure_line(spec, metastore, ti.try_number, error))
+            if verdict.outcome is Outcome.SUPERSEDED:  # another attempt leads: not ours to retry
+                raise AirflowFailException(verdict.message)
+            raise error
+        finally:
+            metastore.dispose()
+
+    def _log_tail(self, driver: DriverIdentity) -> None:
+        """The end of a failed driver's log, when it is on this host (Spark's own lines)."""
+        if not driver.log or driver.host != this_host():
+            return
+        try:
+            lines = Path(driver.log).read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError:
+            return
+        self.op.log.error("the driver's log %s ends:\n%s", driver.log, "\n".join(lines))
+
+
+def attempt_of_same_run(driver: DriverIdentity, attempt: str) -> bool:
+    """Whether ``driver`` was submitted by an earlier try of ``attempt``'s DAG run."""
+    run = attempt.rsplit("-t", 1)[0]
+    return driver.attempt.rsplit("-t", 1)[0] == run
