@@ -136,7 +136,7 @@ def _processes_naming(text: str) -> list[str]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
-            cmdline = " ".join(proc.info["cmdline"] or [])
+            cmdline = " ".join(proc.info["cmdline"] or []).strip()
             if text in cmdline:
                 found.append(cmdline)
     return found
@@ -187,7 +187,11 @@ def test_a_deferred_run_frees_its_slot_survives_a_triggerer_sigkill_and_is_exact
 
     # --- (b) SIGKILL the triggerer with its trigger runner, restart it
     old = airflow.processes["triggerer"]
-    os.killpg(old.pid, signal.SIGKILL)
+    for proc in tree_of([psutil.Process(old.pid)]):  # its trigger runner, wherever its group
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(old.pid, signal.SIGKILL)
     old.wait(30)
     killed_at = datetime.now(UTC)
     airflow.start(components=("triggerer",))

@@ -336,7 +336,8 @@ def test_a_lost_driver_fails_the_try_and_a_superseded_trigger_stops(
     """A driver that dies without recording an outcome: the trigger fires ``driver_lost`` (its
     pending checkpoints aborted as job failover) and ``execute_complete`` raises what the
     retry callback restores from. A trigger whose try a newer one superseded fires
-    ``superseded``, and the task fails without a retry of its own."""
+    ``superseded``, and the task fails without a retry of its own; its driver is left alone,
+    until the user kills the task (the trigger's ``on_kill``)."""
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     d = defer_try(airflow_in_process, tmp_path, monkeypatch, "die")
@@ -362,8 +363,9 @@ def test_a_lost_driver_fails_the_try_and_a_superseded_trigger_stops(
     # end changes nothing of the job's
     driver = read_state(second.metastore, JOB).driver
     assert driver is not None and process_alive(driver)
-    second.go.touch()
-    wait_until("the driver to end", lambda: not process_alive(driver), 30)
-    assert job_row(second.metastore).status == JobStatus.RUNNING  # fenced: not its to finish
+    # a user marking the deferred task failed (the trigger's on_kill) stops its driver here
+    asyncio.run(second.trigger.on_kill())
+    assert not process_alive(driver)
+    assert job_row(second.metastore).status == JobStatus.RUNNING  # it recorded nothing
     d.metastore.dispose()
     second.metastore.dispose()

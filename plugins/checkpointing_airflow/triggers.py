@@ -112,6 +112,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         except Exception as exc:
             yield self._error(f"job {self.job_id}: the metastore cannot be opened: {exc}")
             return
+        attempt = await asyncio.to_thread(self.coordination, metastore)  # imports: off the loop
         self.log.info(
             "job %s: coordinating attempt %s (poll %.1f s, heartbeat timeout %.0f s)",
             self.job_id,
@@ -119,7 +120,6 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
             self.poll_seconds,
             self.heartbeat_timeout_seconds,
         )
-        attempt = self.coordination(metastore)
         failing_since: float | None = None
         try:
             while True:
@@ -140,6 +140,24 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
                 await asyncio.sleep(self.poll_seconds)
         finally:
             await asyncio.to_thread(metastore.dispose)
+
+    async def on_kill(self) -> None:
+        """The user marked the deferred task failed or cleared it: stop the try's driver when
+        it runs on this host (never on a triggerer restart: ``cleanup`` is not ``on_kill``)."""
+        await asyncio.to_thread(self._stop_driver, await self.metastore_url())
+
+    def _stop_driver(self, url: str) -> None:
+        from checkpointing.coordination.drivers import read_state
+        from checkpointing_airflow.deferred import stop_driver
+        from checkpointing_airflow.hooks import open_metastore
+
+        metastore = open_metastore(url)
+        try:
+            driver = read_state(metastore, self.job_id).driver
+        finally:
+            metastore.dispose()
+        if driver is not None and driver.attempt == self.attempt and stop_driver(driver):
+            self.log.warning("job %s: stopped the %s", self.job_id, driver.describe())
 
     def coordination(self, metastore: Any) -> Any:
         """The try's :class:`~checkpointing.coordination.detached.DetachedAttempt`, its stats
