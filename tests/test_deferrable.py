@@ -127,7 +127,9 @@ def test_the_trigger_serializes_ids_and_plain_values_only() -> None:
         "storage_url",
         "poll_seconds",
         "heartbeat_timeout_seconds",
+        "watcher",
     }
+    assert kwargs["watcher"] == ATTEMPT  # its own driver's
     assert all(isinstance(v, str | int | float) for v in kwargs.values())
 
 
@@ -369,3 +371,44 @@ def test_a_lost_driver_fails_the_try_and_a_superseded_trigger_stops(
     assert job_row(second.metastore).status == JobStatus.RUNNING  # it recorded nothing
     d.metastore.dispose()
     second.metastore.dispose()
+
+
+def test_a_retry_re_attaches_to_the_live_driver_of_the_try_before_it(
+    airflow_in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Try 1 failed (say its trigger was lost) while its detached driver runs on: the failure
+    callback leaves the job alone, and try 2 re-attaches instead of submitting a driver and
+    restoring; it coordinates under the driver's attempt id as the new watcher, which
+    supersedes try 1's trigger; the outcome is the driver's, nothing restored."""
+    from checkpointing.metastore.views import list_restores
+    from checkpointing_airflow.attempts import attempt_id
+    from checkpointing_airflow.callbacks import restore_from_latest
+
+    first, second = attempt_id(DAG, RUN, 1), attempt_id(DAG, RUN, 2)
+    one = defer_try(airflow_in_process, tmp_path, monkeypatch, "finish")
+    wait_until("try 1's driver", lambda: job_row(one.metastore).heartbeat_at)
+    driver = read_state(one.metastore, JOB).driver
+    assert driver is not None
+    restore_from_latest({**one.context, "task": one.op})  # Airflow retries try 1
+    assert job_row(one.metastore).status == "RUNNING"  # not failed: its driver lives
+    assert list_restores(one.metastore, JOB) == []  # and no restore planned
+
+    one.submitted.unlink()
+    two = defer_try(airflow_in_process, tmp_path, monkeypatch, "finish", try_number=2)
+    assert not one.submitted.exists()  # no new spark-submit
+    _, kwargs = two.trigger.serialize()
+    assert (kwargs["attempt"], kwargs["watcher"], kwargs["parallelism"]) == (first, second, 2)
+    job = job_row(two.metastore)
+    assert (job.coordinator_id, job.driver_attempt, job.driver_watcher) == (first, first, second)
+
+    event = asyncio.run(first_event(one.trigger))  # try 1's trigger, if it still ran: fenced
+    assert event["outcome"] == "superseded" and f"re-attached to by {second}" in event["message"]
+    two.go.touch()
+    event = asyncio.run(first_event(two.trigger))
+    assert event["outcome"] == "finished", event
+    outcome = two.op.execute_complete(two.context, event)
+    assert outcome["status"] == "FINISHED" and outcome["attempt"] == first, outcome
+    assert outcome["restored_from"] is None
+    wait_until("the driver to exit", lambda: process_alive(driver) is False)
+    one.metastore.dispose()
+    two.metastore.dispose()

@@ -52,6 +52,9 @@ class DetachedAttempt:
     :param tasks: the attempt's subtasks, which a new checkpoint waits for.
     :param heartbeat_timeout: a driver silent this long (or never heard from this long after its
         submission) is lost.
+    :param watcher: the attempt coordinating: ``attempt`` itself, or a retry that re-attached to
+        its driver (:func:`~checkpointing.coordination.drivers.reattach`); superseded once the
+        job row names another watcher.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class DetachedAttempt:
         heartbeat_timeout: timedelta = HEARTBEAT_TIMEOUT,
         stats_tracker: CheckpointStatsTracker | None = None,
         clock: Clock | None = None,
+        watcher: str | None = None,
     ) -> None:
         self.job_id = job_id
         self.metastore = metastore
@@ -76,6 +80,7 @@ class DetachedAttempt:
         self.heartbeat_timeout = heartbeat_timeout
         self.stats_tracker = stats_tracker
         self.clock = clock or SystemClock()
+        self.watcher = watcher or attempt
         self.coordinator: CheckpointCoordinator | None = None
         self._loop: CheckpointCoordinatorDeActivator | None = None
 
@@ -136,6 +141,7 @@ class DetachedAttempt:
             self.clock.now(),
             alive=alive,
             heartbeat_timeout=self.heartbeat_timeout,
+            watcher=self.watcher,
         )
 
     def _failover(self, reason: str) -> None:

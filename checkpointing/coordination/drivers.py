@@ -39,6 +39,9 @@ class DriverIdentity:
     pid: int
     log: str | None
     submitted_at: datetime
+    #: the attempt's parallelism: the subtasks its checkpoints wait for (a re-attaching
+    #: coordinator needs them)
+    parallelism: int | None = None
 
     def describe(self) -> str:
         log = f", log {self.log}" if self.log else ""
@@ -50,8 +53,9 @@ def this_host() -> str:
 
 
 def record_driver(metastore: Metastore, job_id: str, driver: DriverIdentity) -> bool:
-    """Record ``driver`` on the job row if its attempt still leads the job (the row names it as
-    coordinator); False when a newer attempt took over meanwhile (the driver is superseded)."""
+    """Record ``driver`` on the job row, watched by its own attempt, if that attempt still leads
+    the job (the row names it as coordinator); False when a newer attempt took over meanwhile
+    (the driver is superseded)."""
     with metastore.transaction() as s:
         result = s.execute(
             update(Job)
@@ -60,8 +64,10 @@ def record_driver(metastore: Metastore, job_id: str, driver: DriverIdentity) -> 
                 driver_attempt=driver.attempt,
                 driver_host=driver.host,
                 driver_pid=driver.pid,
+                driver_parallelism=driver.parallelism,
                 driver_log=driver.log,
                 driver_submitted_at=driver.submitted_at,
+                driver_watcher=driver.attempt,
             )
         )
         return bool(getattr(result, "rowcount", 0))
@@ -78,6 +84,8 @@ class AttemptState:
     heartbeat_at: datetime | None
     failure_cause: str | None
     driver: DriverIdentity | None
+    #: the attempt that coordinates the driver now: its own, or a retry that re-attached
+    watcher: str | None = None
 
 
 def read_state(metastore: Metastore, job_id: str) -> AttemptState:
@@ -85,7 +93,7 @@ def read_state(metastore: Metastore, job_id: str) -> AttemptState:
     with metastore.transaction() as s:
         job = s.get(Job, job_id)
         if job is None:
-            return AttemptState(job_id, None, None, None, None, None, None)
+            return AttemptState(job_id, None, None, None, None, None, None, None)
         driver = None
         if job.driver_attempt and job.driver_pid is not None and job.driver_submitted_at:
             driver = DriverIdentity(
@@ -94,6 +102,7 @@ def read_state(metastore: Metastore, job_id: str) -> AttemptState:
                 job.driver_pid,
                 job.driver_log,
                 job.driver_submitted_at,
+                job.driver_parallelism,
             )
         return AttemptState(
             job_id,
@@ -103,6 +112,7 @@ def read_state(metastore: Metastore, job_id: str) -> AttemptState:
             job.heartbeat_at,
             job.failure_cause,
             driver,
+            job.driver_watcher,
         )
 
 
@@ -162,6 +172,7 @@ def judge(
     *,
     alive: bool | None,
     heartbeat_timeout: timedelta = HEARTBEAT_TIMEOUT,
+    watcher: str | None = None,
 ) -> AttemptVerdict | None:
     """The verdict on ``attempt`` from its job row (``state``), or None while it runs.
 
@@ -169,7 +180,9 @@ def judge(
     so that a driver that recorded FINISHED and exited is judged by the row). A terminal status
     or a heartbeat counts only when written after the driver was submitted (the job row keeps
     the previous try's FAILED until the new driver reports RUNNING). A driver that never beat
-    is given ``heartbeat_timeout`` from its submission to start."""
+    is given ``heartbeat_timeout`` from its submission to start. ``watcher``: the attempt that
+    coordinates (``attempt`` itself, or a retry re-attached to its driver); once the row names
+    another watcher, this one is superseded."""
     job = state.job_id
     if state.status is None:
         return AttemptVerdict(Outcome.ERROR, attempt, f"job {job} is not in the metastore")
@@ -178,6 +191,12 @@ def judge(
             Outcome.SUPERSEDED,
             attempt,
             f"job {job}: attempt {attempt} was superseded by {state.coordinator_id}",
+        )
+    if watcher is not None and state.watcher not in (None, watcher):
+        return AttemptVerdict(
+            Outcome.SUPERSEDED,
+            attempt,
+            f"job {job}: the driver of {attempt} was re-attached to by {state.watcher}",
         )
     driver = state.driver if state.driver and state.driver.attempt == attempt else None
     since = driver.submitted_at if driver is not None else None
@@ -214,3 +233,40 @@ def judge(
             f"timeout {heartbeat_timeout})",
         )
     return None
+
+
+def reattach(
+    metastore: Metastore,
+    job_id: str,
+    driver_attempt: str,
+    watcher: str,
+    now: datetime,
+    heartbeat_timeout: timedelta = HEARTBEAT_TIMEOUT,
+) -> DriverIdentity | None:
+    """Make ``watcher`` (a retry) the coordinator of ``driver_attempt``'s live driver instead of
+    restarting it: in one transaction on the locked job row, only while that attempt still leads
+    the job, its driver is recorded, the job RUNNING and the driver's heartbeat (written after its
+    submission) within ``heartbeat_timeout``. The coordinator id stays the driver's (it acts
+    under it); the previous watcher is superseded. The driver, or None (restart instead)."""
+    from checkpointing.metastore import jobs
+
+    with metastore.transaction() as s:
+        job = jobs.lock_job(s, job_id)
+        if job is None or job.coordinator_id != driver_attempt:
+            return None
+        if job.driver_attempt != driver_attempt or job.driver_pid is None:
+            return None
+        since, beat = job.driver_submitted_at, job.heartbeat_at
+        if job.status != JobStatus.RUNNING or since is None or beat is None or beat < since:
+            return None
+        if not driver_alive(beat, now, heartbeat_timeout):
+            return None
+        job.driver_watcher = watcher
+        return DriverIdentity(
+            driver_attempt,
+            job.driver_host or "",
+            job.driver_pid,
+            job.driver_log,
+            since,
+            job.driver_parallelism,
+        )

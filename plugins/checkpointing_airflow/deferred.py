@@ -17,8 +17,12 @@ its driver (spark-submit's child) and force a restore. Here the task
    ``AirflowException`` saying what happened, which the failure callbacks turn into a retry that
    restores the latest checkpoint.
 
-A retry does not re-attach to a still-running driver of the try before it: it stops that driver
-when it runs on this host (two drivers must not write one sink) and restores, as without deferral.
+A retry whose previous try's driver is still alive (recorded, RUNNING, heart-beating, its attempt
+still the job's coordinator) *re-attaches* to it instead of restarting (:meth:`reattach`): no
+submit, no restore, no epoch redone; it defers to a trigger that coordinates under the driver's
+attempt id (the driver acts under it) as the new *watcher*, which supersedes the previous try's
+trigger. A previous driver that is not alive enough to re-attach to but still runs on this host
+is stopped (two drivers must not write one sink) and the retry restores, as without deferral.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -39,6 +44,7 @@ from checkpointing.coordination.drivers import (
     Outcome,
     process_alive,
     read_state,
+    reattach,
     record_driver,
     this_host,
 )
@@ -91,13 +97,12 @@ class DeferredSubmit:
 
     def execute(self, context: Context) -> NoReturn:
         """Plan, take over coordination, submit the detached driver, record it and defer."""
-        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+        from airflow.sdk.exceptions import AirflowFailException
         from airflow.sdk.log import mask_secret
 
         from checkpointing.coordination.coordinator import CheckpointCoordinator
         from checkpointing.state.storage import CheckpointStorage
         from checkpointing_airflow.operators import _with_py_files
-        from checkpointing_airflow.triggers import CheckpointCoordinatorTrigger
 
         op, ti = self.op, context["ti"]
         spec = op.load_spec()
@@ -106,6 +111,8 @@ class DeferredSubmit:
         metastore = open_metastore(url)
         storage_url = op.storage_for(spec)
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        if ti.try_number > 1:
+            self.reattach(metastore, spec, attempt)  # defers when the previous driver lives
         self._stop_previous_driver(metastore, spec, attempt)
         restore, parallelism = op.plan_try(context, spec, metastore, storage_url)
         coordinator = CheckpointCoordinator(
@@ -129,7 +136,7 @@ class DeferredSubmit:
                 "is watched on the worker's host; use deploy mode client"
             )
         try:
-            driver = self.launch(spec.job, attempt, secrets)
+            driver = self.launch(spec.job, attempt, secrets, parallelism)
         except BaseException:
             coordinator.failover(f"try {ti.try_number} ({attempt}): spark-submit did not start")
             raise
@@ -150,22 +157,65 @@ class DeferredSubmit:
             driver.describe(),
         )
         metastore.dispose()
+        self.defer(spec, driver, attempt, storage_url)
+
+    def defer(
+        self, spec: PipelineSpec, driver: DriverIdentity, watcher: str, storage_url: str
+    ) -> NoReturn:
+        """Hand the coordination of ``driver`` over to the triggerer, as ``watcher``."""
+        from airflow.sdk.exceptions import AirflowException
+
+        from checkpointing_airflow.triggers import CheckpointCoordinatorTrigger
+
+        op = self.op
+        parallelism = driver.parallelism or op.parallelism_for(spec, 1)
         op.defer(
             trigger=CheckpointCoordinatorTrigger(
                 job_id=spec.job,
-                attempt=attempt,
+                attempt=driver.attempt,
                 parallelism=parallelism,
                 max_parallelism=spec.max_parallelism,
                 metastore_conn_id=op.metastore_conn_id,
                 storage_url=storage_url,
                 poll_seconds=op.coordinator_poll,
                 heartbeat_timeout_seconds=op.driver_heartbeat_timeout,
+                watcher=watcher,
             ),
             method_name="execute_complete",
         )
         raise AirflowException("unreachable: defer() raises")  # for type checkers
 
-    def launch(self, job_id: str, attempt: str, secrets: Mapping[str, str]) -> DriverIdentity:
+    def reattach(self, metastore: Metastore, spec: PipelineSpec, attempt: str) -> None:
+        """Defer onto the previous try's driver when it still runs (returns otherwise): this
+        retry becomes its watcher; the driver keeps its attempt id, so its coordination,
+        checkpoints and outcome stay its own, and nothing is restored or redone."""
+        from checkpointing.clock import SystemClock
+
+        state = read_state(metastore, spec.job)
+        driver = state.driver
+        previous = state.watcher or (driver.attempt if driver is not None else None)
+        if driver is None or previous is None or previous == attempt:
+            return
+        if not attempt_of_same_run(previous, attempt) or process_alive(driver) is False:
+            return
+        timeout = timedelta(seconds=self.op.driver_heartbeat_timeout)
+        now = SystemClock().now()
+        found = reattach(metastore, spec.job, driver.attempt, attempt, now, timeout)
+        if found is None:
+            return
+        self.op.log.info(
+            "job %s: re-attached to the %s, which is still running (no restore, no epoch "
+            "redone); this try coordinates it",
+            spec.job,
+            found.describe(),
+        )
+        storage_url = self.op.storage_for(spec)
+        metastore.dispose()
+        self.defer(spec, found, attempt, storage_url)
+
+    def launch(
+        self, job_id: str, attempt: str, secrets: Mapping[str, str], parallelism: int
+    ) -> DriverIdentity:
         """``spark-submit`` in its own session (a worker restart or the task's end does not
         stop it), its output to the driver's log file, credentials only in its environment."""
         from checkpointing.clock import SystemClock
@@ -186,13 +236,17 @@ class DeferredSubmit:
                 start_new_session=True,
                 close_fds=True,
             )
-        return DriverIdentity(attempt, this_host(), process.pid, str(log_path), submitted_at)
+        return DriverIdentity(
+            attempt, this_host(), process.pid, str(log_path), submitted_at, parallelism
+        )
 
     def _stop_previous_driver(self, metastore: Metastore, spec: PipelineSpec, attempt: str) -> None:
         """A previous try's detached driver still running here (its try's task died, e.g. the
         triggerer lost it): stop it before this try takes over and submits its own."""
         driver = read_state(metastore, spec.job).driver
-        if driver is None or driver.attempt == attempt or not attempt_of_same_run(driver, attempt):
+        if driver is None or driver.attempt == attempt:
+            return
+        if not attempt_of_same_run(driver.attempt, attempt):
             return
         if stop_driver(driver):
             self.op.log.warning("job %s: stopped the %s", spec.job, driver.describe())
@@ -205,7 +259,7 @@ class DeferredSubmit:
         verdict = AttemptVerdict.from_event(event)
         spec = op.load_spec()
         metastore = open_metastore(op.metastore_url())
-        attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        attempt = verdict.attempt  # the driver's: this try's own, or the one it re-attached to
         try:
             if verdict.succeeded:
                 return op._outcome(spec, metastore, attempt)
@@ -233,7 +287,33 @@ class DeferredSubmit:
         self.op.log.error("the driver's log %s ends:\n%s", driver.log, "\n".join(lines))
 
 
-def attempt_of_same_run(driver: DriverIdentity, attempt: str) -> bool:
-    """Whether ``driver`` was submitted by an earlier try of ``attempt``'s DAG run."""
-    run = attempt.rsplit("-t", 1)[0]
-    return driver.attempt.rsplit("-t", 1)[0] == run
+def attempt_of_same_run(other: str, attempt: str) -> bool:
+    """Whether the attempt ids ``other`` and ``attempt`` are tries of one DAG run."""
+    return other.rsplit("-t", 1)[0] == attempt.rsplit("-t", 1)[0]
+
+
+def live_driver(metastore: Metastore, job_id: str, failed: str, timeout_s: float) -> bool:
+    """Whether the detached driver that the failed try ``failed`` watched is still alive (job
+    RUNNING under its attempt, heart-beating within ``timeout_s``, not found dead on this
+    host): the retry re-attaches to it, so the failure callback must not fail the job."""
+    from checkpointing.clock import SystemClock
+    from checkpointing.coordination.heartbeat import driver_alive
+
+    state = read_state(metastore, job_id)
+    driver = state.driver
+    if driver is None or (state.watcher or driver.attempt) != failed:
+        return False
+    if state.coordinator_id != driver.attempt or state.status != "RUNNING":
+        return False
+    beat = state.heartbeat_at
+    if beat is None or beat < driver.submitted_at or process_alive(driver) is False:
+        return False
+    return bool(driver_alive(beat, SystemClock().now(), timedelta(seconds=timeout_s)))
+
+
+def acting_coordinator(metastore: Metastore, job_id: str, failed: str) -> str:
+    """The coordinator id the failed try acted under: a re-attached try's is its driver's."""
+    state = read_state(metastore, job_id)
+    if state.driver is not None and state.watcher == failed:
+        return state.driver.attempt
+    return failed

@@ -44,6 +44,8 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         triggerer's environment, as boto3 finds them).
     :param poll_seconds: seconds between coordinator passes.
     :param heartbeat_timeout_seconds: a driver silent this long is lost.
+    :param watcher: the try coordinating: ``attempt``'s own, or a retry's that re-attached to
+        ``attempt``'s live driver (the coordinator id stays ``attempt``, the driver's).
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         storage_url: str,
         poll_seconds: float = 1.0,
         heartbeat_timeout_seconds: float = HEARTBEAT_TIMEOUT.total_seconds(),
+        watcher: str | None = None,
     ) -> None:
         super().__init__()
         self.job_id = job_id
@@ -67,6 +70,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         self.storage_url = storage_url
         self.poll_seconds = float(poll_seconds)
         self.heartbeat_timeout_seconds = float(heartbeat_timeout_seconds)
+        self.watcher = watcher or attempt
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -80,6 +84,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
                 "storage_url": self.storage_url,
                 "poll_seconds": self.poll_seconds,
                 "heartbeat_timeout_seconds": self.heartbeat_timeout_seconds,
+                "watcher": self.watcher,
             },
         )
 
@@ -153,10 +158,13 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
 
         metastore = open_metastore(url)
         try:
-            driver = read_state(metastore, self.job_id).driver
+            state = read_state(metastore, self.job_id)
         finally:
             metastore.dispose()
-        if driver is not None and driver.attempt == self.attempt and stop_driver(driver):
+        driver = state.driver
+        if driver is None or driver.attempt != self.attempt:
+            return
+        if state.watcher in (None, self.watcher) and stop_driver(driver):
             self.log.warning("job %s: stopped the %s", self.job_id, driver.describe())
 
     def coordination(self, metastore: Any) -> Any:
@@ -181,4 +189,5 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
             poll=self.poll_seconds,
             heartbeat_timeout=timedelta(seconds=self.heartbeat_timeout_seconds),
             stats_tracker=tracker,
+            watcher=self.watcher,
         )
