@@ -117,7 +117,6 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         except Exception as exc:
             yield self._error(f"job {self.job_id}: the metastore cannot be opened: {exc}")
             return
-        attempt = await asyncio.to_thread(self.coordination, metastore)  # imports: off the loop
         self.log.info(
             "job %s: coordinating attempt %s (poll %.1f s, heartbeat timeout %.0f s)",
             self.job_id,
@@ -127,6 +126,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         )
         failing_since: float | None = None
         try:
+            attempt = await asyncio.to_thread(self.coordination, metastore)  # off the loop
             while True:
                 try:
                     verdict = await asyncio.to_thread(attempt.poll)
@@ -139,7 +139,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
                     self.log.warning("job %s: coordinator pass failed: %s", self.job_id, exc)
                     verdict = None
                 if verdict is not None:
-                    self.log.info("job %s: %s", self.job_id, verdict.message)
+                    self.log.info("%s", verdict.message)
                     yield TriggerEvent(verdict.to_event())
                     return
                 await asyncio.sleep(self.poll_seconds)
