@@ -16,9 +16,11 @@ driver) are ``test_deferrable.py``'s.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
+import secrets
 import signal
 import urllib.parse
 from collections.abc import Iterator
@@ -52,7 +54,7 @@ from tests.helpers import checkpoint_rows
 
 JOB = "deferred_pipeline"
 TASK = "run"
-FILES = 16
+FILES = 32
 
 #: the pipeline DAG: one deferrable checkpointed task, no retry (a retry would hide a failure)
 DAG = """
@@ -96,7 +98,7 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
     created.upgrade()
     created.dispose()
     events = tmp_path / "events"
-    datasets.generate_events(events, events=8_000, keys=100, files=FILES, seed=7)
+    datasets.generate_events(events, events=16_000, keys=100, files=FILES, seed=7)
     spec = write_events_spec(
         tmp_path / f"{JOB}.yaml",
         JOB,
@@ -114,6 +116,11 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
         dags=dags,
         extra_env={
             **heartbeat_env(60),
+            # the copied database comes without the airflow.cfg a migration writes: the
+            # components, started at once, would each generate their own secrets
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(16),
+            "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(16),
+            "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
             "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "5",
         },
@@ -206,16 +213,26 @@ def test_a_deferred_run_frees_its_slot_survives_a_triggerer_sigkill_and_is_exact
         return ti if owner not in (None, first_triggerer) else None
 
     ti = wait_for("the restarted triggerer to take the trigger", taken_over)
-    taken_at = datetime.now(UTC)
     assert ti["state"] == "deferred", ti
+    # the new trigger's first pass found the attempt running and joined its coordination (the
+    # triggerer's first connection lookup takes a few seconds: Airflow's in-process API starts)
+    logs = airflow.home / "logs" / f"dag_id={JOB}" / f"run_id={run_id}" / f"task_id={TASK}"
+    trigger_log = logs / f"attempt=1.log.trigger.{ti['trigger']['triggerer_id']}.log"
 
-    def completed_after_takeover() -> bool:
+    def joined() -> bool:
+        return trigger_log.exists() and "(detached driver)" in trigger_log.read_text()
+
+    wait_for("the new trigger to coordinate", joined)
+    resumed_at = datetime.now(UTC)
+    assert read_state(metastore, JOB).status == "RUNNING"
+
+    def completed_after_resume() -> bool:
         return any(
-            c.completed_at is not None and c.completed_at > taken_at
+            c.completed_at is not None and c.completed_at > resumed_at
             for c in checkpoint_rows(metastore, JOB)
         )
 
-    wait_for("a checkpoint completed under the new triggerer", completed_after_takeover)
+    wait_for("a checkpoint completed under the new trigger", completed_after_resume)
     assert process_alive(driver)  # the same driver throughout: never restarted
 
     # --- (c) the run succeeds on its first try, exactly-once
