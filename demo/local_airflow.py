@@ -193,6 +193,7 @@ def local_airflow(
     user_dags: Sequence[Path] = (),
     extra_env: Mapping[str, str] | None = None,
     user_env: Mapping[str, str] | None = None,
+    migrate_db: Callable[[Mapping[str, str]], None] = migrate,
 ) -> LocalAirflow:
     """Configure (not start) the local Airflow: its environment, its admin password (generated
     once, kept in ``home/passwords.json``) and its metadata database (migrated).
@@ -204,7 +205,9 @@ def local_airflow(
     :param extra_env: more environment on top of the defaults, e.g. ``AIRFLOW__SCHEDULER__*``
         settings of a test.
     :param user_env: the caller's environment, whose Airflow settings win over the defaults
-        except :data:`OWNED` ones (see :func:`passed_through`)."""
+        except :data:`OWNED` ones (see :func:`passed_through`).
+    :param migrate_db: creates or upgrades the metadata database of an environment (the tests
+        copy a database migrated once instead)."""
     home = home or settings.home / "airflow"
     url = f"http://127.0.0.1:{port}"
     if user_dags:
@@ -240,7 +243,7 @@ def local_airflow(
         known[USER] = secrets.token_urlsafe(12)
         passwords.write_text(json.dumps(known) + "\n")
         passwords.chmod(0o600)
-    migrate(env)
+    migrate_db(env)
     return LocalAirflow(home=home, url=url, user=USER, password=str(known[USER]), env=env)
 
 

@@ -1,4 +1,4 @@
--- Reference DDL of the checkpoint metastore for sqlite, revision 0005.
+-- Reference DDL of the checkpoint metastore for sqlite, revision 0006.
 -- Generated from checkpointing/metastore/models.py by `make ddl`; `ckpt db upgrade`
 -- (Alembic) is the supported way to create or migrate a metastore. A test fails when
 -- they drift.
@@ -26,6 +26,13 @@ CREATE TABLE ckpt_jobs (
 	heartbeat_at DATETIME,
 	refresh_checkpoint_id BIGINT,
 	refresh_token VARCHAR(256),
+	driver_attempt VARCHAR(64),
+	driver_host VARCHAR(255),
+	driver_pid INTEGER,
+	driver_parallelism INTEGER,
+	driver_log VARCHAR(2048),
+	driver_submitted_at DATETIME,
+	driver_watcher VARCHAR(64),
 	failure_cause TEXT,
 	created_at DATETIME NOT NULL,
 	updated_at DATETIME NOT NULL,
@@ -150,4 +157,4 @@ CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL,
 	CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
 );
-INSERT INTO alembic_version (version_num) VALUES ('0005');
+INSERT INTO alembic_version (version_num) VALUES ('0006');

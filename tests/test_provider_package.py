@@ -166,7 +166,7 @@ def test_provider_info_passes_airflows_schema_and_names_what_exists() -> None:
     for link in info["extra-links"]:
         module, _, name = link.rpartition(".")
         assert getattr(importlib.import_module(module), name)
-    for entry in info["hooks"] + info["operators"]:
+    for entry in info["hooks"] + info["operators"] + info["triggers"]:
         for module in entry["python-modules"]:
             importlib.import_module(module)
     # the postgres connection type stays the Postgres provider's

@@ -94,6 +94,17 @@ class Job(Base):
     #: and savepoints are never restored by ``latest``) and the token of the run that began it
     refresh_checkpoint_id: Mapped[int | None] = mapped_column(BigInteger)
     refresh_token: Mapped[str | None] = mapped_column(String(256))
+    #: a detached driver (the deferrable Airflow task's): the attempt that submitted it, where
+    #: it runs (host, pid of spark-submit, log file), its parallelism and when; the job row's
+    #: coordinator id says whether that attempt still leads, ``driver_watcher`` which attempt
+    #: coordinates it now (a retry that re-attached) (:mod:`checkpointing.coordination.drivers`)
+    driver_attempt: Mapped[str | None] = mapped_column(String(64))
+    driver_host: Mapped[str | None] = mapped_column(String(255))
+    driver_pid: Mapped[int | None] = mapped_column(Integer)
+    driver_parallelism: Mapped[int | None] = mapped_column(Integer)
+    driver_log: Mapped[str | None] = mapped_column(PATH)
+    driver_submitted_at: Mapped[datetime | None]
+    driver_watcher: Mapped[str | None] = mapped_column(String(64))
     failure_cause: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

@@ -56,6 +56,12 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["checkpointing_airflow.hooks"],
             }
         ],
+        "triggers": [
+            {
+                "integration-name": "Spark checkpointing",
+                "python-modules": ["checkpointing_airflow.triggers"],
+            }
+        ],
         # no "plugins" entry: the airflow.plugins entry point registers the plugin, and a second
         # registration under the same name is reported by Airflow as a plugin import error
         "extra-links": ["checkpointing_airflow.links.CheckpointsLink"],

@@ -100,3 +100,26 @@ def describe_failed_try(
         )
     ending = driver_ending(returncode, exc)
     return f"job {job_id}: try {try_number}: the Spark driver {ending}; {last}; {then}"
+
+
+def failed_try_line(
+    operator: Any, spec: Any, metastore: Any, try_number: int, exc: BaseException
+) -> str:
+    """One line for ``operator``'s failed try: how the driver ended, the last completed
+    checkpoint, and what the retry restores (the lines above it are Spark's)."""
+    from checkpointing.metastore.outcome import latest_completed
+    from checkpointing_airflow.spark_submit_internals import submit_returncode
+
+    try:
+        latest = latest_completed(metastore, spec.job)
+    except Exception as error:  # the metastore may be what failed: the line says so
+        latest = f"last completed checkpoint unknown ({type(error).__name__})"
+    return describe_failed_try(
+        spec.job,
+        try_number,
+        submit_returncode(getattr(operator, "_hook", None)),
+        exc,
+        latest,
+        retries_left=(operator.retries or 0) >= try_number,
+        retry_parallelism=operator.parallelism_for(spec, try_number + 1),
+    )

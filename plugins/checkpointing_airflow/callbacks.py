@@ -41,12 +41,14 @@ def restore_from_latest(context: Any) -> None:
     failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
     if _superseded(metastore, spec.job, failed, ti.try_number):
         return
+    if _driver_lives(task, metastore, spec.job, failed):
+        return
     fail_attempt(
         metastore,
         spec.job,
         f"try {ti.try_number} ({failed}) failed",
         final=False,
-        coordinator_id=failed,
+        coordinator_id=_acting_as(task, metastore, spec.job, failed),
     )
     if _superseded(metastore, spec.job, failed, ti.try_number):  # took over meanwhile
         return
@@ -137,6 +139,33 @@ def _storage_access(task: Any, spec: Any) -> AbstractContextManager[None]:
     from checkpointing_airflow.driver_secrets import process_environment
 
     return process_environment(storage_environment(task.aws_conn_id, task.storage_for(spec)))
+
+
+def _driver_lives(task: Any, metastore: Any, job_id: str, failed: str) -> bool:
+    """A deferrable try whose detached driver still runs: the retry re-attaches to it
+    (:mod:`checkpointing_airflow.deferred`), so nothing is failed and no restore is planned."""
+    if not getattr(task, "deferrable", False):
+        return False
+    from checkpointing_airflow.detached_driver import live_driver
+
+    if not live_driver(metastore, job_id, failed, task.driver_heartbeat_timeout):
+        return False
+    log.warning(
+        "job %s: try %s failed but its Spark driver is still running: the retry re-attaches "
+        "to it (no restore)",
+        job_id,
+        failed,
+    )
+    return True
+
+
+def _acting_as(task: Any, metastore: Any, job_id: str, failed: str) -> str:
+    """The coordinator id the failed try acted under (a re-attached try: its driver's)."""
+    if not getattr(task, "deferrable", False):
+        return failed
+    from checkpointing_airflow.detached_driver import acting_coordinator
+
+    return acting_coordinator(metastore, job_id, failed)
 
 
 def _metastore(task: Any) -> Any:

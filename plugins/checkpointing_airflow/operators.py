@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk.configuration import conf
 
+from checkpointing.coordination.heartbeat import HEARTBEAT_TIMEOUT
 from checkpointing.metastore.jobs import storage_url_for_run
-from checkpointing_airflow.attempts import attempt_id, run_started
+from checkpointing_airflow.attempts import attempt_id, failed_try_line, run_started
 from checkpointing_airflow.aws_credentials import storage_environment
+from checkpointing_airflow.deferred import DeferredSubmit
 from checkpointing_airflow.driver_secrets import (
     is_secret_name,
     mask_url_password,
@@ -23,7 +26,7 @@ from checkpointing_airflow.driver_secrets import (
 )
 from checkpointing_airflow.hooks import CheckpointMetastoreHook, open_metastore
 from checkpointing_airflow.links import CheckpointsLink
-from checkpointing_airflow.spark_submit_internals import submit_returncode, submit_target
+from checkpointing_airflow.spark_submit_internals import submit_target
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
@@ -110,6 +113,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         A notifier that raises is logged; it never fails the job.
     :param alert_after_failures: consecutive checkpoint failures that raise
         ``checkpoint_failures`` (once per run of failures).
+    :param deferrable: submit a detached driver, free the worker slot while the triggerer
+        coordinates (:mod:`checkpointing_airflow.deferred`); default ``default_deferrable``.
+    :param driver_heartbeat_timeout: deferrable: seconds of driver silence that fail the try.
 
     :param interval_start: a ``scope: interval`` spec's data interval start (ISO 8601; the
         pipeline DAGs pass their run's ``data_interval_start``): the try runs that interval's
@@ -167,6 +173,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         full_refresh: bool | str = False,
         alerts: Mapping[str, Any] | Sequence[Any] | Any | None = None,
         alert_after_failures: int = 1,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        driver_heartbeat_timeout: float = HEARTBEAT_TIMEOUT.total_seconds(),
         **kwargs: Any,
     ) -> None:
         from checkpointing_airflow.alerts import normalize_alerts
@@ -195,6 +203,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.full_refresh = full_refresh
         self.alerts = normalize_alerts(alerts)
         self.alert_after_failures = alert_after_failures
+        self.deferrable = deferrable
+        self.driver_heartbeat_timeout = driver_heartbeat_timeout
 
     # ------------------------------------------------------------------ what this try runs
 
@@ -253,25 +263,34 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     # ------------------------------------------------------------------ execute
 
     def execute(self, context: Context) -> dict[str, Any]:
+        spec = self.load_spec()
+        storage_url = self.storage_for(spec)
+        # this process reads and writes the storage too (restore lookup, retention): once per try
+        self._aws_env = storage_environment(self.aws_conn_id, storage_url)
+        with process_environment(self._aws_env):
+            if self.deferrable:  # submits a detached driver and defers: never returns here
+                DeferredSubmit(self).execute(context)
+            return self._execute(context, spec, storage_url)
+
+    def _execute(self, context: Context, spec: PipelineSpec, storage_url: str) -> dict[str, Any]:
         from airflow.sdk.log import mask_secret
 
-        spec = self.load_spec()
         ti = context["ti"]
         url = self.metastore_url()
         mask_secret(url)
         metastore = open_metastore(url)
-        storage_url = self.storage_for(spec)
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
-        # this process reads and writes the storage too (restore lookup, retention): once per try
-        self._aws_env = storage_environment(self.aws_conn_id, storage_url)
         try:
-            with process_environment(self._aws_env):
-                self._coordinate(context, spec, metastore, url, storage_url, attempt)
+            self._coordinate(context, spec, metastore, url, storage_url, attempt)
         finally:
             alerting = getattr(self, "_alerting", None)
             if alerting is not None:
                 alerting.close()  # the try's last alerts are sent before the task ends
         return self._outcome(spec, metastore, attempt)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """The deferred try's outcome, or the failure the callbacks retry from."""
+        return DeferredSubmit(self).complete(context, event)
 
     def _coordinate(
         self,
@@ -309,13 +328,28 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
                 restore,
                 parallelism,
             )
-            self.application_args = self._application_args(
-                spec, restore, parallelism, attempt, ti.try_number
+            secrets = self.prepare_application(
+                spec, restore, parallelism, attempt, ti.try_number, url, storage_url
             )
-            self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
-            self.py_files = _with_py_files(self.py_files, spec.py_files)
-            secrets = self.prepare_submit(self._driver_env(url, storage_url))
             self.submit(context, spec, metastore, secrets)
+
+    def prepare_application(
+        self,
+        spec: PipelineSpec,
+        restore: str,
+        parallelism: int,
+        attempt: str,
+        try_number: int,
+        metastore_url: str,
+        storage_url: str,
+    ) -> dict[str, str]:
+        """The try's ``ckpt run`` arguments and files, then :meth:`prepare_submit`."""
+        self.application_args = self._application_args(
+            spec, restore, parallelism, attempt, try_number
+        )
+        self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
+        self.py_files = _with_py_files(self.py_files, spec.py_files)
+        return self.prepare_submit(self._driver_env(metastore_url, storage_url))
 
     def stats_tracker(
         self, context: Context, spec: PipelineSpec, metastore: Metastore, attempt: str
@@ -415,7 +449,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
                 super().execute(context)
         except BaseException as exc:
             try_number = context["ti"].try_number
-            self.log.error("%s", self._failure_line(spec, metastore, try_number, exc))
+            self.log.error("%s", failed_try_line(self, spec, metastore, try_number, exc))
             raise
 
     def _application_args(
@@ -524,8 +558,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
 
     def _storage_env(self, storage_url: str) -> dict[str, str]:
         """The try's storage credentials, resolved once in ``execute`` (else now)."""
-        resolved = getattr(self, "_aws_env", None)
-        return storage_environment(self.aws_conn_id, storage_url) if resolved is None else resolved
+        env = getattr(self, "_aws_env", None)
+        return storage_environment(self.aws_conn_id, storage_url) if env is None else env
 
     def _outcome(self, spec: PipelineSpec, metastore: Metastore, attempt: str) -> dict[str, Any]:
         """The try's outcome (its XCom), from the metastore: the driver may have run elsewhere."""
@@ -545,28 +579,6 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             outcome["checkpoints"],
         )
         return outcome
-
-    def _failure_line(
-        self, spec: PipelineSpec, metastore: Metastore, try_number: int, exc: BaseException
-    ) -> str:
-        """One line for a failed try: how the driver ended, the last completed checkpoint, and
-        what the retry restores (the lines above it are Spark's)."""
-        from checkpointing.metastore.outcome import latest_completed
-        from checkpointing_airflow.attempts import describe_failed_try
-
-        try:
-            latest = latest_completed(metastore, spec.job)
-        except Exception as error:  # the metastore may be what failed: the line says so
-            latest = f"last completed checkpoint unknown ({type(error).__name__})"
-        return describe_failed_try(
-            spec.job,
-            try_number,
-            submit_returncode(getattr(self, "_hook", None)),
-            exc,
-            latest,
-            retries_left=(self.retries or 0) >= try_number,
-            retry_parallelism=self.parallelism_for(spec, try_number + 1),
-        )
 
 
 def _with(ours: Any, theirs: Any) -> list[Any]:

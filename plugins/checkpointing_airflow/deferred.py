@@ -1,0 +1,258 @@
+"""``deferrable=True`` for the ``CheckpointedSparkSubmitOperator``: the task submits a driver
+that does not depend on its process, then frees its worker slot.
+
+A 3-hour pipeline would otherwise hold a worker slot for 3 hours, and a worker restart would kill
+its driver (spark-submit's child) and force a restore. Here the task
+
+1. plans the try and takes over the job's coordination (``activate``: a dead predecessor's pending
+   checkpoints are aborted as coordinator failover), as the non-deferrable task does;
+2. starts ``spark-submit`` in client mode *detached* (its own session, output to a log file
+   under ``CKPT_HOME/logs/drivers/``, credentials by environment only, as
+   :mod:`~checkpointing_airflow.driver_secrets` has them) and records the driver's identity
+   (attempt, host, pid, log, submission time) on the job row, only while its attempt leads;
+3. defers to :class:`~checkpointing_airflow.triggers.CheckpointCoordinatorTrigger`, the
+   try's checkpoint coordinator in the triggerer, which fires when the outcome is in the
+   metastore or the driver stops heart-beating;
+4. resumes in ``execute_complete``: the try's outcome (the same XCom as without deferral) or an
+   ``AirflowException`` saying what happened, which the failure callbacks turn into a retry that
+   restores the latest checkpoint.
+
+A retry whose previous try's driver is still alive (recorded, RUNNING, heart-beating, its attempt
+still the job's coordinator) *re-attaches* to it instead of restarting (:meth:`reattach`): no
+submit, no restore, no epoch redone; it defers to a trigger that coordinates under the driver's
+attempt id (the driver acts under it) as the new *watcher*, which supersedes the previous try's
+trigger. A previous driver that is not alive enough to re-attach to but still runs on this host
+is stopped (two drivers must not write one sink) and the retry restores, as without deferral.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from checkpointing.coordination.drivers import (
+    AttemptVerdict,
+    DriverIdentity,
+    Outcome,
+    process_alive,
+    read_state,
+    reattach,
+    record_driver,
+    this_host,
+)
+from checkpointing_airflow.attempts import attempt_id, failed_try_line
+from checkpointing_airflow.detached_driver import (
+    attempt_of_same_run,
+    driver_log_path,
+    stop_driver,
+)
+from checkpointing_airflow.hooks import open_metastore
+from checkpointing_airflow.spark_submit_internals import submit_environment, submit_target
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from checkpointing.metastore.engine import Metastore
+    from checkpointing.pipeline.spec import PipelineSpec
+
+#: lines of a failed driver's log repeated in the task log
+LOG_TAIL_LINES = 40
+
+
+class DeferredSubmit:
+    """The deferrable path of one operator instance (composed into it, not a subclass)."""
+
+    def __init__(self, operator: Any) -> None:
+        # the CheckpointedSparkSubmitOperator (which imports this module: not imported here)
+        self.op = operator
+
+    def execute(self, context: Context) -> NoReturn:
+        """Plan, take over coordination, submit the detached driver, record it and defer."""
+        from airflow.sdk.exceptions import AirflowFailException
+        from airflow.sdk.log import mask_secret
+
+        from checkpointing.coordination.coordinator import CheckpointCoordinator
+        from checkpointing.state.storage import CheckpointStorage
+
+        op, ti = self.op, context["ti"]
+        spec = op.load_spec()
+        url = op.metastore_url()
+        mask_secret(url)
+        metastore = open_metastore(url)
+        storage_url = op.storage_for(spec)
+        attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        if ti.try_number > 1:
+            self.reattach(metastore, spec, attempt)  # defers when the previous driver lives
+        self._stop_previous_driver(metastore, spec, attempt)
+        restore, parallelism = op.plan_try(context, spec, metastore, storage_url)
+        coordinator = CheckpointCoordinator(
+            spec.job,
+            metastore,
+            CheckpointStorage.from_url(storage_url),
+            spec.checkpoint.config(),
+            coordinator_id=attempt,
+        )
+        coordinator.activate()  # a dead predecessor's pending checkpoints: coordinator failover
+        secrets = op.prepare_application(
+            spec, restore, parallelism, attempt, ti.try_number, url, storage_url
+        )
+        deploy_mode, master = submit_target(op._hook)
+        if deploy_mode == "cluster":
+            raise AirflowFailException(
+                f"deferrable: deploy mode cluster (master {master}) is not supported: the driver "
+                "is watched on the worker's host; use deploy mode client"
+            )
+        try:
+            driver = self.launch(spec.job, attempt, secrets, parallelism)
+        except BaseException:
+            coordinator.failover(f"try {ti.try_number} ({attempt}): spark-submit did not start")
+            raise
+        if not record_driver(metastore, spec.job, driver):
+            stop_driver(driver)
+            raise AirflowFailException(
+                f"job {spec.job}: another attempt took over before the driver of {attempt} "
+                "was recorded; it was stopped"
+            )
+        op.log.info(
+            "job %s: try %d as coordinator %s, restore %s, parallelism %d: %s; deferring to "
+            "the triggerer",
+            spec.job,
+            ti.try_number,
+            attempt,
+            restore,
+            parallelism,
+            driver.describe(),
+        )
+        metastore.dispose()
+        self.defer(spec, driver, attempt, storage_url)
+
+    def defer(
+        self, spec: PipelineSpec, driver: DriverIdentity, watcher: str, storage_url: str
+    ) -> NoReturn:
+        """Hand the coordination of ``driver`` over to the triggerer, as ``watcher``."""
+        from airflow.sdk.exceptions import AirflowException
+
+        from checkpointing_airflow.triggers import CheckpointCoordinatorTrigger
+
+        op = self.op
+        parallelism = driver.parallelism or op.parallelism_for(spec, 1)
+        op.defer(
+            trigger=CheckpointCoordinatorTrigger(
+                job_id=spec.job,
+                attempt=driver.attempt,
+                parallelism=parallelism,
+                max_parallelism=spec.max_parallelism,
+                metastore_conn_id=op.metastore_conn_id,
+                storage_url=storage_url,
+                poll_seconds=op.coordinator_poll,
+                heartbeat_timeout_seconds=op.driver_heartbeat_timeout,
+                watcher=watcher,
+            ),
+            method_name="execute_complete",
+        )
+        raise AirflowException("unreachable: defer() raises")  # for type checkers
+
+    def reattach(self, metastore: Metastore, spec: PipelineSpec, attempt: str) -> None:
+        """Defer onto the previous try's driver when it still runs (returns otherwise): this
+        retry becomes its watcher; the driver keeps its attempt id, so its coordination,
+        checkpoints and outcome stay its own, and nothing is restored or redone."""
+        from checkpointing.clock import SystemClock
+
+        state = read_state(metastore, spec.job)
+        driver = state.driver
+        previous = state.watcher or (driver.attempt if driver is not None else None)
+        if driver is None or previous is None or previous == attempt:
+            return
+        if not attempt_of_same_run(previous, attempt) or process_alive(driver) is False:
+            return
+        timeout = timedelta(seconds=self.op.driver_heartbeat_timeout)
+        now = SystemClock().now()
+        found = reattach(metastore, spec.job, driver.attempt, attempt, now, timeout)
+        if found is None:
+            return
+        self.op.log.info(
+            "job %s: re-attached to the %s, which is still running (no restore, no epoch "
+            "redone); this try coordinates it",
+            spec.job,
+            found.describe(),
+        )
+        storage_url = self.op.storage_for(spec)
+        metastore.dispose()
+        self.defer(spec, found, attempt, storage_url)
+
+    def launch(
+        self, job_id: str, attempt: str, secrets: Mapping[str, str], parallelism: int
+    ) -> DriverIdentity:
+        """``spark-submit`` in its own session (a worker restart or the task's end does not
+        stop it), its output to the driver's log file, credentials only in its environment."""
+        from checkpointing.clock import SystemClock
+
+        op = self.op
+        command = op._hook._build_spark_submit_command(op.application)  # logs it, masked
+        env = {**os.environ, **submit_environment(op._hook), **secrets}
+        log_path = driver_log_path(job_id, attempt)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        submitted_at = SystemClock().now()
+        with log_path.open("ab") as out:
+            process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        return DriverIdentity(
+            attempt, this_host(), process.pid, str(log_path), submitted_at, parallelism
+        )
+
+    def _stop_previous_driver(self, metastore: Metastore, spec: PipelineSpec, attempt: str) -> None:
+        """A previous try's detached driver still running here (its try's task died, e.g. the
+        triggerer lost it): stop it before this try takes over and submits its own."""
+        driver = read_state(metastore, spec.job).driver
+        if driver is None or driver.attempt == attempt:
+            return
+        if not attempt_of_same_run(driver.attempt, attempt):
+            return
+        if stop_driver(driver):
+            self.op.log.warning("job %s: stopped the %s", spec.job, driver.describe())
+
+    def complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """The trigger's event as the try's outcome (its XCom), or the failure that retries."""
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+        op, ti = self.op, context["ti"]
+        verdict = AttemptVerdict.from_event(event)
+        spec = op.load_spec()
+        metastore = open_metastore(op.metastore_url())
+        attempt = verdict.attempt  # the driver's: this try's own, or the one it re-attached to
+        try:
+            if verdict.succeeded:
+                return op._outcome(spec, metastore, attempt)
+            driver = read_state(metastore, spec.job).driver
+            if driver is not None and driver.attempt == attempt:
+                self._log_tail(driver)
+                if verdict.outcome is not Outcome.SUPERSEDED and stop_driver(driver):
+                    op.log.warning("job %s: stopped the %s", spec.job, driver.describe())
+            error = AirflowException(verdict.message)
+            op.log.error("%s", failed_try_line(op, spec, metastore, ti.try_number, error))
+            if verdict.outcome is Outcome.SUPERSEDED:  # another attempt leads: not ours to retry
+                raise AirflowFailException(verdict.message)
+            raise error
+        finally:
+            metastore.dispose()
+
+    def _log_tail(self, driver: DriverIdentity) -> None:
+        """The end of a failed driver's log, when it is on this host (Spark's own lines)."""
+        if not driver.log or driver.host != this_host():
+            return
+        try:
+            lines = Path(driver.log).read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError:
+            return
+        self.op.log.error("the driver's log %s ends:\n%s", driver.log, "\n".join(lines))

@@ -1,0 +1,77 @@
+"""The detached Spark driver of a deferrable try, seen from Airflow's processes: where its log
+goes, whether it still lives (the failure callback's question: re-attach or restore), and how
+it is stopped (the trigger's ``on_kill``, a retry that cannot re-attach)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from checkpointing.coordination.drivers import DriverIdentity, process_alive, read_state
+
+if TYPE_CHECKING:
+    from checkpointing.metastore.engine import Metastore
+
+#: seconds a stopped driver gets between SIGTERM and SIGKILL
+STOP_GRACE_S = 10.0
+
+
+def driver_log_path(job_id: str, attempt: str) -> Path:
+    """Where a detached driver's output goes: ``CKPT_HOME/logs/drivers/<job>/<attempt>.log``
+    (the job's storage may be S3; the log is written by spark-submit on this host)."""
+    from checkpointing.config import ckpt_home
+
+    return ckpt_home() / "logs" / "drivers" / job_id / f"{attempt}.log"
+
+
+def stop_driver(driver: DriverIdentity, grace: float = STOP_GRACE_S) -> bool:
+    """SIGTERM the driver's session (spark-submit leads it; the Python driver is in it), SIGKILL
+    after ``grace`` s. Only on its own host; True when it was running here and is now gone."""
+    if process_alive(driver) is not True:
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(driver.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while process_alive(driver) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if process_alive(driver):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(driver.pid, signal.SIGKILL)
+    return True
+
+
+def attempt_of_same_run(other: str, attempt: str) -> bool:
+    """Whether the attempt ids ``other`` and ``attempt`` are tries of one DAG run."""
+    return other.rsplit("-t", 1)[0] == attempt.rsplit("-t", 1)[0]
+
+
+def live_driver(metastore: Metastore, job_id: str, failed: str, timeout_s: float) -> bool:
+    """Whether the detached driver that the failed try ``failed`` watched is still alive (job
+    RUNNING under its attempt, heart-beating within ``timeout_s``, not found dead on this
+    host): the retry re-attaches to it, so the failure callback must not fail the job."""
+    from checkpointing.clock import SystemClock
+    from checkpointing.coordination.heartbeat import driver_alive
+
+    state = read_state(metastore, job_id)
+    driver = state.driver
+    if driver is None or (state.watcher or driver.attempt) != failed:
+        return False
+    if state.coordinator_id != driver.attempt or state.status != "RUNNING":
+        return False
+    beat = state.heartbeat_at
+    if beat is None or beat < driver.submitted_at or process_alive(driver) is False:
+        return False
+    return bool(driver_alive(beat, SystemClock().now(), timedelta(seconds=timeout_s)))
+
+
+def acting_coordinator(metastore: Metastore, job_id: str, failed: str) -> str:
+    """The coordinator id the failed try acted under: a re-attached try's is its driver's."""
+    state = read_state(metastore, job_id)
+    if state.driver is not None and state.watcher == failed:
+        return state.driver.attempt
+    return failed

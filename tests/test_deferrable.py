@@ -1,0 +1,414 @@
+"""The deferrable pipeline task (issue 27), in-process and without Spark: a stand-in
+``spark-submit`` first on ``PATH`` plays the driver (it joins the coordination under the try's
+attempt id, reports RUNNING, heart-beats, then finishes or dies), the task defers to the
+trigger, the trigger's coroutine runs here, and ``execute_complete`` maps its event.
+
+What the real scheduler and triggerer add (the TI deferred with no worker holding the slot, a
+SIGKILLed triggerer resuming the coordination, real Spark, exactly-once output) is
+``test_airflow_deferrable.py``'s."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.drivers import (
+    AttemptState,
+    AttemptVerdict,
+    DriverIdentity,
+    Outcome,
+    judge,
+    process_alive,
+    read_state,
+)
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Job
+from checkpointing.status import JobStatus
+
+pytest.importorskip("airflow")
+
+JOB, DAG, RUN = "deferred_job", "deferred_job", "manual__2026-01-01T00:00:00+00:00"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+ATTEMPT = "a-t1"
+
+
+# ============================================================================ the verdict
+
+
+def state(**fields: Any) -> AttemptState:
+    values: dict[str, Any] = {
+        "job_id": JOB,
+        "coordinator_id": ATTEMPT,
+        "status": "RUNNING",
+        "updated_at": T0 + timedelta(seconds=5),
+        "heartbeat_at": T0 + timedelta(seconds=5),
+        "failure_cause": None,
+        "driver": DriverIdentity(ATTEMPT, "other-host", 4242, "/logs/a.log", T0),
+    }
+    return AttemptState(**{**values, **fields})
+
+
+def outcome(s: AttemptState, *, at: float = 10, alive: bool | None = None) -> Outcome | None:
+    verdict = judge(
+        s, ATTEMPT, T0 + timedelta(seconds=at), alive=alive, heartbeat_timeout=timedelta(seconds=30)
+    )
+    return None if verdict is None else verdict.outcome
+
+
+def test_the_job_row_judges_the_deferred_attempt() -> None:
+    """The outcome is the job row's, written after the driver's submission; a driver whose
+    process is gone, or silent past the timeout, is lost; a newer coordinator supersedes."""
+    assert outcome(state()) is None  # running, beating
+    assert outcome(state(status="FINISHED")) is Outcome.FINISHED
+    assert outcome(state(status="FAILED")) is Outcome.FAILED
+    assert outcome(state(status="CANCELED")) is Outcome.FAILED
+    # the previous try's FAILED (the failure callback's) is older than this driver: not its own
+    before = T0 - timedelta(seconds=1)
+    assert outcome(state(status="FAILED", updated_at=before, heartbeat_at=None)) is None
+    assert outcome(state(status="FAILED", updated_at=before, heartbeat_at=None), at=31) is (
+        Outcome.DRIVER_LOST  # … and it never beat: lost after the timeout from its submission
+    )
+    assert outcome(state(coordinator_id="a-t2")) is Outcome.SUPERSEDED
+    assert outcome(state(status="FINISHED", coordinator_id="a-t2")) is Outcome.SUPERSEDED
+    assert outcome(state(), alive=False) is Outcome.DRIVER_LOST  # its process is gone here
+    assert outcome(state(status="FINISHED"), alive=False) is Outcome.FINISHED  # wrote, then exited
+    assert outcome(state(), at=35) is None  # 30 s since the last beat
+    assert outcome(state(), at=36) is Outcome.DRIVER_LOST
+    old_beat = state(heartbeat_at=T0 - timedelta(seconds=1))  # a previous driver's beat
+    assert outcome(old_beat, at=20) is None and outcome(old_beat, at=31) is Outcome.DRIVER_LOST
+    assert outcome(state(status=None)) is Outcome.ERROR
+    assert outcome(state(driver=None)) is None  # not recorded yet: nothing to watch
+    lost = judge(state(), ATTEMPT, T0 + timedelta(seconds=40), alive=None)
+    assert lost is None  # the default timeout is the heartbeat's (5 min)
+    verdict = judge(state(status="FAILED", failure_cause="too many"), ATTEMPT, T0, alive=None)
+    assert verdict is not None and "FAILED: too many" in verdict.message
+    assert AttemptVerdict.from_event(verdict.to_event()) == verdict
+    assert json.loads(json.dumps(verdict.to_event())) == verdict.to_event()
+
+
+# ============================================================================ the trigger
+
+
+def test_the_trigger_serializes_ids_and_plain_values_only() -> None:
+    from checkpointing_airflow.triggers import CheckpointCoordinatorTrigger
+
+    trigger = CheckpointCoordinatorTrigger(
+        job_id=JOB,
+        attempt=ATTEMPT,
+        parallelism=2,
+        max_parallelism=16,
+        metastore_conn_id="checkpoint_metastore",
+        storage_url="s3://bucket/checkpoints",
+        poll_seconds=0.5,
+        heartbeat_timeout_seconds=20,
+    )
+    classpath, kwargs = trigger.serialize()
+    module, name = classpath.rsplit(".", 1)
+    again = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+    assert again.serialize() == (classpath, kwargs)
+    assert set(kwargs) == {
+        "job_id",
+        "attempt",
+        "parallelism",
+        "max_parallelism",
+        "metastore_conn_id",
+        "storage_url",
+        "poll_seconds",
+        "heartbeat_timeout_seconds",
+        "watcher",
+    }
+    assert kwargs["watcher"] == ATTEMPT  # its own driver's
+    assert all(isinstance(v, str | int | float) for v in kwargs.values())
+
+
+# ============================================================================ the task and driver
+
+FAKE_DRIVER = """#!{python}
+import json, os, sys, time
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.heartbeat import Heartbeat
+from checkpointing.metastore.engine import Metastore
+from checkpointing.status import JobStatus
+
+args = sys.argv[1:]
+attempt = args[args.index("--coordinator-id") + 1]
+with open(os.environ["FAKE_SPARK_SUBMIT_OUT"], "w") as f:
+    json.dump({{"argv": args, "env": dict(os.environ), "sid": os.getsid(0)}}, f)
+job, mode = os.environ["FAKE_JOB"], os.environ["FAKE_DRIVER_MODE"]
+metastore = Metastore(os.environ["CKPT_METASTORE_URL"])
+coordinator = CheckpointCoordinator(job, metastore, coordinator_id=attempt)
+coordinator.join()
+coordinator.job_status_changed(JobStatus.RUNNING)
+print("driver running", flush=True)
+with Heartbeat(metastore, job, attempt):
+    while not os.path.exists(os.environ["FAKE_DRIVER_GO"]):
+        time.sleep(0.05)
+if mode == "finish":
+    coordinator.shutdown(JobStatus.FINISHED)
+    print("driver finished", flush=True)
+else:
+    print("driver dies", flush=True)
+    os._exit(3)
+"""
+
+
+@dataclass
+class TaskInstance:
+    dag_id: str
+    run_id: str
+    try_number: int
+
+
+@dataclass
+class Deferred:
+    """A task deferred: its operator, context, trigger, and the stand-in driver's files."""
+
+    op: Any
+    context: dict[str, Any]
+    trigger: Any
+    submitted: Path
+    go: Path
+    metastore: Metastore
+
+
+@pytest.fixture
+def airflow_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Airflow configured in this process (its home, the Spark connection), the metastore by
+    ``CKPT_METASTORE_URL`` (no connection), the stand-in spark-submit first on ``PATH``."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"})
+    )
+    url = f"sqlite:///{tmp_path / 'metastore.db'}"
+    Metastore(url, check_schema=False).upgrade()
+    monkeypatch.setenv("CKPT_METASTORE_URL", url)
+    monkeypatch.setenv("CKPT_HOME", str(tmp_path / "ckpt"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "spark-submit"
+    fake.write_text(FAKE_DRIVER.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SPARK_SUBMIT_OUT", str(tmp_path / "submitted.json"))
+    monkeypatch.setenv("FAKE_JOB", JOB)
+    monkeypatch.setenv("FAKE_DRIVER_GO", str(tmp_path / "go"))
+    spec = tmp_path / f"{JOB}.yaml"
+    spec.write_text(
+        f"""
+job: {JOB}
+source: {{format: parquet, path: "{tmp_path}/in/*.parquet"}}
+key: user
+aggregations: {{n: count()}}
+sink: {{path: {tmp_path / "out"}}}
+parallelism: 2
+max_parallelism: 16
+checkpoint: {{interval: 1s}}
+"""
+    )
+    return spec
+
+
+def defer_try(
+    spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, try_number: int = 1
+) -> Deferred:
+    """Run the deferrable task's ``execute`` until it defers; the stand-in driver then runs
+    until the test creates its ``go`` file."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
+
+    monkeypatch.setenv("FAKE_DRIVER_MODE", mode)
+    op = CheckpointedSparkSubmitOperator(
+        task_id="run",
+        pipeline=str(spec),
+        storage_url=(tmp_path / "checkpoints").as_uri(),
+        deferrable=True,
+        coordinator_poll=0.1,
+        driver_heartbeat_timeout=20,
+        retries=1,
+        env_vars={"PATH": os.environ["PATH"]},  # the driver's PATH: the stand-in first
+    )
+    context = {"ti": TaskInstance(DAG, RUN, try_number), "dag_run": None}
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    assert deferred.value.method_name == "execute_complete"
+    metastore = Metastore(os.environ["CKPT_METASTORE_URL"])
+    return Deferred(
+        op,
+        context,
+        deferred.value.trigger,
+        tmp_path / "submitted.json",
+        tmp_path / "go",
+        metastore,
+    )
+
+
+async def first_event(trigger: Any, timeout: float = 60) -> dict[str, Any]:
+    events: AsyncIterator[Any] = trigger.run()
+    event = await asyncio.wait_for(anext(events), timeout)
+    await events.aclose()
+    return dict(event.payload)
+
+
+async def run_for(trigger: Any, seconds: float) -> None:
+    """Run the trigger for ``seconds`` and cancel it, as a triggerer that dies would."""
+    task = asyncio.ensure_future(first_event(trigger))
+    await asyncio.sleep(seconds)
+    assert not task.done(), task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def wait_until(what: str, found: Any, timeout: float = 60) -> Any:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (value := found()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def job_row(metastore: Metastore) -> Job:
+    with metastore.transaction() as s:
+        job = s.get(Job, JOB)
+        assert job is not None
+        s.expunge(job)
+        return job
+
+
+def test_a_deferred_try_detaches_its_driver_and_the_trigger_coordinates_it_to_the_end(
+    airflow_in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver runs in its own session with its credentials by environment only; its
+    identity is on the job row; the trigger (serialised, then rebuilt, then "restarted")
+    coordinates (periodic checkpoints of the try's tasks) until the driver finishes, and
+    ``execute_complete`` returns the try's outcome."""
+    from checkpointing_airflow.attempts import attempt_id
+
+    d = defer_try(airflow_in_process, tmp_path, monkeypatch, "finish")
+    attempt = attempt_id(DAG, RUN, 1)
+    wait_until("the driver to start", d.submitted.exists, 30)
+    submitted = json.loads(wait_until("its record", d.submitted.read_text))
+    assert submitted["sid"] != os.getsid(0)  # its own session: the task's end does not stop it
+    url = os.environ["CKPT_METASTORE_URL"]
+    assert url not in " ".join(submitted["argv"]) and submitted["env"]["CKPT_METASTORE_URL"] == url
+    job = job_row(d.metastore)
+    assert (job.coordinator_id, job.driver_attempt) == (attempt, attempt)
+    assert job.driver_pid and job.driver_host and job.driver_log
+    wait_until("RUNNING", lambda: job_row(d.metastore).status == "RUNNING")
+
+    _, kwargs = d.trigger.serialize()
+    assert url not in json.dumps(kwargs)
+    trigger = type(d.trigger)(**kwargs)
+    asyncio.run(run_for(trigger, 3))  # a triggerer that dies mid-run …
+    with d.metastore.transaction() as s:
+        from checkpointing.metastore.models import Checkpoint
+
+        triggered = [c.coordinator_id for c in s.query(Checkpoint).filter_by(job_id=JOB)]
+    assert triggered and set(triggered) == {attempt}  # periodic, by the trigger, for this try
+
+    resumed = type(d.trigger)(**kwargs)  # … and the restarted one carries on
+    d.go.touch()
+    event = asyncio.run(first_event(resumed))
+    assert event["outcome"] == "finished", event
+    outcome = d.op.execute_complete(d.context, event)
+    assert outcome["status"] == "FINISHED" and outcome["attempt"] == attempt
+    log = Path(job_row(d.metastore).driver_log or "")
+    assert "driver finished" in log.read_text()
+    d.metastore.dispose()
+
+
+def test_a_lost_driver_fails_the_try_and_a_superseded_trigger_stops(
+    airflow_in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver that dies without recording an outcome: the trigger fires ``driver_lost`` (its
+    pending checkpoints aborted as job failover) and ``execute_complete`` raises what the
+    retry callback restores from. A trigger whose try a newer one superseded fires
+    ``superseded``, and the task fails without a retry of its own; its driver is left alone,
+    until the user kills the task (the trigger's ``on_kill``)."""
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    d = defer_try(airflow_in_process, tmp_path, monkeypatch, "die")
+    wait_until("RUNNING", lambda: job_row(d.metastore).status == "RUNNING")
+    d.go.touch()
+    event = asyncio.run(first_event(d.trigger))
+    assert event["outcome"] == "driver_lost", event
+    assert "exited without recording an outcome" in event["message"]
+    with pytest.raises(AirflowException, match="exited without recording") as failed:
+        d.op.execute_complete(d.context, event)
+    assert not isinstance(failed.value, AirflowFailException)  # retried, from the checkpoints
+
+    d.go.unlink()
+    second = defer_try(airflow_in_process, tmp_path, monkeypatch, "finish", try_number=2)
+    wait_until("try 2's driver", lambda: job_row(second.metastore).heartbeat_at)
+    newer = CheckpointCoordinator(JOB, second.metastore, coordinator_id="someone-else")
+    newer.activate()
+    event = asyncio.run(first_event(second.trigger))
+    assert event["outcome"] == "superseded", event
+    with pytest.raises(AirflowFailException, match="superseded by someone-else"):
+        second.op.execute_complete(second.context, event)
+    # the superseded try's driver was left alone (the attempt that leads decides about it); its
+    # end changes nothing of the job's
+    driver = read_state(second.metastore, JOB).driver
+    assert driver is not None and process_alive(driver)
+    # a user marking the deferred task failed (the trigger's on_kill) stops its driver here
+    asyncio.run(second.trigger.on_kill())
+    assert not process_alive(driver)
+    assert job_row(second.metastore).status == JobStatus.RUNNING  # it recorded nothing
+    d.metastore.dispose()
+    second.metastore.dispose()
+
+
+def test_a_retry_re_attaches_to_the_live_driver_of_the_try_before_it(
+    airflow_in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Try 1 failed (say its trigger was lost) while its detached driver runs on: the failure
+    callback leaves the job alone, and try 2 re-attaches instead of submitting a driver and
+    restoring; it coordinates under the driver's attempt id as the new watcher, which
+    supersedes try 1's trigger; the outcome is the driver's, nothing restored."""
+    from checkpointing.metastore.views import list_restores
+    from checkpointing_airflow.attempts import attempt_id
+    from checkpointing_airflow.callbacks import restore_from_latest
+
+    first, second = attempt_id(DAG, RUN, 1), attempt_id(DAG, RUN, 2)
+    one = defer_try(airflow_in_process, tmp_path, monkeypatch, "finish")
+    wait_until("try 1's driver", lambda: job_row(one.metastore).heartbeat_at)
+    driver = read_state(one.metastore, JOB).driver
+    assert driver is not None
+    restore_from_latest({**one.context, "task": one.op})  # Airflow retries try 1
+    assert job_row(one.metastore).status == "RUNNING"  # not failed: its driver lives
+    assert list_restores(one.metastore, JOB) == []  # and no restore planned
+
+    one.submitted.unlink()
+    two = defer_try(airflow_in_process, tmp_path, monkeypatch, "finish", try_number=2)
+    assert not one.submitted.exists()  # no new spark-submit
+    _, kwargs = two.trigger.serialize()
+    assert (kwargs["attempt"], kwargs["watcher"], kwargs["parallelism"]) == (first, second, 2)
+    job = job_row(two.metastore)
+    assert (job.coordinator_id, job.driver_attempt, job.driver_watcher) == (first, first, second)
+
+    event = asyncio.run(first_event(one.trigger))  # try 1's trigger, if it still ran: fenced
+    assert event["outcome"] == "superseded" and f"re-attached to by {second}" in event["message"]
+    two.go.touch()
+    event = asyncio.run(first_event(two.trigger))
+    assert event["outcome"] == "finished", event
+    outcome = two.op.execute_complete(two.context, event)
+    assert outcome["status"] == "FINISHED" and outcome["attempt"] == first, outcome
+    assert outcome["restored_from"] is None
+    wait_until("the driver to exit", lambda: process_alive(driver) is False)
+    one.metastore.dispose()
+    two.metastore.dispose()
