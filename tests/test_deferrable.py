@@ -128,9 +128,58 @@ def test_the_trigger_serializes_ids_and_plain_values_only() -> None:
         "poll_seconds",
         "heartbeat_timeout_seconds",
         "watcher",
+        "aws_conn_id",
     }
     assert kwargs["watcher"] == ATTEMPT  # its own driver's
-    assert all(isinstance(v, str | int | float) for v in kwargs.values())
+    assert kwargs["aws_conn_id"] is None  # boto3's chain in the triggerer
+    assert all(isinstance(v, str | int | float) for k, v in kwargs.items() if k != "aws_conn_id")
+
+
+def test_the_trigger_reaches_s3_storage_with_the_tasks_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The triggerer serves many tasks: it cannot hold one task's credentials in its
+    environment. The trigger's coordination writes to S3 with a client of the task's AWS
+    connection (session token, endpoint) though the triggerer's environment has no AWS_*."""
+    import boto3
+
+    from checkpointing_airflow.triggers import CheckpointCoordinatorTrigger
+    from tests.spark_cluster import RecordingMotoServer
+
+    key_id, secret, token = "ASIATRIGGER0EXAMPLE1", "trigger-secret-x", "IQoJTriggerToken-5"
+    moto = RecordingMotoServer(tmp_path)
+    moto.start()
+    try:
+        boto3.client(
+            "s3", endpoint_url=moto.url, aws_access_key_id=key_id,
+            aws_secret_access_key=secret, region_name="us-east-1",
+        ).create_bucket(Bucket="ckpt")  # fmt: skip
+        for name in [n for n in os.environ if n.startswith("AWS_")]:
+            monkeypatch.delenv(name)
+        extra = {"aws_session_token": token, "endpoint_url": moto.url, "region_name": "us-east-1"}
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_TASK_AWS",
+            json.dumps({"conn_type": "aws", "login": key_id, "password": secret, "extra": extra}),
+        )
+        url = f"sqlite:///{tmp_path / 'metastore.db'}"
+        Metastore(url, check_schema=False).upgrade()
+        metastore = Metastore(url)
+        trigger = CheckpointCoordinatorTrigger(
+            job_id=JOB,
+            attempt=ATTEMPT,
+            parallelism=2,
+            max_parallelism=16,
+            metastore_conn_id="checkpoint_metastore",
+            storage_url="s3://ckpt/checkpoints",
+            aws_conn_id="task_aws",
+        )
+        storage = trigger.coordination(metastore).storage
+        storage.write_bytes(storage.job_url(JOB) + "/probe", b"x")
+        metastore.dispose()
+        puts = [r for r in moto.requests() if r["method"] == "PUT" and "/probe" in r["url"]]
+        assert puts and {r["headers"].get("X-Amz-Security-Token") for r in puts} == {token}
+    finally:
+        moto.stop()
 
 
 # ============================================================================ the task and driver

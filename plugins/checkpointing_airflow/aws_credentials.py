@@ -19,7 +19,11 @@ resolves fresh ones.
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: what the driver and executors get; the secrets among them are masked and kept off command lines
 CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
@@ -69,3 +73,28 @@ def storage_environment(aws_conn_id: str | None, storage_url: str) -> dict[str, 
             if env.get(name):
                 mask_secret(env[name])
     return env
+
+
+def s3_client(aws_conn_id: str | None, storage_url: str) -> Any:
+    """A boto3 S3 client of the connection ``aws_conn_id`` (its keys, token or role, endpoint
+    and region), for a process that serves many tasks and so cannot put one task's credentials
+    in its environment (the triggerer); None for non-S3 storage or a missing connection (then
+    boto3's own chain applies)."""
+    if not aws_conn_id or not storage_url.startswith(("s3://", "s3a://")):
+        return None
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        BaseHook.get_connection(aws_conn_id)
+        return AwsBaseHook(aws_conn_id=aws_conn_id, client_type="s3").get_conn()
+    except AirflowNotFoundException:
+        return None
+    except Exception as exc:  # the lookup itself failed: the process's own chain, said once
+        log.warning(
+            "AWS connection %s not usable here (%s): S3 through boto3's own credential chain",
+            aws_conn_id,
+            type(exc).__name__,
+        )
+        return None

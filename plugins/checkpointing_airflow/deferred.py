@@ -151,6 +151,7 @@ class DeferredSubmit:
                 poll_seconds=op.coordinator_poll,
                 heartbeat_timeout_seconds=op.driver_heartbeat_timeout,
                 watcher=watcher,
+                aws_conn_id=op.aws_conn_id,
             ),
             method_name="execute_complete",
         )

@@ -40,8 +40,9 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         checkpoint waits for.
     :param metastore_conn_id: the checkpoint metastore connection (else ``CKPT_METASTORE_URL``
         of the triggerer, else the embedded default).
-    :param storage_url: the job's checkpoint storage (no credentials: S3 keys come from the
-        triggerer's environment, as boto3 finds them).
+    :param storage_url: the job's checkpoint storage (no credentials).
+    :param aws_conn_id: the AWS connection for S3 storage, resolved here (the task's); a
+        missing one, or None: boto3's own chain in the triggerer.
     :param poll_seconds: seconds between coordinator passes.
     :param heartbeat_timeout_seconds: a driver silent this long is lost.
     :param watcher: the try coordinating: ``attempt``'s own, or a retry's that re-attached to
@@ -60,6 +61,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         poll_seconds: float = 1.0,
         heartbeat_timeout_seconds: float = HEARTBEAT_TIMEOUT.total_seconds(),
         watcher: str | None = None,
+        aws_conn_id: str | None = None,
     ) -> None:
         super().__init__()
         self.job_id = job_id
@@ -71,6 +73,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         self.poll_seconds = float(poll_seconds)
         self.heartbeat_timeout_seconds = float(heartbeat_timeout_seconds)
         self.watcher = watcher or attempt
+        self.aws_conn_id = aws_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -85,6 +88,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
                 "poll_seconds": self.poll_seconds,
                 "heartbeat_timeout_seconds": self.heartbeat_timeout_seconds,
                 "watcher": self.watcher,
+                "aws_conn_id": self.aws_conn_id,
             },
         )
 
@@ -174,16 +178,21 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         from checkpointing.coordination.detached import DetachedAttempt
         from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
         from checkpointing.restore.recovery import pipeline_plan
-        from checkpointing.state.storage import CheckpointStorage
+        from checkpointing.state.storage import CheckpointStorage, S3CheckpointStorage
+        from checkpointing_airflow.aws_credentials import s3_client
         from checkpointing_airflow.metrics import CheckpointMetrics
 
         tracker = CheckpointStatsTracker(
             self.job_id, metastore, self.attempt, [CheckpointMetrics(self.job_id)]
         )
+        storage = CheckpointStorage.from_url(self.storage_url)
+        client = s3_client(self.aws_conn_id, self.storage_url)
+        if client is not None:  # the task's connection, not the triggerer's environment
+            storage = S3CheckpointStorage(self.storage_url, client=client)
         return DetachedAttempt(
             self.job_id,
             metastore,
-            CheckpointStorage.from_url(self.storage_url),
+            storage,
             attempt=self.attempt,
             tasks=pipeline_plan(self.attempt, self.parallelism, self.max_parallelism),
             poll=self.poll_seconds,
