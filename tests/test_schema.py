@@ -111,3 +111,54 @@ def test_upgrade_from_0001_keeps_the_data(tmp_path: Path) -> None:
     [job] = list_jobs(Metastore(url))
     assert (job["job_id"], job["status"]) == ("old-job", "RUNNING")
     assert _diff(url) == []
+
+
+def test_a_reader_on_sqlite_takes_no_write_lock(tmp_path: Path, metastore_url: str) -> None:
+    """``Metastore.reading()`` (the watchers' polls): on SQLite a plain BEGIN, so a reader
+    neither waits for a writer holding the lock nor makes one wait; it sees the last commit.
+    ``transaction()`` still takes the write lock up front (a second writer waits its turn)."""
+    import threading
+    import time
+    from datetime import UTC, datetime
+
+    from checkpointing.metastore import jobs
+    from checkpointing.metastore.models import Job
+
+    store = Metastore(metastore_url)
+    with store.transaction() as s:
+        now = datetime.now(UTC)
+        s.add(
+            Job(
+                job_id="reader-job",
+                storage_url="file:///x",
+                timeout_ms=1,
+                retention="x",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        s.flush()
+        jobs.update_job(s, "reader-job", coordinator_id="c1")
+    holding, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with store.transaction() as s:
+            jobs.update_job(s, "reader-job", coordinator_id="c2")
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        started = time.monotonic()
+        with store.reading() as s:
+            job = s.get(Job, "reader-job")
+            assert job is not None and job.coordinator_id == "c1"  # the last commit
+        assert time.monotonic() - started < 2  # did not queue behind the writer
+    finally:
+        release.set()
+        thread.join()
+    with store.reading() as s:
+        assert s.get(Job, "reader-job").coordinator_id == "c2"
+    store.dispose()

@@ -90,7 +90,7 @@ class AttemptState:
 
 def read_state(metastore: Metastore, job_id: str) -> AttemptState:
     """The job row's coordinator, status, heartbeat and recorded driver."""
-    with metastore.transaction() as s:
+    with metastore.reading() as s:
         job = s.get(Job, job_id)
         if job is None:
             return AttemptState(job_id, None, None, None, None, None, None, None)

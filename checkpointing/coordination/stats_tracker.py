@@ -111,7 +111,7 @@ class CheckpointStatsTracker:
     def _collect(self) -> list[CheckpointEvent]:
         now = self.clock.now()
         events: list[CheckpointEvent] = []
-        with self.metastore.transaction() as s:
+        with self.metastore.reading() as s:  # a watcher: never the write lock
             job = s.get(Job, self.job_id)
             if job is None:
                 return []

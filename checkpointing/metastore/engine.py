@@ -2,7 +2,10 @@
 
 SQLite runs in WAL mode with a busy timeout, and every transaction starts with
 ``BEGIN IMMEDIATE``: writers queue for the lock up front instead of failing with
-"database is locked" when a reader tries to upgrade. PostgreSQL uses psycopg 3.
+"database is locked" when a reader tries to upgrade. A read-only transaction
+(:meth:`Metastore.reading`: watchers polling every second) starts with a plain ``BEGIN``: in WAL
+mode it reads a snapshot without taking the write lock, so it never queues behind the driver's
+acks nor holds them up. PostgreSQL uses psycopg 3.
 """
 
 from __future__ import annotations
@@ -65,6 +68,17 @@ class Metastore:
         """One transaction: commit on success, roll back on error."""
         with self._unavailable_is_clear(), self._sessions.begin() as session:
             yield session
+
+    @contextmanager
+    def reading(self) -> Iterator[Session]:
+        """One read-only transaction (rolled back at the end). On SQLite it takes no write lock;
+        a write in it may fail with "database is locked" rather than wait: use
+        :meth:`transaction` for anything that writes."""
+        with self._unavailable_is_clear(), self.engine.connect() as conn:
+            conn = conn.execution_options(ckpt_read_only=True)
+            with Session(bind=conn, expire_on_commit=False) as s:
+                s.begin()
+                yield s  # closing the session rolls the transaction back
 
     @contextmanager
     def session(self, *, autocommit: bool = False) -> Iterator[Session]:
@@ -205,7 +219,8 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        read_only = conn.get_execution_options().get("ckpt_read_only", False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def _is_connection_error(exc: DBAPIError) -> bool:
