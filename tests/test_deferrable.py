@@ -101,6 +101,27 @@ def test_the_job_row_judges_the_deferred_attempt() -> None:
 # ============================================================================ the trigger
 
 
+def test_a_reused_pid_is_not_taken_for_the_driver() -> None:
+    """A driver's pid is alive only while its process names the attempt (spark-submit's
+    ``--attempt``): a reused pid is neither watched as the driver nor stopped as it."""
+    import socket as _socket
+    import subprocess
+
+    now = datetime.now(UTC)
+    host = _socket.gethostname()
+    stranger = DriverIdentity(ATTEMPT, host, os.getpid(), None, now)
+    assert process_alive(stranger) is False  # this test process: not the driver
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "--attempt", ATTEMPT]
+    )
+    try:
+        assert process_alive(DriverIdentity(ATTEMPT, host, sleeper.pid, None, now)) is True
+        assert process_alive(DriverIdentity(ATTEMPT, "elsewhere", sleeper.pid, None, now)) is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_the_trigger_serializes_ids_and_plain_values_only() -> None:
     from checkpointing_airflow.triggers import CheckpointCoordinatorTrigger
 

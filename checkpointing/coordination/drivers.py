@@ -118,7 +118,9 @@ def read_state(metastore: Metastore, job_id: str) -> AttemptState:
 
 def process_alive(driver: DriverIdentity | None) -> bool | None:
     """Whether the driver's process still runs, when this is its host (else None: not known
-    here). A zombie (exited, not yet reaped) counts as gone."""
+    here). A zombie (exited, not yet reaped) counts as gone, and so does a process whose command
+    line does not name the driver's attempt (spark-submit's arguments carry ``--attempt``): the
+    pid was reused, and that process must never be taken for the driver (nor stopped as it)."""
     if driver is None or driver.host != this_host():
         return None
     try:
@@ -126,6 +128,12 @@ def process_alive(driver: DriverIdentity | None) -> bool | None:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process with that pid: not ours
+        return False
+    try:
+        cmdline = Path(f"/proc/{driver.pid}/cmdline").read_bytes()
+    except OSError:
+        cmdline = None
+    if cmdline is not None and driver.attempt.encode() not in cmdline:
         return False
     stat = Path(f"/proc/{driver.pid}/stat")
     try:
