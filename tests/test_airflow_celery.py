@@ -5,7 +5,8 @@ the checkpointing behaviour it checks is the same, and this deployment is the on
 
 Real parts on loopback, as in a distributed deployment (docs/cluster.md, "Under the
 CeleryExecutor"): Redis as the broker (a database number of its own), PostgreSQL as Airflow's
-database and as Celery's result backend, and the checkpoint metastore (fresh databases), and two
+database and as Celery's result backend — through docker-compose.yml's own URLs, drivers, role
+and password, only the host and a fresh database changed — and the checkpoint metastore, and two
 Celery workers of one slot each, which Airflow knows by different hostnames. The pipeline task's
 Spark driver runs on the worker that took the task (client deploy mode).
 
@@ -31,7 +32,7 @@ from typing import IO, Any
 import psutil
 import pytest
 import yaml
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 
 from checkpointing.config import Settings
 from checkpointing.metastore.engine import Metastore
@@ -65,6 +66,12 @@ WORKERS = ("worker-a", "worker-b")
 #: the broker: the local Redis, a database number no other test uses (flushed before and after)
 BROKER_URL = os.environ.get("CKPT_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+#: Airflow's sync and async engines and Celery's result backend: one database, in compose
+COMPOSE_DATABASES = (
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC",
+    "AIRFLOW__CELERY__RESULT_BACKEND",
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -118,10 +125,23 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
         pytest.fail(f"the CeleryExecutor does not import with the installed Celery: {exc}")
     broker = redis.Redis.from_url(BROKER_URL)
     broker.flushdb()
+    # Airflow's databases exactly as docker-compose.yml sets them (drivers, role, password): only
+    # the host (postgres -> this machine's) and the database (a fresh one) differ
+    compose = {k: str(v) for k, v in COMPOSE["x-airflow-common"]["environment"].items()}
+    role = make_url(compose[COMPOSE_DATABASES[0]].removeprefix("db+"))
     with (
-        fresh_pg_database("celery_airflow") as airflow_db,
+        fresh_pg_database(
+            "celery_airflow", owner=role.username, password=role.password or ""
+        ) as airflow_db,
         fresh_pg_database("celery_ckpt") as ckpt_db,
     ):
+
+        def here(value: str) -> str:
+            moved = make_url(value.removeprefix("db+")).set(
+                host=airflow_db.host, port=airflow_db.port, database=airflow_db.database
+            )
+            return ("db+" if value.startswith("db+") else "") + _url(moved)
+
         home = tmp_path / "ckpt"
         settings = Settings(
             metastore_url=_url(ckpt_db),
@@ -143,7 +163,6 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
         dags = tmp_path / "dags"
         dags.mkdir()
         (dags / f"{JOB}.py").write_text(KILLED_TASK_DAG.format(job=JOB, task=TASK, spec=str(spec)))
-        database = _url(airflow_db)
         local = local_airflow(
             settings,
             port=free_port(),
@@ -151,13 +170,9 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
             dags=dags,
             extra_env={
                 **heartbeat_env(HEARTBEAT_TIMEOUT_S),
-                "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database,
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": _url(
-                    airflow_db.set(drivername="postgresql+psycopg_async")
-                ),
+                "AIRFLOW__CORE__EXECUTOR": compose["AIRFLOW__CORE__EXECUTOR"],
+                **{name: here(compose[name]) for name in COMPOSE_DATABASES},
                 "AIRFLOW__CELERY__BROKER_URL": BROKER_URL,
-                "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{database}",
             },
         )
         # no triggerer: nothing here defers, and it would only compete for the 2 cores
