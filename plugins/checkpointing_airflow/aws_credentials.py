@@ -36,17 +36,9 @@ def aws_environment(aws_conn_id: str | None, storage_url: str) -> dict[str, str]
     Nothing for non-S3 storage (no AWS call is made), and nothing when the connection does not
     exist: the driver's and executors' own standard chain (environment, profile, instance role)
     then applies, as it would without Airflow."""
-    if not aws_conn_id or not storage_url.startswith(("s3://", "s3a://")):
+    hook = _s3_hook(aws_conn_id, storage_url)
+    if hook is None:
         return {}
-    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    try:
-        BaseHook.get_connection(aws_conn_id)
-    except AirflowNotFoundException:
-        return {}
-    hook = AwsBaseHook(aws_conn_id=aws_conn_id, client_type="s3")
     credentials = hook.get_credentials()  # frozen: a role is assumed now, once for this try
     env: dict[str, str] = {}
     if credentials.access_key and credentials.secret_key:
@@ -80,6 +72,21 @@ def s3_client(aws_conn_id: str | None, storage_url: str) -> Any:
     and region), for a process that serves many tasks and so cannot put one task's credentials
     in its environment (the triggerer); None for non-S3 storage or a missing connection (then
     boto3's own chain applies)."""
+    try:
+        hook = _s3_hook(aws_conn_id, storage_url)
+        return None if hook is None else hook.get_conn()
+    except Exception as exc:  # the lookup itself failed: the process's own chain, said once
+        log.warning(
+            "AWS connection %s not usable here (%s): S3 through boto3's own credential chain",
+            aws_conn_id,
+            type(exc).__name__,
+        )
+        return None
+
+
+def _s3_hook(aws_conn_id: str | None, storage_url: str) -> Any:
+    """The Amazon provider's hook of ``aws_conn_id`` for S3 storage; None for other storage
+    (no AWS call) or a connection that does not exist (boto3's own chain then applies)."""
     if not aws_conn_id or not storage_url.startswith(("s3://", "s3a://")):
         return None
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
@@ -88,13 +95,6 @@ def s3_client(aws_conn_id: str | None, storage_url: str) -> Any:
 
     try:
         BaseHook.get_connection(aws_conn_id)
-        return AwsBaseHook(aws_conn_id=aws_conn_id, client_type="s3").get_conn()
     except AirflowNotFoundException:
         return None
-    except Exception as exc:  # the lookup itself failed: the process's own chain, said once
-        log.warning(
-            "AWS connection %s not usable here (%s): S3 through boto3's own credential chain",
-            aws_conn_id,
-            type(exc).__name__,
-        )
-        return None
+    return AwsBaseHook(aws_conn_id=aws_conn_id, client_type="s3")
