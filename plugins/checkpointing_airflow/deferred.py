@@ -70,8 +70,9 @@ class DeferredSubmit:
         # the CheckpointedSparkSubmitOperator (which imports this module: not imported here)
         self.op = operator
 
-    def execute(self, context: Context) -> NoReturn:
-        """Plan, take over coordination, submit the detached driver, record it and defer."""
+    def execute(self, context: Context, spec: PipelineSpec, storage_url: str) -> NoReturn:
+        """Plan, take over coordination, submit the detached driver, record it and defer
+        (``spec`` and its ``storage_url`` as the operator's ``execute`` loaded them)."""
         from airflow.sdk.exceptions import AirflowFailException
         from airflow.sdk.log import mask_secret
 
@@ -79,11 +80,9 @@ class DeferredSubmit:
         from checkpointing.state.storage import CheckpointStorage
 
         op, ti = self.op, context["ti"]
-        spec = op.load_spec()
         url = op.metastore_url()
         mask_secret(url)
         metastore = open_metastore(url)
-        storage_url = op.storage_for(spec)
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
         if ti.try_number > 1:
             self.reattach(metastore, spec, attempt)  # defers when the previous driver lives

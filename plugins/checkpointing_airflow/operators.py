@@ -269,7 +269,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self._aws_env = storage_environment(self.aws_conn_id, storage_url)
         with process_environment(self._aws_env):
             if self.deferrable:  # submits a detached driver and defers: never returns here
-                DeferredSubmit(self).execute(context)
+                DeferredSubmit(self).execute(context, spec, storage_url)
             return self._execute(context, spec, storage_url)
 
     def _execute(self, context: Context, spec: PipelineSpec, storage_url: str) -> dict[str, Any]:
