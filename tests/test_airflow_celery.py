@@ -17,12 +17,22 @@ queues try 2, which only the other worker can take: it becomes the coordinator, 
 latest completed checkpoint from the metastore and the shared checkpoint storage, and the output
 is exactly-once. The compose file's healthchecks of the scheduler and the Celery worker are run
 against this Airflow too.
+
+(f) The same deployment (a triggerer added) runs issue 27's deferrable, interval-scoped pipeline:
+a backfill of three days at once, a worker killed while a task waits for its driver (the retry
+re-attaches), a driver killed (the retry restores), then a full refresh of one day; see the
+test's docstring. The deferrable pipeline under the LocalExecutor, with a triggerer restart, is
+``test_airflow_deferrable.py``'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import json
 import os
+import shutil
+import signal
 import subprocess
 import urllib.parse
 from collections.abc import Iterator
@@ -35,25 +45,31 @@ import yaml
 from sqlalchemy.engine import URL, make_url
 
 from checkpointing.config import Settings
+from checkpointing.coordination.drivers import DriverIdentity, process_alive, read_state
+from checkpointing.metastore import views
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline import datasets
 from demo.airflow_env import airflow_command
 from demo.local_airflow import LocalAirflow, local_airflow
 from tests.airflow_harness import (
+    AGGS,
     DEADLINE_S,
     KILLED_TASK_DAG,
     REPO,
     Api,
+    assert_exactly_once,
     assert_nothing_left,
     assert_retry_resumed,
     free_port,
     fresh_pg_database,
+    gone,
     heartbeat_env,
     kill_while_pending,
     tree_of,
     wait_for,
     write_events_spec,
 )
+from tests.helpers import checkpoint_rows
 
 redis = pytest.importorskip("redis")
 pytest.importorskip("airflow.providers.celery")
@@ -74,6 +90,76 @@ COMPOSE_DATABASES = (
 )
 
 pytestmark = pytest.mark.postgres
+
+#: (f) the deferrable, interval-scoped pipeline backfilled over three days
+DAILY = "daily_deferred"
+DAYS = ("2026-11-20", "2026-11-21", "2026-11-22")
+#: epochs of each day: the first day's try 1 is the one killed, and its driver must outlive the
+#: scheduler's heartbeat timeout and the retry's queueing, so it has the most
+DAY_FILES = {DAYS[0]: 12, DAYS[1]: 4, DAYS[2]: 4}
+#: the pipeline DAG of the interval spec, as the DAG factory builds it, its task deferrable
+DAILY_DAG = """
+from checkpointing.pipeline.spec import load_spec
+from checkpointing_airflow.dag_factory import build_pipeline_dag
+
+dag = build_pipeline_dag(
+    load_spec({spec!r}),
+    operator_args={{
+        "deferrable": True,
+        "coordinator_poll": 1.0,
+        "driver_heartbeat_timeout": 60,
+        "conf": {{
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+        }},
+    }},
+)
+"""
+
+
+def write_backfill_dag(root: Path, dags: Path) -> None:
+    """(f)'s input (one folder per day, each its own events), spec and DAG."""
+    for n, day in enumerate(DAYS):
+        folder = root / "days" / f"date={day}"
+        files = DAY_FILES[day]
+        datasets.generate_events(folder, events=200 * files, keys=60, files=files, seed=20 + n)
+    spec = write_events_spec(
+        root / f"{DAILY}.yaml",
+        DAILY,
+        root / "days" / "date=${DS}",
+        root / "days_out" / "date=${DS}",
+        checkpoint="{every_epochs: 1, retained: 2, tolerable_failures: 0}",
+        scope="interval",
+        schedule="'@daily'",
+        max_active_runs=3,
+        retries=1,
+        retry_delay="2s",
+    )
+    (dags / f"{DAILY}.py").write_text(DAILY_DAG.format(spec=str(spec)))
+
+
+#: the logs of workers a test restarted, closed with the others
+_WORKER_LOGS: list[IO[bytes]] = []
+
+
+def instance_of(day: str) -> str:
+    """The job instance of ``day``'s interval."""
+    return f"{DAILY}.{day.replace('-', '')}T000000"
+
+
+def stop_detached_drivers(metastore_url: str) -> None:
+    """Stop what the deferred scenario's drivers left running (Airflow's stop leaves a
+    detached driver running, by design)."""
+    from checkpointing_airflow.detached_driver import stop_driver
+
+    metastore = Metastore(metastore_url)
+    try:
+        for day in DAYS:
+            if (driver := read_state(metastore, instance_of(day)).driver) is not None:
+                stop_driver(driver)
+    finally:
+        metastore.dispose()
 
 
 def _url(url: URL) -> str:
@@ -115,10 +201,17 @@ def compose_probe(service: str) -> list[str]:
     return probe[1:]
 
 
-@pytest.fixture
-def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
-    """The local Airflow's components on the CeleryExecutor and PostgreSQL, and two Celery
-    workers; stopped afterwards, and then no process of it may be left."""
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("celery")
+
+
+@pytest.fixture(scope="module")
+def airflow(root: Path) -> Iterator[LocalAirflow]:
+    """The local Airflow's components on the CeleryExecutor and PostgreSQL (a triggerer
+    included), and two Celery workers, serving both scenarios' DAGs; stopped afterwards (and the
+    deferred scenario's detached drivers), and then no process of it may be left."""
+    tmp_path = root
     try:  # say why here, not as a worker that exits at start-up
         importlib.import_module("airflow.providers.celery.executors.celery_executor")
     except ImportError as exc:
@@ -163,6 +256,7 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
         dags = tmp_path / "dags"
         dags.mkdir()
         (dags / f"{JOB}.py").write_text(KILLED_TASK_DAG.format(job=JOB, task=TASK, spec=str(spec)))
+        write_backfill_dag(tmp_path, dags)
         local = local_airflow(
             settings,
             port=free_port(),
@@ -170,19 +264,23 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
             dags=dags,
             extra_env={
                 **heartbeat_env(HEARTBEAT_TIMEOUT_S),
+                # runs only when asked for (triggered, backfilled): the daily DAG's latest
+                # interval would otherwise be scheduled at once
+                "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
                 "AIRFLOW__CORE__EXECUTOR": compose["AIRFLOW__CORE__EXECUTOR"],
                 **{name: here(compose[name]) for name in COMPOSE_DATABASES},
                 "AIRFLOW__CELERY__BROKER_URL": BROKER_URL,
             },
         )
-        # no triggerer: nothing here defers, and it would only compete for the 2 cores
-        local.start(components=("api-server", "scheduler", "dag-processor"))
+        local.start()
         logs = [start_worker(local, name) for name in WORKERS]
         try:
+            assert local.wait_until_serving(DEADLINE_S)
             yield local
         finally:
             local.stop()
-            for log in logs:
+            stop_detached_drivers(settings.metastore_url)
+            for log in [*logs, *_WORKER_LOGS]:
                 log.close()
             broker.flushdb()
             broker.close()
@@ -191,11 +289,10 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
 
 @pytest.mark.timeout(600)
 def test_a_killed_celery_worker_is_retried_on_the_other_worker_which_resumes_coordination(
-    airflow: LocalAirflow, tmp_path: Path
+    airflow: LocalAirflow, root: Path
 ) -> None:
     from checkpointing_airflow.operators import attempt_id
 
-    assert airflow.wait_until_serving(DEADLINE_S)
     api = Api(airflow.url, airflow.user, airflow.password)
     metastore = Metastore(airflow.env["CKPT_METASTORE_URL"])
 
@@ -243,8 +340,208 @@ def test_a_killed_celery_worker_is_retried_on_the_other_worker_which_resumes_coo
 
     # --- the retry ran on the other worker and resumed from the latest completed checkpoint
     tries = assert_retry_resumed(
-        api, metastore, job=JOB, task=TASK, run_id=run_id, killed=killed, files=FILES, root=tmp_path
+        api, metastore, job=JOB, task=TASK, run_id=run_id, killed=killed, files=FILES, root=root
     )
     assert tries[1]["hostname"] == worker and tries[2]["hostname"] == other, tries
     assert airflow.processes[other].poll() is None
     metastore.dispose()
+
+
+@pytest.mark.timeout(900)
+def test_a_deferred_backfill_runs_three_intervals_at_once_re_attaches_and_refreshes_one(
+    airflow: LocalAirflow, root: Path
+) -> None:
+    """(f) Issue 27 under the CeleryExecutor: a backfill of three days of a deferrable
+    ``scope: interval`` pipeline. Each day is its own job instance, and their drivers run at
+    once (each task frees its worker slot once its driver is up).
+
+    - The worker running the first day's try 1 is SIGKILLed while the task waits for its driver
+      (the driver, in its own session, lives on) and restarted: the failure callback leaves the
+      job alone and try 2 re-attaches to that driver (no new driver, no restore, no epoch
+      redone).
+    - The last day's driver is SIGKILLed after a checkpoint: the trigger finds it gone and the
+      retry restores the latest completed checkpoint.
+    - Each day's output equals pandas over that day's files only.
+    - One of the middle day's files is rewritten and that day is backfilled again with **Full
+      refresh** (reprocessing its completed run): its output becomes pandas over its current
+      files; the other days' output is untouched."""
+    from checkpointing_airflow.attempts import attempt_id
+
+    for name in WORKERS:  # (e) killed one of them
+        if airflow.processes[name].poll() is not None:
+            _WORKER_LOGS.append(start_worker(airflow, name))
+    api = Api(airflow.url, airflow.user, airflow.password)
+    metastore = Metastore(airflow.env["CKPT_METASTORE_URL"])
+    wait_for(f"the DAG {DAILY}", lambda: api.get(f"/api/v2/dags/{DAILY}"))
+    assert api.call("/api/v2/importErrors")["total_entries"] == 0
+    backfill = {"dag_id": DAILY, "from_date": f"{DAYS[0]}T00:00:00Z"}
+    backfill |= {"to_date": f"{DAYS[-1]}T00:00:00Z", "max_active_runs": 3}
+    api.call("/api/v2/backfills", backfill)
+    runs_path = f"/api/v2/dags/{DAILY}/dagRuns"
+
+    def runs() -> dict[str, str]:
+        found = api.call(f"{runs_path}?run_type=backfill&order_by=logical_date")["dag_runs"]
+        return {r["logical_date"][:10]: r["dag_run_id"] for r in found}
+
+    run_of = wait_for("the backfill's three runs", lambda: len(runs()) == 3 and runs())
+    assert sorted(run_of) == list(DAYS), run_of
+
+    def ti_of(day: str) -> dict[str, Any] | None:
+        path = f"{runs_path}/{urllib.parse.quote(run_of[day], safe='')}/taskInstances/{TASK}"
+        return api.get(path)
+
+    def outcome_of(day: str) -> dict[str, Any]:
+        path = f"{runs_path}/{urllib.parse.quote(run_of[day], safe='')}/taskInstances/{TASK}"
+        xcom = api.call(f"{path}/xcomEntries/return_value?deserialize=true")
+        return xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+
+    # --- SIGKILL the worker running the first day's try 1 while the task waits for its driver:
+    # the worker's own processes only (the detached driver leads a session of its own); the
+    # worker is restarted, as after a deploy
+    day = DAYS[0]
+    first = attempt_id(DAILY, run_of[day], 1)
+
+    def waiting_for_its_driver() -> dict[str, Any] | None:
+        ti = ti_of(day)
+        assert ti is None or ti["try_number"] in (0, 1), ti
+        if not ti or ti["state"] != "running":
+            assert ti is None or ti["state"] in ("scheduled", "queued", None), ti
+            return None
+        state = read_state(metastore, instance_of(day))
+        driver = state.driver
+        if driver is None or (state.heartbeat_at or driver.submitted_at) > driver.submitted_at:
+            assert driver is None, "the driver was up before the test saw it"
+            return None
+        return ti
+
+    worker = wait_for("the task waiting for its driver", waiting_for_its_driver)["hostname"]
+    main = psutil.Process(airflow.processes[worker].pid)
+    session = os.getsid(main.pid)
+    victims = [p for p in tree_of([main]) if _sid(p) == session]
+    for proc in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    wait_for("the worker's processes to die", lambda: all(map(gone, victims)), 30)
+    _WORKER_LOGS.append(start_worker(airflow, worker))
+    driver = read_state(metastore, instance_of(day)).driver
+    assert driver is not None and driver.attempt == first and process_alive(driver), driver
+
+    # --- SIGKILL the last day's driver (its whole session) after a checkpoint, while its task
+    # is deferred: the trigger finds it gone, the try fails and its retry restores
+    last = DAYS[2]
+    lost = attempt_id(DAILY, run_of[last], 1)
+
+    def deferred_after_a_checkpoint() -> DriverIdentity | None:
+        state = read_state(metastore, instance_of(last))
+        assert state.status != "FINISHED", "the last day ended before its driver was killed"
+        ti = ti_of(last)
+        done = [c for c in checkpoint_rows(metastore, instance_of(last)) if c.completed_at]
+        if not done or not ti or ti["state"] != "deferred" or state.driver is None:
+            return None
+        return state.driver
+
+    victim = wait_for("the last day's driver after a checkpoint", deferred_after_a_checkpoint)
+    assert victim.attempt == lost
+    os.killpg(victim.pid, signal.SIGKILL)
+
+    # --- every day's run succeeds; their drivers ran at once
+    def all_ended() -> dict[str, str] | None:
+        states = {
+            d: api.call(f"{runs_path}/{urllib.parse.quote(r, safe='')}")["state"]
+            for d, r in run_of.items()
+        }
+        return states if all(v in ("success", "failed") for v in states.values()) else None
+
+    assert set(wait_for("the backfill to end", all_ended, 600).values()) == {"success"}
+    spans = {}
+    for d in DAYS:
+        state = read_state(metastore, instance_of(d))
+        assert state.status == "FINISHED" and state.driver is not None and state.updated_at
+        spans[d] = (state.driver.submitted_at, state.updated_at)
+    at_once = [
+        (a, b)
+        for a in DAYS
+        for b in DAYS
+        if a < b and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
+    ]
+    assert at_once, spans  # their drivers ran at the same time
+
+    # the killed day: try 2 re-attached to try 1's driver, nothing restored or redone
+    tries = api.call(
+        f"{runs_path}/{urllib.parse.quote(run_of[day], safe='')}/taskInstances/{TASK}/tries"
+    )["task_instances"]
+    assert [t["try_number"] for t in tries] == [1, 2], tries
+    outcome = outcome_of(day)
+    assert outcome["attempt"] == first and outcome["restored_from"] is None, outcome
+    assert outcome["epochs_run"] == DAY_FILES[day] == outcome["epochs_done"], outcome
+    killed_day = instance_of(day)
+    assert read_state(metastore, killed_day).driver == driver  # never another driver
+    assert {c.coordinator_id for c in checkpoint_rows(metastore, killed_day)} == {first}
+    assert [r["attempt"] for r in views.list_restores(metastore, killed_day)] in ([], [first])
+    # the last day: try 2 restored try 1's latest completed checkpoint and redid what followed
+    ours = checkpoint_rows(metastore, instance_of(last))
+    latest = max(c.checkpoint_id for c in ours if c.completed_at and c.coordinator_id == lost)
+    retry = attempt_id(DAILY, run_of[last], 2)
+    restored = [
+        r
+        for r in views.list_restores(metastore, instance_of(last))
+        if r["attempt"] == retry and r["status"] == "RESTORED"
+    ]
+    assert [r["checkpoint_id"] for r in restored] == [latest], restored
+    outcome = outcome_of(last)
+    assert outcome["attempt"] == retry and outcome["restored_from"] == latest, outcome
+    assert outcome["epochs_run"] == DAY_FILES[last] - latest, outcome
+    for d in DAYS:
+        assert_exactly_once(root / "days_out" / f"date={d}", root / "days" / f"date={d}", AGGS)
+
+    # --- a full refresh of the middle day (one of its files rewritten since)
+    middle = DAYS[1]
+    others = {
+        d: sorted(
+            (p.name, p.stat().st_mtime_ns) for p in (root / "days_out").glob(f"date={d}/**/*")
+        )
+        for d in (DAYS[0], DAYS[2])
+    }
+    folder = root / "days" / f"date={middle}"
+    rewritten = sorted(folder.glob("*.parquet"))[0]
+    other = root / "rewrite"
+    datasets.generate_events(other, events=300, keys=60, files=1, seed=99)
+    shutil.move(next(other.glob("*.parquet")), rewritten)
+    refresh = {
+        "dag_id": DAILY,
+        "from_date": f"{middle}T00:00:00Z",
+        "to_date": f"{middle}T00:00:00Z",
+    }
+    refresh |= {"reprocess_behavior": "completed", "dag_run_conf": {"full_refresh": True}}
+
+    def backfill_done() -> bool:  # one backfill of a DAG at a time
+        found = api.call(f"/api/v2/backfills?dag_id={DAILY}")["backfills"]
+        return all(b["completed_at"] for b in found)
+
+    wait_for("the first backfill to be marked complete", backfill_done, 60)
+    api.call("/api/v2/backfills", refresh)
+    run_path = f"{runs_path}/{urllib.parse.quote(run_of[middle], safe='')}"
+
+    def refreshed() -> str | None:
+        run = api.call(run_path)
+        if run["conf"] != {"full_refresh": True}:
+            return None
+        return run["state"] if run["state"] in ("success", "failed") else None
+
+    assert wait_for("the middle day's refresh", refreshed) == "success"
+    restores = views.list_restores(metastore, instance_of(middle))
+    assert restores[0]["assignment"]["full_refresh"], restores[0]
+    assert_exactly_once(root / "days_out" / f"date={middle}", folder, AGGS)
+    for d, files in others.items():
+        now = sorted(
+            (p.name, p.stat().st_mtime_ns) for p in (root / "days_out").glob(f"date={d}/**/*")
+        )
+        assert now == files, d
+    metastore.dispose()
+
+
+def _sid(proc: psutil.Process) -> int | None:
+    try:
+        return os.getsid(proc.pid)
+    except ProcessLookupError:
+        return None

@@ -217,6 +217,9 @@ attempt = args[args.index("--coordinator-id") + 1]
 with open(os.environ["FAKE_SPARK_SUBMIT_OUT"], "w") as f:
     json.dump({{"argv": args, "env": dict(os.environ), "sid": os.getsid(0)}}, f)
 job, mode = os.environ["FAKE_JOB"], os.environ["FAKE_DRIVER_MODE"]
+if mode == "fail_at_start":
+    print("Error: no module named 'pipeline_code'", flush=True)
+    sys.exit(1)
 metastore = Metastore(os.environ["CKPT_METASTORE_URL"])
 coordinator = CheckpointCoordinator(job, metastore, coordinator_id=attempt)
 coordinator.join()
@@ -482,3 +485,31 @@ def test_a_retry_re_attaches_to_the_live_driver_of_the_try_before_it(
     wait_until("the driver to exit", lambda: process_alive(driver) is False)
     one.metastore.dispose()
     two.metastore.dispose()
+
+
+def test_a_driver_that_fails_to_start_fails_the_try_before_it_defers(
+    airflow_in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: Any
+) -> None:
+    """The task keeps its slot until the driver's first heartbeat: a driver that exits before
+    it (here: an import error) fails the try in the task, its log's end in the task's log, with
+    the exception the retry callback restores from; nothing deferred."""
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
+
+    monkeypatch.setenv("FAKE_DRIVER_MODE", "fail_at_start")
+    op = CheckpointedSparkSubmitOperator(
+        task_id="run",
+        pipeline=str(airflow_in_process),
+        storage_url=(tmp_path / "checkpoints").as_uri(),
+        deferrable=True,
+        coordinator_poll=0.1,
+        driver_heartbeat_timeout=20,
+        env_vars={"PATH": os.environ["PATH"]},
+    )
+    context = {"ti": TaskInstance(DAG, RUN, 1), "dag_run": None}
+    with pytest.raises(AirflowException, match="exited without recording") as failed:
+        op.execute(context)
+    assert not isinstance(failed.value, (AirflowFailException, TaskDeferred))
+    task_log = "".join(capfd.readouterr())
+    assert "no module named 'pipeline_code'" in task_log  # the driver's log, in the task's

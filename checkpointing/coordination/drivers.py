@@ -120,7 +120,8 @@ def process_alive(driver: DriverIdentity | None) -> bool | None:
     """Whether the driver's process still runs, when this is its host (else None: not known
     here). A zombie (exited, not yet reaped) counts as gone, and so does a process whose command
     line does not name the driver's attempt (spark-submit's arguments carry ``--attempt``): the
-    pid was reused, and that process must never be taken for the driver (nor stopped as it)."""
+    pid was reused, and that process must never be taken for the driver (nor stopped as it),
+    unless it is this process's own child (spark-submit between fork and exec)."""
     if driver is None or driver.host != this_host():
         return None
     try:
@@ -130,17 +131,17 @@ def process_alive(driver: DriverIdentity | None) -> bool | None:
     except PermissionError:  # another user's process with that pid: not ours
         return False
     try:
+        state, ppid = Path(f"/proc/{driver.pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+    except (OSError, IndexError, ValueError):
+        return True
+    if state in ("Z", "X"):
+        return False
+    try:
         cmdline = Path(f"/proc/{driver.pid}/cmdline").read_bytes()
     except OSError:
-        cmdline = None
-    if cmdline is not None and driver.attempt.encode() not in cmdline:
-        return False
-    stat = Path(f"/proc/{driver.pid}/stat")
-    try:
-        state = stat.read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
         return True
-    return state not in ("Z", "X")
+    # this process's own child between fork and exec still has this process's command line
+    return driver.attempt.encode() in cmdline or int(ppid) == os.getpid()
 
 
 class Outcome(StrEnum):

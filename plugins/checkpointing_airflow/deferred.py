@@ -10,6 +10,9 @@ its driver (spark-submit's child) and force a restore. Here the task
    under ``CKPT_HOME/logs/drivers/``, credentials by environment only, as
    :mod:`~checkpointing_airflow.driver_secrets` has them) and records the driver's identity
    (attempt, host, pid, log, submission time) on the job row, only while its attempt leads;
+   it keeps the slot until the driver's first heartbeat, so that a driver failing to start
+   fails the try with its log in the task's log (and a task killed meanwhile leaves a recorded
+   driver that its retry re-attaches to);
 3. defers to :class:`~checkpointing_airflow.triggers.CheckpointCoordinatorTrigger`, the
    try's checkpoint coordinator in the triggerer, which fires when the outcome is in the
    metastore or the driver stops heart-beating;
@@ -38,6 +41,7 @@ from checkpointing.coordination.drivers import (
     AttemptVerdict,
     DriverIdentity,
     Outcome,
+    judge,
     process_alive,
     read_state,
     reattach,
@@ -117,8 +121,7 @@ class DeferredSubmit:
                 "was recorded; it was stopped"
             )
         op.log.info(
-            "job %s: try %d as coordinator %s, restore %s, parallelism %d: %s; deferring to "
-            "the triggerer",
+            "job %s: try %d as coordinator %s, restore %s, parallelism %d: %s",
             spec.job,
             ti.try_number,
             attempt,
@@ -126,8 +129,40 @@ class DeferredSubmit:
             parallelism,
             driver.describe(),
         )
+        self.await_start(context, spec, metastore, driver)
+        op.log.info("job %s: the driver is up; deferring to the triggerer", spec.job)
         metastore.dispose()
         self.defer(spec, driver, attempt, storage_url)
+
+    def await_start(
+        self, context: Context, spec: PipelineSpec, metastore: Metastore, driver: DriverIdentity
+    ) -> None:
+        """Hold the slot until the driver's first heartbeat (its Spark session is up and it
+        leads the job), so that a driver that fails to start (a bad master, a missing
+        ``py_files``, an import error) fails the try here with its log in the task's log, not
+        in a trigger's. Returns early when the driver already has an outcome (the trigger
+        reports it) or after ``driver_heartbeat_timeout`` (the trigger judges the silence)."""
+        import time
+
+        from checkpointing.clock import SystemClock
+
+        op = self.op
+        timeout = timedelta(seconds=op.driver_heartbeat_timeout)
+        while True:
+            alive = process_alive(driver)  # before the row: an exit after FINISHED is a finish
+            state = read_state(metastore, spec.job)
+            now = SystemClock().now()
+            beat = state.heartbeat_at
+            if beat is not None and beat >= driver.submitted_at:
+                return
+            verdict = judge(state, driver.attempt, now, alive=alive, heartbeat_timeout=timeout)
+            if verdict is not None:
+                if verdict.outcome in (Outcome.FINISHED, Outcome.SUPERSEDED):
+                    return  # the trigger reports it at once
+                self._fail(context, spec, metastore, verdict)
+            if now - driver.submitted_at > timeout:
+                return
+            time.sleep(max(0.2, min(op.coordinator_poll, 1.0)))
 
     def defer(
         self, spec: PipelineSpec, driver: DriverIdentity, watcher: str, storage_url: str
@@ -224,9 +259,7 @@ class DeferredSubmit:
 
     def complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """The trigger's event as the try's outcome (its XCom), or the failure that retries."""
-        from airflow.sdk.exceptions import AirflowException, AirflowFailException
-
-        op, ti = self.op, context["ti"]
+        op = self.op
         verdict = AttemptVerdict.from_event(event)
         spec = op.load_spec()
         metastore = open_metastore(op.metastore_url())
@@ -234,18 +267,29 @@ class DeferredSubmit:
         try:
             if verdict.succeeded:
                 return op._outcome(spec, metastore, attempt)
-            driver = read_state(metastore, spec.job).driver
-            if driver is not None and driver.attempt == attempt:
-                self._log_tail(driver)
-                if verdict.outcome is not Outcome.SUPERSEDED and stop_driver(driver):
-                    op.log.warning("job %s: stopped the %s", spec.job, driver.describe())
-            error = AirflowException(verdict.message)
-            op.log.error("%s", failed_try_line(op, spec, metastore, ti.try_number, error))
-            if verdict.outcome is Outcome.SUPERSEDED:  # another attempt leads: not ours to retry
-                raise AirflowFailException(verdict.message)
-            raise error
+            self._fail(context, spec, metastore, verdict)
         finally:
             metastore.dispose()
+
+    def _fail(
+        self, context: Context, spec: PipelineSpec, metastore: Metastore, verdict: AttemptVerdict
+    ) -> NoReturn:
+        """End the try on a failed ``verdict``: the driver's log tail in the task's log, the
+        driver stopped if it still runs here, and the exception that retries (none when
+        superseded: another attempt leads, not ours to retry)."""
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+        op = self.op
+        driver = read_state(metastore, spec.job).driver
+        if driver is not None and driver.attempt == verdict.attempt:
+            self._log_tail(driver)
+            if verdict.outcome is not Outcome.SUPERSEDED and stop_driver(driver):
+                op.log.warning("job %s: stopped the %s", spec.job, driver.describe())
+        error = AirflowException(verdict.message)
+        op.log.error("%s", failed_try_line(op, spec, metastore, context["ti"].try_number, error))
+        if verdict.outcome is Outcome.SUPERSEDED:
+            raise AirflowFailException(verdict.message)
+        raise error
 
     def _log_tail(self, driver: DriverIdentity) -> None:
         """The end of a failed driver's log, when it is on this host (Spark's own lines)."""
