@@ -259,6 +259,35 @@ def test_the_attempt_reports_its_last_checkpoints_when_it_ends_and_a_failing_wat
     assert statuses(metastore)[pending.checkpoint_id] == "COMPLETED"
 
 
+def test_a_watcher_after_the_fact_replays_the_attempts_own_checkpoints(
+    metastore: Metastore, storage: FileSystemCheckpointStorage
+) -> None:
+    """A deferred try's end (the triggerer coordinated it): a tracker created then reports the
+    attempt's whole history at once, its own checkpoints only, and nothing for an attempt
+    that made none."""
+    config = CheckpointConfig()
+    for attempt, count in (("t1", 2), ("t2", 2)):
+        with coordinate_attempt(
+            JOB,
+            metastore,
+            storage,
+            config,
+            attempt=attempt,
+            tasks=make_plan(attempt=attempt),
+            poll=timedelta(hours=1),
+            failover_reason=f"{attempt} failed",
+        ) as coord:
+            coord.job_status_changed(JobStatus.RUNNING)
+            for _ in range(count):
+                complete(coord)
+    recorder = Recorder()
+    CheckpointStatsTracker(JOB, metastore, "t2", [recorder]).replay()
+    assert [e.checkpoint_id for e in recorder.of(CheckpointCompleted)] == [3, 4]
+    none = Recorder()
+    CheckpointStatsTracker(JOB, metastore, "t3", [none]).replay()
+    assert not none.of(CheckpointCompleted) and not none.of(CheckpointFailed)
+
+
 class FileNotifier(BaseNotifier):
     """A real Airflow notifier: its templated text, rendered with the alert, appended to a file."""
 

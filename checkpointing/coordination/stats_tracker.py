@@ -84,6 +84,22 @@ class CheckpointStatsTracker:
                 and job.consecutive_failures >= self.failure_alert_threshold
             )
 
+    def replay(self) -> list[CheckpointEvent]:
+        """Report the attempt's whole history at once, from its first checkpoint: for a watcher
+        that comes after the fact (a deferred try's end, whose checkpoints the triggerer
+        coordinated). The events reported."""
+        with self.metastore.reading() as s:
+            first = s.scalar(
+                select(func.min(Checkpoint.checkpoint_id)).where(
+                    Checkpoint.job_id == self.job_id, Checkpoint.coordinator_id == self.attempt
+                )
+            )
+        if first is None:
+            self.start()
+        else:
+            self._floor = first
+        return self.poll()
+
     def poll(self) -> list[CheckpointEvent]:
         """Report what changed since the last poll; the events reported."""
         if self._floor is None:
