@@ -131,6 +131,23 @@ checkpoint: {checkpoint}
     return path
 
 
+def write_daily_spec(
+    path: Path, job: str, days: Path, out: Path, *, checkpoint: str, **fields: object
+) -> Path:
+    """:func:`write_events_spec` of a ``scope: interval`` job scheduled daily, reading the
+    folder ``days/date=<day>`` and writing ``out/date=<day>`` of each run's day."""
+    return write_events_spec(
+        path,
+        job,
+        days / "date=${DS}",
+        out / "date=${DS}",
+        checkpoint=checkpoint,
+        scope="interval",
+        schedule="'@daily'",
+        **fields,
+    )
+
+
 #: SQLite databases that ``airflow db migrate`` created in this test process, by the settings
 #: that shape the schema (the auth manager's tables): each new SQLite home gets a copy
 _MIGRATED_SQLITE: dict[str, Path] = {}

@@ -67,6 +67,7 @@ from tests.airflow_harness import (
     kill_while_pending,
     tree_of,
     wait_for,
+    write_daily_spec,
     write_events_spec,
 )
 from tests.helpers import checkpoint_rows
@@ -124,14 +125,12 @@ def write_backfill_dag(root: Path, dags: Path) -> None:
         folder = root / "days" / f"date={day}"
         files = DAY_FILES[day]
         datasets.generate_events(folder, events=200 * files, keys=60, files=files, seed=20 + n)
-    spec = write_events_spec(
+    spec = write_daily_spec(
         root / f"{DAILY}.yaml",
         DAILY,
-        root / "days" / "date=${DS}",
-        root / "days_out" / "date=${DS}",
+        root / "days",
+        root / "days_out",
         checkpoint="{every_epochs: 1, retained: 2, tolerable_failures: 0}",
-        scope="interval",
-        schedule="'@daily'",
         max_active_runs=3,
         retries=1,
         retry_delay="2s",

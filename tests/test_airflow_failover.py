@@ -40,7 +40,7 @@ from tests.airflow_harness import (
     AirflowHome,
     assert_exactly_once,
     make_airflow_home,
-    write_events_spec,
+    write_daily_spec,
 )
 from tests.entry_points import package_zip
 from tests.spark_cluster import RecordingMotoServer
@@ -377,14 +377,12 @@ def test_an_interval_dag_run_refreshes_its_interval_and_its_retry_resumes_the_re
     day.mkdir(parents=True)
     for f in sorted(events.glob("*.parquet"))[:2]:
         (day / f.name).symlink_to(f)
-    spec = write_events_spec(
+    spec = write_daily_spec(
         tmp_path / f"{job}.yaml",
         job,
-        tmp_path / "in" / "date=${DS}",
-        tmp_path / "out" / "date=${DS}",
+        tmp_path / "in",
+        tmp_path / "out",
         checkpoint="{every_epochs: 1}",
-        scope="interval",
-        schedule="'@daily'",
         retries=1,
         retry_delay="1s",
     )

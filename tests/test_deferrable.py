@@ -293,6 +293,22 @@ checkpoint: {{interval: 1s}}
     return spec
 
 
+def deferrable_operator(spec: Path, tmp_path: Path, **kwargs: Any) -> Any:
+    """The deferrable task of ``spec``, its driver the stand-in (first on its ``PATH``)."""
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
+
+    return CheckpointedSparkSubmitOperator(
+        task_id="run",
+        pipeline=str(spec),
+        storage_url=(tmp_path / "checkpoints").as_uri(),
+        deferrable=True,
+        coordinator_poll=0.1,
+        driver_heartbeat_timeout=20,
+        env_vars={"PATH": os.environ["PATH"]},  # the driver's PATH: the stand-in first
+        **kwargs,
+    )
+
+
 def defer_try(
     spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, try_number: int = 1
 ) -> Deferred:
@@ -300,19 +316,8 @@ def defer_try(
     until the test creates its ``go`` file."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
-
     monkeypatch.setenv("FAKE_DRIVER_MODE", mode)
-    op = CheckpointedSparkSubmitOperator(
-        task_id="run",
-        pipeline=str(spec),
-        storage_url=(tmp_path / "checkpoints").as_uri(),
-        deferrable=True,
-        coordinator_poll=0.1,
-        driver_heartbeat_timeout=20,
-        retries=1,
-        env_vars={"PATH": os.environ["PATH"]},  # the driver's PATH: the stand-in first
-    )
+    op = deferrable_operator(spec, tmp_path, retries=1)
     context = {"ti": TaskInstance(DAG, RUN, try_number), "dag_run": None}
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
@@ -495,18 +500,8 @@ def test_a_driver_that_fails_to_start_fails_the_try_before_it_defers(
     the exception the retry callback restores from; nothing deferred."""
     from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
-    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
-
     monkeypatch.setenv("FAKE_DRIVER_MODE", "fail_at_start")
-    op = CheckpointedSparkSubmitOperator(
-        task_id="run",
-        pipeline=str(airflow_in_process),
-        storage_url=(tmp_path / "checkpoints").as_uri(),
-        deferrable=True,
-        coordinator_poll=0.1,
-        driver_heartbeat_timeout=20,
-        env_vars={"PATH": os.environ["PATH"]},
-    )
+    op = deferrable_operator(airflow_in_process, tmp_path)
     context = {"ti": TaskInstance(DAG, RUN, 1), "dag_run": None}
     with pytest.raises(AirflowException, match="exited without recording") as failed:
         op.execute(context)
