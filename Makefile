@@ -9,6 +9,10 @@ TOOLS := .tools
 VENV := .venv
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PYTEST_ARGS ?=
+# test processes in parallel (pytest-xdist, each file in one process: a module's Spark or Airflow
+# set-up is shared by its tests): the suite waits on Airflow's schedulers and on JVMs starting
+# about as much as it computes, so 2 keep this 2-core machine busy; TEST_WORKERS=0: one process
+TEST_WORKERS ?= 2
 # make bench QUICK=1: short runs of both benchmarks (small data, one round) written to
 # bench/results/spark-quick.json and acks-quick.json, never the full runs' files; more, e.g.
 # make bench SPARK_BENCH_ARGS="--rounds 5 --no-growth" (python bench/spark_bench.py --help)
@@ -37,7 +41,7 @@ airflow: $(VENV)/.synced check-java ## a local Airflow 3 with this project's DAG
 
 # CKPT_TEST_REQUIRE_ALL: a missing Airflow, Playwright or Chromium fails the run (tests/conftest.py)
 test: $(VENV)/.synced check-java lint browser-deps ## the whole test suite (SQLite and PostgreSQL)
-	CKPT_TEST_REQUIRE_ALL=1 CKPT_TEST_CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest $(PYTEST_ARGS)
+	CKPT_TEST_REQUIRE_ALL=1 CKPT_TEST_CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # installs what it can; a Chromium still missing then fails `make test` (a plain pytest skips
 # the browser test)

@@ -96,8 +96,9 @@ pytestmark = pytest.mark.postgres
 DAILY = "daily_deferred"
 DAYS = ("2026-11-20", "2026-11-21", "2026-11-22")
 #: epochs of each day: the first day's try 1 is the one killed, and its driver must outlive the
-#: scheduler's heartbeat timeout and the retry's queueing, so it has the most
-DAY_FILES = {DAYS[0]: 12, DAYS[1]: 4, DAYS[2]: 4}
+#: scheduler's heartbeat timeout and the retry's queueing, so it has the most; the middle day's
+#: refresh must still run when its first checkpoint is seen
+DAY_FILES = {DAYS[0]: 12, DAYS[1]: 8, DAYS[2]: 4}
 #: the pipeline DAG of the interval spec, as the DAG factory builds it, its task deferrable
 DAILY_DAG = """
 from checkpointing.pipeline.spec import load_spec
@@ -362,8 +363,9 @@ def test_a_deferred_backfill_runs_three_intervals_at_once_re_attaches_and_refres
       retry restores the latest completed checkpoint.
     - Each day's output equals pandas over that day's files only.
     - One of the middle day's files is rewritten and that day is backfilled again with **Full
-      refresh** (reprocessing its completed run): its output becomes pandas over its current
-      files; the other days' output is untouched."""
+      refresh** (reprocessing its completed run), whose driver is SIGKILLed after the refresh's
+      first checkpoint: the retry resumes the refresh from it (not reset again). The day's
+      output becomes pandas over its current files; the other days' output is untouched."""
     from checkpointing_airflow.attempts import attempt_id
 
     for name in WORKERS:  # (e) killed one of them
@@ -521,6 +523,22 @@ def test_a_deferred_backfill_runs_three_intervals_at_once_re_attaches_and_refres
     api.call("/api/v2/backfills", refresh)
     run_path = f"{runs_path}/{urllib.parse.quote(run_of[middle], safe='')}"
 
+    # the refresh's driver SIGKILLed after its first checkpoint: the retry resumes the refresh
+    refreshing, resuming = (attempt_id(DAILY, run_of[middle], n) for n in (2, 3))
+
+    def refresh_checkpointed() -> DriverIdentity | None:
+        state = read_state(metastore, instance_of(middle))
+        driver = state.driver
+        if driver is None or driver.attempt != refreshing:
+            return None
+        assert state.status != "FINISHED", "the refresh ended before its driver was killed"
+        rows = checkpoint_rows(metastore, instance_of(middle))
+        done = [c for c in rows if c.completed_at and c.coordinator_id == refreshing]
+        return driver if done else None
+
+    victim = wait_for("the refresh's first checkpoint", refresh_checkpointed)
+    os.killpg(victim.pid, signal.SIGKILL)
+
     def refreshed() -> str | None:
         run = api.call(run_path)
         if run["conf"] != {"full_refresh": True}:
@@ -528,8 +546,21 @@ def test_a_deferred_backfill_runs_three_intervals_at_once_re_attaches_and_refres
         return run["state"] if run["state"] in ("success", "failed") else None
 
     assert wait_for("the middle day's refresh", refreshed) == "success"
-    restores = views.list_restores(metastore, instance_of(middle))
-    assert restores[0]["assignment"]["full_refresh"], restores[0]
+    restores = {  # what each try's driver did (not the callback's plans)
+        r["attempt"]: r
+        for r in views.list_restores(metastore, instance_of(middle))
+        if r["status"] in ("RESTORED", "EMPTY")
+    }
+    began = restores[refreshing]["assignment"]["full_refresh"]
+    assert began["epochs_removed"] == DAY_FILES[middle], began  # the day's output reset
+    resumed = restores[resuming]
+    assert resumed["assignment"]["full_refresh"]["resumed"] is True, resumed
+    ours = checkpoint_rows(metastore, instance_of(middle))
+    latest = max(c.checkpoint_id for c in ours if c.completed_at and c.coordinator_id == refreshing)
+    assert resumed["checkpoint_id"] == latest >= began["from"], (resumed, began)
+    outcome = outcome_of(middle)
+    assert outcome["restored_from"] == latest, outcome
+    assert outcome["epochs_done"] == DAY_FILES[middle] > outcome["epochs_run"], outcome
     assert_exactly_once(root / "days_out" / f"date={middle}", folder, AGGS)
     for d, files in others.items():
         now = sorted(

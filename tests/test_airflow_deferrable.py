@@ -139,12 +139,14 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
     assert_nothing_left(tmp_path)
 
 
-def _processes_naming(text: str) -> list[str]:
+def _processes_naming(text: str, home: Path) -> list[str]:
+    """Command lines naming ``text`` of the processes of the Airflow at ``home`` (another test
+    may run an Airflow of its own meanwhile)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
             cmdline = " ".join(proc.info["cmdline"] or []).strip()
-            if text in cmdline:
+            if text in cmdline and proc.environ().get("AIRFLOW_HOME") == str(home):
                 found.append(cmdline)
     return found
 
@@ -183,8 +185,8 @@ def test_a_deferred_run_frees_its_slot_survives_a_triggerer_sigkill_and_is_exact
     driver = read_state(metastore, JOB).driver
     assert driver is not None and driver.attempt == attempt
     assert process_alive(driver), driver
-    assert not _processes_naming(f"airflow worker -- {ti['id']}")  # no task runner of it
-    workers = _processes_naming("airflow worker -- LocalExecutor")
+    assert not _processes_naming(f"airflow worker -- {ti['id']}", airflow.home)  # no runner
+    workers = _processes_naming("airflow worker -- LocalExecutor", airflow.home)
     assert workers and all(c.endswith("<idle>") for c in workers), workers
     scheduler = psutil.Process(airflow.processes["scheduler"].pid)
     assert driver.pid not in {p.pid for p in tree_of([scheduler])}

@@ -51,6 +51,7 @@ from checkpointing.coordination.drivers import (
 from checkpointing_airflow.attempts import attempt_id, failed_try_line
 from checkpointing_airflow.detached_driver import (
     attempt_of_same_run,
+    await_exit,
     driver_log_path,
     stop_driver,
 )
@@ -316,6 +317,8 @@ class DeferredSubmit:
         op = self.op
         driver = read_state(metastore, spec.job).driver
         if driver is not None and driver.attempt == verdict.attempt:
+            if verdict.outcome is Outcome.FAILED:
+                await_exit(driver)  # it is exiting: its error comes last in its log
             self._log_tail(driver)
             if verdict.outcome is not Outcome.SUPERSEDED and stop_driver(driver):
                 op.log.warning("job %s: stopped the %s", spec.job, driver.describe())

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 #: seconds a stopped driver gets between SIGTERM and SIGKILL
 STOP_GRACE_S = 10.0
+#: seconds a driver that recorded FAILED gets to exit by itself (and write its error) before it
+#: is stopped
+EXIT_GRACE_S = 30.0
 
 
 def driver_log_path(job_id: str, attempt: str) -> Path:
@@ -43,6 +46,15 @@ def stop_driver(driver: DriverIdentity, grace: float = STOP_GRACE_S) -> bool:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(driver.pid, signal.SIGKILL)
     return True
+
+
+def await_exit(driver: DriverIdentity, timeout: float = EXIT_GRACE_S) -> bool:
+    """Wait up to ``timeout`` s for a driver that recorded its own failure to exit: its error
+    is the last thing it writes to its log. True when it is gone (or not on this host)."""
+    deadline = time.monotonic() + timeout
+    while process_alive(driver) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not process_alive(driver)
 
 
 def attempt_of_same_run(other: str, attempt: str) -> bool:
