@@ -20,18 +20,16 @@ against this Airflow too.
 
 (f) The same deployment (a triggerer added) runs issue 27's deferrable, interval-scoped pipeline:
 a backfill of three days at once, a worker killed while a task waits for its driver (the retry
-re-attaches), a driver killed (the retry restores), then a full refresh of one day; see the
-test's docstring. The deferrable pipeline under the LocalExecutor, with a triggerer restart, is
+re-attaches), a driver killed (the retry restores), the triggerer killed and restarted, then a
+full refresh of one day whose driver is killed (the retry resumes the refresh); see the test's
+docstring. The deferrable pipeline under the LocalExecutor, with a triggerer restart, is
 ``test_airflow_deferrable.py``'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import json
 import os
-import shutil
 import signal
 import subprocess
 import urllib.parse
@@ -52,23 +50,28 @@ from checkpointing.pipeline import datasets
 from demo.airflow_env import airflow_command
 from demo.local_airflow import LocalAirflow, local_airflow
 from tests.airflow_harness import (
-    AGGS,
     DEADLINE_S,
     KILLED_TASK_DAG,
     REPO,
     Api,
-    assert_exactly_once,
     assert_nothing_left,
     assert_retry_resumed,
     free_port,
     fresh_pg_database,
-    gone,
     heartbeat_env,
+    kill_component,
     kill_while_pending,
     tree_of,
     wait_for,
-    write_daily_spec,
     write_events_spec,
+)
+from tests.daily_backfill import (
+    DAILY,
+    DAYS,
+    DailyBackfill,
+    instance_of,
+    stop_detached_drivers,
+    write_backfill_dag,
 )
 from tests.helpers import checkpoint_rows
 
@@ -92,74 +95,14 @@ COMPOSE_DATABASES = (
 
 pytestmark = pytest.mark.postgres
 
-#: (f) the deferrable, interval-scoped pipeline backfilled over three days
-DAILY = "daily_deferred"
-DAYS = ("2026-11-20", "2026-11-21", "2026-11-22")
-#: epochs of each day: the first day's try 1 is the one killed, and its driver must outlive the
-#: scheduler's heartbeat timeout and the retry's queueing, so it has the most; the middle day's
-#: refresh must still run when its first checkpoint is seen
+#: (f) epochs of each day: the first day's try 1 is the one killed, and its driver must outlive
+#: the scheduler's heartbeat timeout and the retry's queueing, so it has the most; the middle
+#: day's refresh must still run when its first checkpoint is seen
 DAY_FILES = {DAYS[0]: 12, DAYS[1]: 8, DAYS[2]: 4}
-#: the pipeline DAG of the interval spec, as the DAG factory builds it, its task deferrable
-DAILY_DAG = """
-from checkpointing.pipeline.spec import load_spec
-from checkpointing_airflow.dag_factory import build_pipeline_dag
-
-dag = build_pipeline_dag(
-    load_spec({spec!r}),
-    operator_args={{
-        "deferrable": True,
-        "coordinator_poll": 1.0,
-        "driver_heartbeat_timeout": 60,
-        "conf": {{
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-        }},
-    }},
-)
-"""
-
-
-def write_backfill_dag(root: Path, dags: Path) -> None:
-    """(f)'s input (one folder per day, each its own events), spec and DAG."""
-    for n, day in enumerate(DAYS):
-        folder = root / "days" / f"date={day}"
-        files = DAY_FILES[day]
-        datasets.generate_events(folder, events=200 * files, keys=60, files=files, seed=20 + n)
-    spec = write_daily_spec(
-        root / f"{DAILY}.yaml",
-        DAILY,
-        root / "days",
-        root / "days_out",
-        checkpoint="{every_epochs: 1, retained: 2, tolerable_failures: 0}",
-        max_active_runs=3,
-        retries=1,
-        retry_delay="2s",
-    )
-    (dags / f"{DAILY}.py").write_text(DAILY_DAG.format(spec=str(spec)))
 
 
 #: the logs of workers a test restarted, closed with the others
 _WORKER_LOGS: list[IO[bytes]] = []
-
-
-def instance_of(day: str) -> str:
-    """The job instance of ``day``'s interval."""
-    return f"{DAILY}.{day.replace('-', '')}T000000"
-
-
-def stop_detached_drivers(metastore_url: str) -> None:
-    """Stop what the deferred scenario's drivers left running (Airflow's stop leaves a
-    detached driver running, by design)."""
-    from checkpointing_airflow.detached_driver import stop_driver
-
-    metastore = Metastore(metastore_url)
-    try:
-        for day in DAYS:
-            if (driver := read_state(metastore, instance_of(day)).driver) is not None:
-                stop_driver(driver)
-    finally:
-        metastore.dispose()
 
 
 def _url(url: URL) -> str:
@@ -256,7 +199,7 @@ def airflow(root: Path) -> Iterator[LocalAirflow]:
         dags = tmp_path / "dags"
         dags.mkdir()
         (dags / f"{JOB}.py").write_text(KILLED_TASK_DAG.format(job=JOB, task=TASK, spec=str(spec)))
-        write_backfill_dag(tmp_path, dags)
+        write_backfill_dag(tmp_path, dags, DAY_FILES)
         local = local_airflow(
             settings,
             port=free_port(),
@@ -361,6 +304,8 @@ def test_a_deferred_backfill_runs_three_intervals_at_once_re_attaches_and_refres
       redone).
     - The last day's driver is SIGKILLed after a checkpoint: the trigger finds it gone and the
       retry restores the latest completed checkpoint.
+    - The triggerer is SIGKILLed (with its trigger runner) while days are deferred and
+      restarted: the new one takes their triggers over.
     - Each day's output equals pandas over that day's files only.
     - One of the middle day's files is rewritten and that day is backfilled again with **Full
       refresh** (reprocessing its completed run), whose driver is SIGKILLed after the refresh's
@@ -373,28 +318,9 @@ def test_a_deferred_backfill_runs_three_intervals_at_once_re_attaches_and_refres
             _WORKER_LOGS.append(start_worker(airflow, name))
     api = Api(airflow.url, airflow.user, airflow.password)
     metastore = Metastore(airflow.env["CKPT_METASTORE_URL"])
-    wait_for(f"the DAG {DAILY}", lambda: api.get(f"/api/v2/dags/{DAILY}"))
-    assert api.call("/api/v2/importErrors")["total_entries"] == 0
-    backfill = {"dag_id": DAILY, "from_date": f"{DAYS[0]}T00:00:00Z"}
-    backfill |= {"to_date": f"{DAYS[-1]}T00:00:00Z", "max_active_runs": 3}
-    api.call("/api/v2/backfills", backfill)
-    runs_path = f"/api/v2/dags/{DAILY}/dagRuns"
-
-    def runs() -> dict[str, str]:
-        found = api.call(f"{runs_path}?run_type=backfill&order_by=logical_date")["dag_runs"]
-        return {r["logical_date"][:10]: r["dag_run_id"] for r in found}
-
-    run_of = wait_for("the backfill's three runs", lambda: len(runs()) == 3 and runs())
-    assert sorted(run_of) == list(DAYS), run_of
-
-    def ti_of(day: str) -> dict[str, Any] | None:
-        path = f"{runs_path}/{urllib.parse.quote(run_of[day], safe='')}/taskInstances/{TASK}"
-        return api.get(path)
-
-    def outcome_of(day: str) -> dict[str, Any]:
-        path = f"{runs_path}/{urllib.parse.quote(run_of[day], safe='')}/taskInstances/{TASK}"
-        xcom = api.call(f"{path}/xcomEntries/return_value?deserialize=true")
-        return xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+    backfill = DailyBackfill(api, metastore, root, DAY_FILES)
+    backfill.start()
+    run_of, ti_of, outcome_of = backfill.run_of, backfill.ti_of, backfill.outcome_of
 
     # --- SIGKILL the worker running the first day's try 1 while the task waits for its driver:
     # the worker's own processes only (the detached driver leads a session of its own); the
@@ -416,13 +342,9 @@ def test_a_deferred_backfill_runs_three_intervals_at_once_re_attaches_and_refres
         return ti
 
     worker = wait_for("the task waiting for its driver", waiting_for_its_driver)["hostname"]
-    main = psutil.Process(airflow.processes[worker].pid)
-    session = os.getsid(main.pid)
-    victims = [p for p in tree_of([main]) if _sid(p) == session]
-    for proc in victims:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    wait_for("the worker's processes to die", lambda: all(map(gone, victims)), 30)
+    waiting = read_state(metastore, instance_of(day)).driver
+    assert waiting is not None
+    kill_component(airflow, worker, spare={waiting.pid})
     _WORKER_LOGS.append(start_worker(airflow, worker))
     driver = read_state(metastore, instance_of(day)).driver
     assert driver is not None and driver.attempt == first and process_alive(driver), driver
@@ -445,33 +367,33 @@ def test_a_deferred_backfill_runs_three_intervals_at_once_re_attaches_and_refres
     assert victim.attempt == lost
     os.killpg(victim.pid, signal.SIGKILL)
 
-    # --- every day's run succeeds; their drivers ran at once
-    def all_ended() -> dict[str, str] | None:
-        states = {
-            d: api.call(f"{runs_path}/{urllib.parse.quote(r, safe='')}")["state"]
-            for d, r in run_of.items()
+    # --- SIGKILL the triggerer (with its trigger runner) while days are deferred, and restart
+    # it: the new triggerer takes their triggers over from the metastore
+    def deferred_triggers() -> dict[str, int] | None:
+        found = {
+            d: ti["trigger"]["triggerer_id"]
+            for d in DAYS
+            if (ti := ti_of(d))
+            and ti["state"] == "deferred"
+            and (ti.get("trigger") or {}).get("triggerer_id")
         }
-        return states if all(v in ("success", "failed") for v in states.values()) else None
+        return found or None
 
-    assert set(wait_for("the backfill to end", all_ended, 600).values()) == {"success"}
-    spans = {}
-    for d in DAYS:
-        state = read_state(metastore, instance_of(d))
-        assert state.status == "FINISHED" and state.driver is not None and state.updated_at
-        spans[d] = (state.driver.submitted_at, state.updated_at)
-    at_once = [
-        (a, b)
-        for a in DAYS
-        for b in DAYS
-        if a < b and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
-    ]
-    assert at_once, spans  # their drivers ran at the same time
+    before = wait_for("a deferred day", deferred_triggers)
+    kill_component(airflow, "triggerer")
+    airflow.start(components=("triggerer",))
+
+    def taken_over() -> bool:
+        now = deferred_triggers() or {}
+        return any(owner not in before.values() for owner in now.values())
+
+    wait_for("the restarted triggerer to take a trigger over", taken_over)
+
+    # --- every day's run succeeds; their drivers ran at once
+    backfill.wait_succeeded()
 
     # the killed day: try 2 re-attached to try 1's driver, nothing restored or redone
-    tries = api.call(
-        f"{runs_path}/{urllib.parse.quote(run_of[day], safe='')}/taskInstances/{TASK}/tries"
-    )["task_instances"]
-    assert [t["try_number"] for t in tries] == [1, 2], tries
+    assert backfill.tries_of(day) == [1, 2]
     outcome = outcome_of(day)
     assert outcome["attempt"] == first and outcome["restored_from"] is None, outcome
     assert outcome["epochs_run"] == DAY_FILES[day] == outcome["epochs_done"], outcome
@@ -480,8 +402,7 @@ def test_a_deferred_backfill_runs_three_intervals_at_once_re_attaches_and_refres
     assert {c.coordinator_id for c in checkpoint_rows(metastore, killed_day)} == {first}
     assert [r["attempt"] for r in views.list_restores(metastore, killed_day)] in ([], [first])
     # the last day: try 2 restored try 1's latest completed checkpoint and redid what followed
-    ours = checkpoint_rows(metastore, instance_of(last))
-    latest = max(c.checkpoint_id for c in ours if c.completed_at and c.coordinator_id == lost)
+    latest = backfill.latest_completed(last, lost)
     retry = attempt_id(DAILY, run_of[last], 2)
     restored = [
         r
@@ -492,38 +413,12 @@ def test_a_deferred_backfill_runs_three_intervals_at_once_re_attaches_and_refres
     outcome = outcome_of(last)
     assert outcome["attempt"] == retry and outcome["restored_from"] == latest, outcome
     assert outcome["epochs_run"] == DAY_FILES[last] - latest, outcome
-    for d in DAYS:
-        assert_exactly_once(root / "days_out" / f"date={d}", root / "days" / f"date={d}", AGGS)
+    backfill.assert_each_day_exactly_once()
 
-    # --- a full refresh of the middle day (one of its files rewritten since)
+    # --- a full refresh of the middle day (one of its files rewritten since), its driver
+    # SIGKILLed after the refresh's first checkpoint: the retry resumes the refresh
     middle = DAYS[1]
-    others = {
-        d: sorted(
-            (p.name, p.stat().st_mtime_ns) for p in (root / "days_out").glob(f"date={d}/**/*")
-        )
-        for d in (DAYS[0], DAYS[2])
-    }
-    folder = root / "days" / f"date={middle}"
-    rewritten = sorted(folder.glob("*.parquet"))[0]
-    other = root / "rewrite"
-    datasets.generate_events(other, events=300, keys=60, files=1, seed=99)
-    shutil.move(next(other.glob("*.parquet")), rewritten)
-    refresh = {
-        "dag_id": DAILY,
-        "from_date": f"{middle}T00:00:00Z",
-        "to_date": f"{middle}T00:00:00Z",
-    }
-    refresh |= {"reprocess_behavior": "completed", "dag_run_conf": {"full_refresh": True}}
-
-    def backfill_done() -> bool:  # one backfill of a DAG at a time
-        found = api.call(f"/api/v2/backfills?dag_id={DAILY}")["backfills"]
-        return all(b["completed_at"] for b in found)
-
-    wait_for("the first backfill to be marked complete", backfill_done, 60)
-    api.call("/api/v2/backfills", refresh)
-    run_path = f"{runs_path}/{urllib.parse.quote(run_of[middle], safe='')}"
-
-    # the refresh's driver SIGKILLed after its first checkpoint: the retry resumes the refresh
+    backfill.refresh(middle)
     refreshing, resuming = (attempt_id(DAILY, run_of[middle], n) for n in (2, 3))
 
     def refresh_checkpointed() -> DriverIdentity | None:
@@ -538,40 +433,13 @@ def test_a_deferred_backfill_runs_three_intervals_at_once_re_attaches_and_refres
 
     victim = wait_for("the refresh's first checkpoint", refresh_checkpointed)
     os.killpg(victim.pid, signal.SIGKILL)
-
-    def refreshed() -> str | None:
-        run = api.call(run_path)
-        if run["conf"] != {"full_refresh": True}:
-            return None
-        return run["state"] if run["state"] in ("success", "failed") else None
-
-    assert wait_for("the middle day's refresh", refreshed) == "success"
-    restores = {  # what each try's driver did (not the callback's plans)
-        r["attempt"]: r
-        for r in views.list_restores(metastore, instance_of(middle))
-        if r["status"] in ("RESTORED", "EMPTY")
-    }
+    restores = backfill.assert_refreshed(middle)
     began = restores[refreshing]["assignment"]["full_refresh"]
-    assert began["epochs_removed"] == DAY_FILES[middle], began  # the day's output reset
     resumed = restores[resuming]
     assert resumed["assignment"]["full_refresh"]["resumed"] is True, resumed
-    ours = checkpoint_rows(metastore, instance_of(middle))
-    latest = max(c.checkpoint_id for c in ours if c.completed_at and c.coordinator_id == refreshing)
+    latest = backfill.latest_completed(middle, refreshing)
     assert resumed["checkpoint_id"] == latest >= began["from"], (resumed, began)
     outcome = outcome_of(middle)
     assert outcome["restored_from"] == latest, outcome
     assert outcome["epochs_done"] == DAY_FILES[middle] > outcome["epochs_run"], outcome
-    assert_exactly_once(root / "days_out" / f"date={middle}", folder, AGGS)
-    for d, files in others.items():
-        now = sorted(
-            (p.name, p.stat().st_mtime_ns) for p in (root / "days_out").glob(f"date={d}/**/*")
-        )
-        assert now == files, d
     metastore.dispose()
-
-
-def _sid(proc: psutil.Process) -> int | None:
-    try:
-        return os.getsid(proc.pid)
-    except ProcessLookupError:
-        return None

@@ -89,8 +89,7 @@ class DeferredSubmit:
         mask_secret(url)
         metastore = open_metastore(url)
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
-        if ti.try_number > 1:
-            self.reattach(metastore, spec, attempt)  # defers when the previous driver lives
+        self.reattach(metastore, spec, attempt)  # defers when this run's last driver lives
         self._stop_previous_driver(metastore, spec, attempt)
         restore, parallelism = op.plan_try(context, spec, metastore, storage_url)
         coordinator = CheckpointCoordinator(
@@ -201,8 +200,10 @@ class DeferredSubmit:
         state = read_state(metastore, spec.job)
         driver = state.driver
         previous = state.watcher or (driver.attempt if driver is not None else None)
-        if driver is None or previous is None or previous == attempt:
+        if driver is None or previous is None:
             return
+        # the same try run again (its task reset after a scheduler restart) re-attaches too:
+        # never a second driver under one attempt id, which fencing could not tell apart
         if not attempt_of_same_run(previous, attempt) or process_alive(driver) is False:
             return
         timeout = timedelta(seconds=self.op.driver_heartbeat_timeout)
