@@ -180,10 +180,10 @@ class DailyBackfill:
             return run["state"] if run["state"] in ("success", "failed") else None
 
         assert wait_for(f"{day}'s refresh", refreshed) == "success"
-        restores = {
+        restores = {  # a driver's row records how long its restore took; a plan's does not
             r["attempt"]: r
-            for r in views.list_restores(self.metastore, instance_of(day))
-            if r["status"] in ("RESTORED", "EMPTY")
+            for r in reversed(views.list_restores(self.metastore, instance_of(day)))
+            if "restore_s" in (r["assignment"] or {})
         }
         refreshes = [r for r in restores.values() if "epochs_removed" in _refresh(r)]
         assert [_refresh(r)["epochs_removed"] for r in refreshes] == [self.files[day]], restores

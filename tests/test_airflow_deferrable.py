@@ -163,6 +163,7 @@ def airflow(root: Path) -> Iterator[LocalAirflow]:
     )
     local.start()
     try:
+        assert local.wait_until_serving(DEADLINE_S)
         yield local
     finally:
         local.stop()
@@ -193,7 +194,6 @@ def test_a_deferred_run_frees_its_slot_survives_its_triggerer_driver_and_schedul
 ) -> None:
     from checkpointing_airflow.attempts import attempt_id
 
-    assert airflow.wait_until_serving(DEADLINE_S)
     api = Api(airflow.url, airflow.user, airflow.password)
     metastore = Metastore(airflow.env["CKPT_METASTORE_URL"])
     wait_for(f"the DAG {JOB}", lambda: api.get(f"/api/v2/dags/{JOB}"))
