@@ -41,7 +41,7 @@ airflow: $(VENV)/.synced check-java ## a local Airflow 3 with this project's DAG
 
 # CKPT_TEST_REQUIRE_ALL: a missing Airflow, Playwright or Chromium fails the run (tests/conftest.py)
 test: $(VENV)/.synced check-java lint browser-deps ## the whole test suite (SQLite and PostgreSQL)
-	CKPT_TEST_REQUIRE_ALL=1 CKPT_TEST_CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	CKPT_TEST_REQUIRE_ALL=1 CKPT_TEST_CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # installs what it can; a Chromium still missing then fails `make test` (a plain pytest skips
 # the browser test)

@@ -55,6 +55,32 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
+#: the test files that take longest (real Airflow and Spark scenarios), longest first: they are
+#: collected first, so that ``make test``'s processes (pytest-xdist, a file at a time, in
+#: collection order with ``--no-loadscope-reorder``) start them at once and end together
+LONGEST_FIRST = (
+    "test_airflow_failover.py",
+    "test_airflow_celery.py",
+    "test_airflow_deferrable.py",
+    "test_airflow_savepoints.py",
+    "test_demo.py",
+    "test_delta_sink.py",
+    "test_spark_cluster.py",
+    "test_cli_run.py",
+    "test_checkpoints_ui.py",
+    "test_cli.py",
+    "test_iceberg_sink.py",
+    "test_provider_package.py",
+    "test_s3_parquet_sink.py",
+    "test_savepoints.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable otherwise
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Airflow reads its home and database at first import: never the user's ``~/airflow``."""
     import tempfile
