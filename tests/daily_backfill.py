@@ -31,7 +31,7 @@ dag = build_pipeline_dag(
     operator_args={{
         "deferrable": True,
         "coordinator_poll": 1.0,
-        "driver_heartbeat_timeout": 60,
+        "driver_heartbeat_timeout": 180,
         "conf": {{
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",

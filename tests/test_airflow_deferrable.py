@@ -89,7 +89,7 @@ with DAG({job!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1), catch
         pipeline={spec!r},
         deferrable=True,
         coordinator_poll=1.0,
-        driver_heartbeat_timeout=60,
+        driver_heartbeat_timeout=180,
         retries=2,
         retry_delay=timedelta(seconds=2),
         conf={{
