@@ -19,7 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,23 +129,6 @@ checkpoint: {checkpoint}
 """
     )
     return path
-
-
-def write_daily_spec(
-    path: Path, job: str, days: Path, out: Path, *, checkpoint: str, **fields: object
-) -> Path:
-    """:func:`write_events_spec` of a ``scope: interval`` job scheduled daily, reading the
-    folder ``days/date=<day>`` and writing ``out/date=<day>`` of each run's day."""
-    return write_events_spec(
-        path,
-        job,
-        days / "date=${DS}",
-        out / "date=${DS}",
-        checkpoint=checkpoint,
-        scope="interval",
-        schedule="'@daily'",
-        **fields,
-    )
 
 
 #: SQLite databases that ``airflow db migrate`` created in this test process, by the settings
@@ -367,27 +350,6 @@ def tree_of(roots: list[psutil.Process]) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return list(tree.values())
-
-
-def kill_component(airflow: Any, name: str, *, spare: Collection[int] = ()) -> None:
-    """SIGKILL the local Airflow's component ``name`` (a Celery worker too) with every process
-    it started (its trigger runner, LocalExecutor workers, task runners), wherever their process
-    group, except those of the sessions ``spare`` (a detached Spark driver leads its own)."""
-    main = airflow.processes[name]
-    tree = tree_of([psutil.Process(main.pid)])
-    victims = [p for p in tree if _sid(p) not in spare]
-    for proc in victims:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    main.wait(30)
-    wait_for(f"the {name}'s processes to die", lambda: all(map(gone, victims)), 30)
-
-
-def _sid(proc: psutil.Process) -> int | None:
-    try:
-        return os.getsid(proc.pid)
-    except ProcessLookupError:
-        return None
 
 
 def freeze(tree: Callable[[], list[psutil.Process]]) -> list[psutil.Process]:
