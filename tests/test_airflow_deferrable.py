@@ -69,7 +69,7 @@ with DAG({job!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1), catch
         pipeline={spec!r},
         deferrable=True,
         coordinator_poll=1.0,
-        driver_heartbeat_timeout=60,
+        driver_heartbeat_timeout=180,  # a JVM starting on a loaded machine: over 60 s seen
         retries=0,
         conf={{
             "spark.ui.enabled": "false",
