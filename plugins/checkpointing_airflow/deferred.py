@@ -280,32 +280,16 @@ class DeferredSubmit:
         """The alerts and the OpenLineage run facet of what happened while deferred (they need
         the task's context, which the triggerer has not): the attempt's restore, checkpoints and
         savepoints, reported once now. Metrics are not: the trigger sent them as they came."""
-        from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
-        from checkpointing_airflow.alerts import CheckpointAlerts
-        from checkpointing_airflow.lineage import TryLineage
-        from checkpointing_airflow.links import checkpoints_page
-
         op = self.op
-        op._lineage = TryLineage(attempt)
-        listeners: list[Any] = [op._lineage]
-        alerting = None
-        if op.alerts:
-            alerting = CheckpointAlerts(spec.job, op.alerts, context, checkpoints_page(spec.job))
-            listeners.append(alerting)
-        tracker = CheckpointStatsTracker(
-            spec.job,
-            metastore,
-            attempt,
-            listeners,
-            failure_alert_threshold=op.alert_after_failures,
-        )
+        op._alerting = None
+        tracker = op.stats_tracker(context, spec, metastore, attempt, metrics=False)
         try:
             tracker.replay()
         except Exception:  # the outcome matters more than its report
             op.log.exception("job %s: the deferred try's events could not be read", spec.job)
         finally:
-            if alerting is not None:
-                alerting.close()
+            if op._alerting is not None:
+                op._alerting.close()
 
     def _fail(
         self, context: Context, spec: PipelineSpec, metastore: Metastore, verdict: AttemptVerdict

@@ -39,10 +39,7 @@ def stop_driver(driver: DriverIdentity, grace: float = STOP_GRACE_S) -> bool:
         return False
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(driver.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while process_alive(driver) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if process_alive(driver):
+    if not await_exit(driver, grace):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(driver.pid, signal.SIGKILL)
     return True

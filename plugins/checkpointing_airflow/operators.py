@@ -283,8 +283,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         try:
             self._coordinate(context, spec, metastore, url, storage_url, attempt)
         finally:
-            alerting = getattr(self, "_alerting", None)
-            if alerting is not None:
+            if (alerting := getattr(self, "_alerting", None)) is not None:
                 alerting.close()  # the try's last alerts are sent before the task ends
         return self._outcome(spec, metastore, attempt)
 
@@ -352,11 +351,16 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         return self.prepare_submit(self._driver_env(metastore_url, storage_url))
 
     def stats_tracker(
-        self, context: Context, spec: PipelineSpec, metastore: Metastore, attempt: str
+        self,
+        context: Context,
+        spec: PipelineSpec,
+        metastore: Metastore,
+        attempt: str,
+        *,
+        metrics: bool = True,
     ) -> CheckpointStatsTracker:
-        """What watches this try's checkpoints and restore from the coordinator loop: its events
-        become metrics (:mod:`~checkpointing_airflow.metrics`), alerts to the notifiers
-        (:mod:`~checkpointing_airflow.alerts`) and the lineage facet of the try."""
+        """What watches this try's checkpoints and restore: metrics (unless ``metrics`` is False:
+        a deferred try's trigger sent them), alerts to the notifiers, the try's lineage facet."""
         from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
         from checkpointing_airflow.alerts import CheckpointAlerts
         from checkpointing_airflow.lineage import TryLineage
@@ -364,18 +368,14 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         from checkpointing_airflow.metrics import CheckpointMetrics
 
         self._lineage = TryLineage(attempt)
-        listeners: list[Any] = [CheckpointMetrics(spec.job), self._lineage]
+        listeners: list[Any] = [*([CheckpointMetrics(spec.job)] if metrics else []), self._lineage]
         if self.alerts:
-            self._alerting = CheckpointAlerts(
-                spec.job, self.alerts, context, checkpoints_page(spec.job)
-            )
+            page = checkpoints_page(spec.job)
+            self._alerting = CheckpointAlerts(spec.job, self.alerts, context, page)
             listeners.append(self._alerting)
+        threshold = self.alert_after_failures
         return CheckpointStatsTracker(
-            spec.job,
-            metastore,
-            attempt,
-            listeners,
-            failure_alert_threshold=self.alert_after_failures,
+            spec.job, metastore, attempt, listeners, failure_alert_threshold=threshold
         )
 
     # ------------------------------------------------------------------ OpenLineage
