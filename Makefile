@@ -9,10 +9,10 @@ TOOLS := .tools
 VENV := .venv
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PYTEST_ARGS ?=
-# test processes in parallel (pytest-xdist, each file in one process: a module's Spark or Airflow
-# set-up is shared by its tests): the suite waits on Airflow's schedulers and on JVMs starting
-# about as much as it computes, so 2 keep this 2-core machine busy; TEST_WORKERS=0: one process
-TEST_WORKERS ?= 2
+# test processes (pytest-xdist, a file per process: a module's Spark or Airflow set-up stays in
+# one): 0 runs them in this process. On this 2-core machine two were no faster (35 min against
+# 32.5 serial: the suite is CPU-bound, ~36 CPU-minutes); a bigger machine may set more
+TEST_WORKERS ?= 0
 # make bench QUICK=1: short runs of both benchmarks (small data, one round) written to
 # bench/results/spark-quick.json and acks-quick.json, never the full runs' files; more, e.g.
 # make bench SPARK_BENCH_ARGS="--rounds 5 --no-growth" (python bench/spark_bench.py --help)

@@ -56,8 +56,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 #: the test files that take longest (real Airflow and Spark scenarios), longest first: they are
-#: collected first, so that ``make test``'s processes (pytest-xdist, a file at a time, in
-#: collection order with ``--no-loadscope-reorder``) start them at once and end together
+#: collected first, so that with ``make test TEST_WORKERS=N`` (pytest-xdist, a file at a time, in
+#: collection order with ``--no-loadscope-reorder``) they start at once and the processes end
+#: together
 LONGEST_FIRST = (
     "test_airflow_failover.py",
     "test_airflow_celery.py",
