@@ -1,22 +1,24 @@
-"""(e) The coordinator's worker killed mid-run, under the CeleryExecutor: the retry runs on the
-other worker and resumes coordination. (It replaced the same scenario under the LocalExecutor:
-the checkpointing behaviour it checks is the same, and this deployment is the one users grow into;
-``make airflow``'s launcher keeps its own test, ``test_local_airflow.py``.)
+"""The CeleryExecutor: two Celery workers of one slot each and a triggerer; one Airflow for the
+module's two scenarios.
 
 Real parts on loopback, as in a distributed deployment (docs/cluster.md, "Under the
 CeleryExecutor"): Redis as the broker (a database number of its own), PostgreSQL as Airflow's
 database and as Celery's result backend — through docker-compose.yml's own URLs, drivers, role
 and password, only the host and a fresh database changed — and the checkpoint metastore, and two
-Celery workers of one slot each, which Airflow knows by different hostnames. The pipeline task's
-Spark driver runs on the worker that took the task (client deploy mode).
+Celery workers, which Airflow knows by different hostnames. A pipeline task's Spark driver runs
+on the worker that took the task (client deploy mode).
 
-While a checkpoint of try 1 is pending, the worker running it is SIGKILLed with its whole process
-tree (the Celery worker, its pool child supervising the task, the task runner hosting the
-coordinator, ``spark-submit``, the driver). The scheduler notices the missing heartbeats and
-queues try 2, which only the other worker can take: it becomes the coordinator, restores the
-latest completed checkpoint from the metastore and the shared checkpoint storage, and the output
-is exactly-once. The compose file's healthchecks of the scheduler and the Celery worker are run
-against this Airflow too.
+(e) A killed worker: while a checkpoint of try 1 is pending, the worker running it is SIGKILLed
+with its whole process tree (the Celery worker, its pool child supervising the task, the task
+runner hosting the coordinator, ``spark-submit``, the driver). The scheduler notices the missing
+heartbeats and queues try 2, which only the other worker can take: it becomes the coordinator,
+restores the latest completed checkpoint from the metastore and the shared checkpoint storage,
+and the output is exactly-once. The compose file's healthchecks of the scheduler and the Celery
+worker are run against this Airflow too.
+
+(f) Issue 27's deferrable daily backfill (:mod:`tests.daily_backfill`): a worker killed under its
+starting driver (the retry re-attaches, on whichever worker), the triggerer and a driver killed,
+each day exactly once, then one day fully refreshed.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import yaml
 from sqlalchemy.engine import URL, make_url
 
 from checkpointing.config import Settings
+from checkpointing.coordination.drivers import DriverIdentity, read_state
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline import datasets
 from demo.airflow_env import airflow_command
@@ -53,6 +56,16 @@ from tests.airflow_harness import (
     tree_of,
     wait_for,
     write_events_spec,
+)
+from tests.daily_backfill import (
+    AIRFLOW_ENV,
+    DAG_ID,
+    DAYS,
+    DailyBackfill,
+    instance_of,
+    kill_sparing,
+    run_scenario,
+    write_daily_pipeline,
 )
 
 redis = pytest.importorskip("redis")
@@ -80,16 +93,21 @@ def _url(url: URL) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def start_worker(airflow: LocalAirflow, name: str) -> IO[bytes]:
+#: the workers' log files, closed when the module's Airflow stops
+_WORKER_LOGS: list[IO[bytes]] = []
+
+
+def start_worker(airflow: LocalAirflow, name: str) -> None:
     """An ``airflow celery worker`` of one slot whose tasks record ``name`` as their hostname,
     its Celery node ``celery@<name>``, in its own process group; stopped with the other
-    components. Returns its log file, for the caller to close."""
+    components."""
     env = {
         **airflow.env,
         "CKPT_TEST_WORKER_HOSTNAME": name,
         "AIRFLOW__CORE__HOSTNAME_CALLABLE": "tests.airflow_harness.worker_hostname",
     }
     log = (airflow.home / "logs" / f"{name}.log").open("ab")
+    _WORKER_LOGS.append(log)
     airflow.processes[name] = subprocess.Popen(
         [
             *[airflow_command(), "celery", "worker", "--concurrency", "1"],
@@ -102,7 +120,6 @@ def start_worker(airflow: LocalAirflow, name: str) -> IO[bytes]:
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
-    return log
 
 
 def compose_probe(service: str) -> list[str]:
@@ -115,10 +132,18 @@ def compose_probe(service: str) -> list[str]:
     return probe[1:]
 
 
-@pytest.fixture
-def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
-    """The local Airflow's components on the CeleryExecutor and PostgreSQL, and two Celery
-    workers; stopped afterwards, and then no process of it may be left."""
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("celery")
+
+
+@pytest.fixture(scope="module")
+def airflow(root: Path) -> Iterator[LocalAirflow]:
+    """The local Airflow's components on the CeleryExecutor and PostgreSQL, a triggerer and two
+    Celery workers, with both scenarios' DAGs; stopped afterwards (any detached driver too),
+    and then no process of it may be left."""
+    from checkpointing_airflow.detached_driver import stop_driver
+
     try:  # say why here, not as a worker that exits at start-up
         importlib.import_module("airflow.providers.celery.executors.celery_executor")
     except ImportError as exc:
@@ -142,7 +167,7 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
             )
             return ("db+" if value.startswith("db+") else "") + _url(moved)
 
-        home = tmp_path / "ckpt"
+        home = root / "ckpt"
         settings = Settings(
             metastore_url=_url(ckpt_db),
             storage_url=(home / "checkpoints").as_uri(),
@@ -151,47 +176,55 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
         created = Metastore(settings.metastore_url, check_schema=False)
         created.upgrade()
         created.dispose()
-        events = tmp_path / "events"
-        datasets.generate_events(events, events=4_000, keys=100, files=FILES, seed=5)
+        killed = root / "killed"
+        datasets.generate_events(killed / "events", events=4_000, keys=100, files=FILES, seed=5)
         spec = write_events_spec(
-            tmp_path / f"{JOB}.yaml",
+            killed / f"{JOB}.yaml",
             JOB,
-            events,
-            tmp_path / "out",
+            killed / "events",
+            killed / "out",
             checkpoint="{every_epochs: 1, retained: 2, tolerable_failures: 0}",
         )
-        dags = tmp_path / "dags"
+        dags = root / "dags"
         dags.mkdir()
         (dags / f"{JOB}.py").write_text(KILLED_TASK_DAG.format(job=JOB, task=TASK, spec=str(spec)))
+        write_daily_pipeline(root, dags)
         local = local_airflow(
             settings,
             port=free_port(),
-            home=tmp_path / "airflow",
+            home=root / "airflow",
             dags=dags,
             extra_env={
+                **AIRFLOW_ENV,
                 **heartbeat_env(HEARTBEAT_TIMEOUT_S),
                 "AIRFLOW__CORE__EXECUTOR": compose["AIRFLOW__CORE__EXECUTOR"],
                 **{name: here(compose[name]) for name in COMPOSE_DATABASES},
                 "AIRFLOW__CELERY__BROKER_URL": BROKER_URL,
             },
         )
-        # no triggerer: nothing here defers, and it would only compete for the 2 cores
-        local.start(components=("api-server", "scheduler", "dag-processor"))
-        logs = [start_worker(local, name) for name in WORKERS]
+        local.start()
+        for name in WORKERS:
+            start_worker(local, name)
         try:
             yield local
         finally:
             local.stop()
-            for log in logs:
+            for log in _WORKER_LOGS:
                 log.close()
             broker.flushdb()
             broker.close()
-        assert_nothing_left(tmp_path)
+            metastore = Metastore(settings.metastore_url)
+            drivers = [read_state(metastore, instance_of(day)).driver for day in DAYS]
+            metastore.dispose()
+            for driver in drivers:
+                if driver is not None:
+                    stop_driver(driver)  # detached: Airflow's stop leaves it running
+        assert_nothing_left(root)
 
 
 @pytest.mark.timeout(600)
 def test_a_killed_celery_worker_is_retried_on_the_other_worker_which_resumes_coordination(
-    airflow: LocalAirflow, tmp_path: Path
+    airflow: LocalAirflow, root: Path
 ) -> None:
     from checkpointing_airflow.operators import attempt_id
 
@@ -243,8 +276,49 @@ def test_a_killed_celery_worker_is_retried_on_the_other_worker_which_resumes_coo
 
     # --- the retry ran on the other worker and resumed from the latest completed checkpoint
     tries = assert_retry_resumed(
-        api, metastore, job=JOB, task=TASK, run_id=run_id, killed=killed, files=FILES, root=tmp_path
+        api,
+        metastore,
+        job=JOB,
+        task=TASK,
+        run_id=run_id,
+        killed=killed,
+        files=FILES,
+        root=root / "killed",
     )
     assert tries[1]["hostname"] == worker and tries[2]["hostname"] == other, tries
     assert airflow.processes[other].poll() is None
     metastore.dispose()
+    airflow.processes[worker].wait(30)
+    start_worker(airflow, worker)  # back, as a deployment restarts it
+
+
+@pytest.mark.timeout(1200)
+def test_a_deferrable_daily_backfill_survives_worker_triggerer_and_driver_kills(
+    airflow: LocalAirflow, root: Path
+) -> None:
+    assert airflow.wait_until_serving(DEADLINE_S)
+    api = Api(airflow.url, airflow.user, airflow.password)
+    wait_for(f"the DAG {DAG_ID}", lambda: api.get(f"/api/v2/dags/{DAG_ID}"))
+
+    def workers() -> list[psutil.Process]:
+        return [psutil.Process(airflow.processes[name].pid) for name in WORKERS]
+
+    def kill_worker(driver: DriverIdentity) -> dict[int, str]:
+        """The Celery worker whose task started the driver, with its whole tree but the
+        driver's session; then started again (a deployment's restart)."""
+        ancestors = {p.pid for p in psutil.Process(driver.pid).parents()}
+        (name,) = [w for w in WORKERS if airflow.processes[w].pid in ancestors]
+        killed = kill_sparing([psutil.Process(airflow.processes[name].pid)], driver)
+        airflow.processes[name].wait(30)
+        start_worker(airflow, name)
+        return killed
+
+    metastore = Metastore(airflow.env["CKPT_METASTORE_URL"])
+    try:
+        run_scenario(
+            DailyBackfill(airflow, api, metastore, root),
+            task_hosts=workers,
+            kill_worker=kill_worker,
+        )
+    finally:
+        metastore.dispose()

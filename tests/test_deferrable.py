@@ -220,6 +220,8 @@ job, mode = os.environ["FAKE_JOB"], os.environ["FAKE_DRIVER_MODE"]
 if mode == "fail_at_start":
     print("Error: no module named 'pipeline_code'", flush=True)
     sys.exit(1)
+while not os.path.exists(os.environ.get("FAKE_DRIVER_UP", "/")):  # a slow start
+    time.sleep(0.05)
 metastore = Metastore(os.environ["CKPT_METASTORE_URL"])
 coordinator = CheckpointCoordinator(job, metastore, coordinator_id=attempt)
 coordinator.join()
@@ -508,3 +510,72 @@ def test_a_driver_that_fails_to_start_fails_the_try_before_it_defers(
     assert not isinstance(failed.value, (AirflowFailException, TaskDeferred))
     task_log = "".join(capfd.readouterr())
     assert "no module named 'pipeline_code'" in task_log  # the driver's log, in the task's
+
+
+def test_a_retry_waits_for_a_starting_driver_and_re_attaches_to_it(
+    airflow_in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Try 1 dies while its driver is still starting (the task keeps its slot until the first
+    heartbeat: a worker killed then): the retry callback leaves the starting driver alone, and
+    try 2 waits for its first heartbeat and re-attaches rather than stopping it and restoring."""
+    import threading
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from checkpointing.metastore.views import list_restores
+    from checkpointing_airflow.attempts import attempt_id
+    from checkpointing_airflow.callbacks import restore_from_latest
+
+    first, second = attempt_id(DAG, RUN, 1), attempt_id(DAG, RUN, 2)
+    up = tmp_path / "up"
+    monkeypatch.setenv("FAKE_DRIVER_UP", str(up))
+    monkeypatch.setenv("FAKE_DRIVER_MODE", "finish")
+    metastore = Metastore(os.environ["CKPT_METASTORE_URL"])
+    outcomes: dict[int, BaseException] = {}
+
+    def run_try(number: int) -> threading.Thread:
+        op = deferrable_operator(airflow_in_process, tmp_path, retries=2)
+        context = {"ti": TaskInstance(DAG, RUN, number), "dag_run": None}
+
+        def execute() -> None:
+            try:
+                op.execute(context)
+            except BaseException as exc:  # TaskDeferred, expected
+                outcomes[number] = exc
+
+        thread = threading.Thread(target=execute, daemon=True)
+        thread.start()
+        return thread
+
+    try:
+        one = run_try(1)  # try 1 waits in its slot for the driver's first heartbeat …
+        wait_until("try 1's driver", lambda: read_state(metastore, JOB).driver)
+        driver = read_state(metastore, JOB).driver
+        assert driver is not None and driver.attempt == first
+        restore_from_latest(  # … and dies there: Airflow retries it
+            {"ti": TaskInstance(DAG, RUN, 1), "dag_run": None,
+             "task": deferrable_operator(airflow_in_process, tmp_path, retries=2)}
+        )  # fmt: skip
+        assert list_restores(metastore, JOB) == []  # nothing planned: its driver is starting
+        wait_until("the driver's start", (tmp_path / "submitted.json").exists)
+        (tmp_path / "submitted.json").unlink()
+        two = run_try(2)
+        two.join(1.0)
+        assert two.is_alive()  # waiting for the first heartbeat, not stopping the driver
+        assert process_alive(driver)
+        up.touch()
+        two.join(60)
+        one.join(60)
+        deferred = outcomes[2]
+        assert isinstance(deferred, TaskDeferred), deferred
+        _, kwargs = deferred.trigger.serialize()
+        assert (kwargs["attempt"], kwargs["watcher"]) == (first, second)
+        assert not (tmp_path / "submitted.json").exists()  # no second spark-submit
+        assert process_alive(driver) and list_restores(metastore, JOB) == []
+        (tmp_path / "go").touch()
+        event = asyncio.run(first_event(deferred.trigger))
+        assert event["outcome"] == "finished", event
+    finally:
+        (tmp_path / "go").touch()  # the stand-in driver ends (a failed test leaves none)
+        up.touch()
+        metastore.dispose()

@@ -21,7 +21,8 @@ its driver (spark-submit's child) and force a restore. Here the task
    restores the latest checkpoint.
 
 A retry whose previous try's driver is still alive (recorded, RUNNING, heart-beating, its attempt
-still the job's coordinator) *re-attaches* to it instead of restarting (:meth:`reattach`): no
+still the job's coordinator; one still starting is given the rest of ``driver_heartbeat_timeout``
+to beat first) *re-attaches* to it instead of restarting (:meth:`reattach`): no
 submit, no restore, no epoch redone; it defers to a trigger that coordinates under the driver's
 attempt id (the driver acts under it) as the new *watcher*, which supersedes the previous try's
 trigger. A previous driver that is not alive enough to re-attach to but still runs on this host
@@ -41,7 +42,6 @@ from checkpointing.coordination.drivers import (
     AttemptVerdict,
     DriverIdentity,
     Outcome,
-    judge,
     process_alive,
     read_state,
     reattach,
@@ -52,6 +52,7 @@ from checkpointing_airflow.attempts import attempt_id, failed_try_line
 from checkpointing_airflow.detached_driver import (
     attempt_of_same_run,
     await_exit,
+    await_first_beat,
     driver_log_path,
     stop_driver,
 )
@@ -140,29 +141,12 @@ class DeferredSubmit:
         """Hold the slot until the driver's first heartbeat (its Spark session is up and it
         leads the job), so that a driver that fails to start (a bad master, a missing
         ``py_files``, an import error) fails the try here with its log in the task's log, not
-        in a trigger's. Returns early when the driver already has an outcome (the trigger
-        reports it) or after ``driver_heartbeat_timeout`` (the trigger judges the silence)."""
-        import time
-
-        from checkpointing.clock import SystemClock
-
-        op = self.op
-        timeout = timedelta(seconds=op.driver_heartbeat_timeout)
-        while True:
-            alive = process_alive(driver)  # before the row: an exit after FINISHED is a finish
-            state = read_state(metastore, spec.job)
-            now = SystemClock().now()
-            beat = state.heartbeat_at
-            if beat is not None and beat >= driver.submitted_at:
-                return
-            verdict = judge(state, driver.attempt, now, alive=alive, heartbeat_timeout=timeout)
-            if verdict is not None:
-                if verdict.outcome in (Outcome.FINISHED, Outcome.SUPERSEDED):
-                    return  # the trigger reports it at once
-                self._fail(context, spec, metastore, verdict)
-            if now - driver.submitted_at > timeout:
-                return
-            time.sleep(max(0.2, min(op.coordinator_poll, 1.0)))
+        in a trigger's. Returns early when the driver already has an outcome that the trigger
+        reports (finished, superseded)."""
+        timeout = timedelta(seconds=self.op.driver_heartbeat_timeout)
+        verdict = await_first_beat(metastore, spec.job, driver, timeout, self.op.coordinator_poll)
+        if verdict is not None and verdict.outcome not in (Outcome.FINISHED, Outcome.SUPERSEDED):
+            self._fail(context, spec, metastore, verdict)
 
     def defer(
         self, spec: PipelineSpec, driver: DriverIdentity, watcher: str, storage_url: str
@@ -207,6 +191,9 @@ class DeferredSubmit:
         if not attempt_of_same_run(previous, attempt) or process_alive(driver) is False:
             return
         timeout = timedelta(seconds=self.op.driver_heartbeat_timeout)
+        # a try killed while its driver was starting: the driver gets the rest of its start-up
+        # time to beat (stopping it would redo every epoch it is about to run)
+        await_first_beat(metastore, spec.job, driver, timeout, self.op.coordinator_poll)
         now = SystemClock().now()
         found = reattach(metastore, spec.job, driver.attempt, attempt, now, timeout)
         if found is None:

@@ -12,7 +12,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from checkpointing.coordination.drivers import DriverIdentity, process_alive, read_state
+from checkpointing.coordination.drivers import (
+    AttemptVerdict,
+    DriverIdentity,
+    judge,
+    process_alive,
+    read_state,
+)
 
 if TYPE_CHECKING:
     from checkpointing.metastore.engine import Metastore
@@ -59,23 +65,43 @@ def attempt_of_same_run(other: str, attempt: str) -> bool:
     return other.rsplit("-t", 1)[0] == attempt.rsplit("-t", 1)[0]
 
 
-def live_driver(metastore: Metastore, job_id: str, failed: str, timeout_s: float) -> bool:
-    """Whether the detached driver that the failed try ``failed`` watched is still alive (job
-    RUNNING under its attempt, heart-beating within ``timeout_s``, not found dead on this
-    host): the retry re-attaches to it, so the failure callback must not fail the job."""
+def await_first_beat(
+    metastore: Metastore, job_id: str, driver: DriverIdentity, timeout: timedelta, poll: float
+) -> AttemptVerdict | None:
+    """Wait for a just-submitted driver's first heartbeat (JVM and Spark session up, the job
+    joined): None once it beat, else the verdict that ended the wait (it exited, failed, was
+    superseded, or stayed silent for ``timeout`` since its submission)."""
     from checkpointing.clock import SystemClock
-    from checkpointing.coordination.heartbeat import driver_alive
+
+    while True:
+        alive = process_alive(driver)  # before the row: an exit after FINISHED is a finish
+        state = read_state(metastore, job_id)
+        beat = state.heartbeat_at
+        if beat is not None and beat >= driver.submitted_at:
+            return None
+        now = SystemClock().now()
+        verdict = judge(state, driver.attempt, now, alive=alive, heartbeat_timeout=timeout)
+        if verdict is not None:
+            return verdict
+        time.sleep(max(0.2, min(poll, 1.0)))
+
+
+def live_driver(metastore: Metastore, job_id: str, failed: str, timeout_s: float) -> bool:
+    """Whether the detached driver that the failed try ``failed`` watched is still alive or
+    starting (:func:`~checkpointing.coordination.drivers.judge` has no verdict on it: it leads
+    the job, beats within ``timeout_s`` or was submitted less than ``timeout_s`` ago, and is not
+    found dead on this host): the retry re-attaches to it, so the failure callback must not fail
+    the job."""
+    from checkpointing.clock import SystemClock
 
     state = read_state(metastore, job_id)
     driver = state.driver
     if driver is None or (state.watcher or driver.attempt) != failed:
         return False
-    if state.coordinator_id != driver.attempt or state.status != "RUNNING":
-        return False
-    beat = state.heartbeat_at
-    if beat is None or beat < driver.submitted_at or process_alive(driver) is False:
-        return False
-    return bool(driver_alive(beat, SystemClock().now(), timedelta(seconds=timeout_s)))
+    timeout = timedelta(seconds=timeout_s)
+    alive = process_alive(driver)
+    now = SystemClock().now()
+    return judge(state, driver.attempt, now, alive=alive, heartbeat_timeout=timeout) is None
 
 
 def acting_coordinator(metastore: Metastore, job_id: str, failed: str) -> str:

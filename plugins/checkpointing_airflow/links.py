@@ -1,8 +1,9 @@
 """The operator extra link "Checkpoints": from a pipeline's task instance in Airflow's UI to
-that pipeline's Checkpoints page (served by :mod:`checkpointing_airflow.api`)."""
+its job's Checkpoints page (served by :mod:`checkpointing_airflow.api`)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
@@ -27,10 +28,15 @@ def checkpoints_page(pipeline_id: str, base_url: str | None = None) -> str:
 
 
 class CheckpointsLink(BaseOperatorLink):
-    """ "Checkpoints" on a checkpointed pipeline's task: its DAG id is the pipeline's job id."""
+    """ "Checkpoints" on a checkpointed pipeline's task: the page of the task's job."""
 
     name = "Checkpoints"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        """The page of the task's pipeline."""
-        return checkpoints_page(ti_key.dag_id)
+        """The page of the job the try ran: an interval run's own instance (Airflow computes the
+        link as the try ends, its interval rendered), else the DAG's (a factory DAG's id is its
+        job's) when the spec cannot be read here."""
+        job = ti_key.dag_id
+        with contextlib.suppress(Exception):  # a missing link must not hide the try's outcome
+            job = operator.load_spec().job  # type: ignore[attr-defined]
+        return checkpoints_page(job)
