@@ -32,31 +32,26 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-from checkpointing.coordination.failure import CheckpointFailureReason
-from checkpointing.metastore import views
-from checkpointing.metastore.engine import Metastore
-from checkpointing.metastore.models import Checkpoint, Job
 from checkpointing.pipeline import datasets
 from demo.airflow_env import REPO, airflow_command, airflow_env, migrate
-from tests.helpers import checkpoint_rows, free_port
+from tests.helpers import free_port
 
 __all__ = [
     "AIRFLOW",
     "CKPT",
     "DEADLINE_S",
-    "KILLED_TASK_DAG",
     "PG_ADMIN_URL",
     "REPO",
     "AirflowHome",
     "Api",
-    "Killed",
     "assert_exactly_once",
     "assert_nothing_left",
-    "assert_retry_resumed",
+    "described",
     "free_port",
+    "freeze",
     "fresh_pg_database",
+    "gone",
     "heartbeat_env",
-    "kill_while_pending",
     "make_airflow_home",
     "migrate_airflow_db",
     "tree_of",
@@ -236,30 +231,6 @@ def fresh_pg_database(
 
 #: per wait of the running-Airflow tests (their whole run takes a few minutes on 2 cores)
 DEADLINE_S = 300
-#: how a pending checkpoint of a killed try may end: aborted by the new coordinator
-FAILOVER_REASONS = {"CHECKPOINT_COORDINATOR_FAILOVER", "JOB_FAILOVER"}
-#: a pipeline DAG of one checkpointed task, retried once after 2 s (``.format(job, task, spec)``)
-KILLED_TASK_DAG = """
-from datetime import timedelta
-
-import pendulum
-from airflow.sdk import DAG
-
-from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
-
-with DAG({job!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False):
-    CheckpointedSparkSubmitOperator(
-        task_id={task!r},
-        pipeline={spec!r},
-        retries=1,
-        retry_delay=timedelta(seconds=2),
-        conf={{
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-        }},
-    )
-"""
 
 
 def heartbeat_env(timeout_s: int) -> dict[str, str]:
@@ -377,145 +348,3 @@ def gone(proc: psutil.Process) -> bool:
         return proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def thaw(procs: list[psutil.Process]) -> None:
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.resume()
-
-
-@dataclass
-class Killed:
-    """Try 1, SIGKILLed: its processes (pid: parent pid, command line), the checkpoint it left
-    pending and the latest one it completed."""
-
-    processes: dict[int, tuple[int, str]]
-    pending: Checkpoint
-    latest: int
-
-
-def kill_while_pending(
-    metastore: Metastore,
-    job: str,
-    first: str,
-    second: str,
-    tree: Callable[[], list[psutil.Process]],
-) -> Killed:
-    """SIGKILL every process of ``tree()`` (try 1, coordinator ``first``) at once while one of
-    its checkpoints is pending, after two completed; frozen first, so that nothing completes
-    the pending checkpoint or starts a process in between."""
-
-    def try_1_pending() -> Checkpoint | None:
-        rows = checkpoint_rows(metastore, job)
-        with metastore.transaction() as s:
-            state = s.get(Job, job)
-        assert state is None or state.status != "FINISHED", "try 1 ended before it was killed"
-        assert not any(c.coordinator_id == second for c in rows)
-        done = [c for c in rows if c.completed_at is not None]
-        pending = [c for c in rows if c.status == "PENDING" and c.coordinator_id == first]
-        return pending[0] if len(done) >= 2 and pending else None
-
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        assert time.monotonic() < deadline, "no checkpoint of try 1 was ever pending"
-        if try_1_pending() is None:
-            time.sleep(0.05)
-            continue
-        frozen = freeze(tree)
-        if (pending := try_1_pending()) is None:  # it completed before the freeze: next one
-            thaw(frozen)
-            continue
-        latest = max(c.checkpoint_id for c in checkpoint_rows(metastore, job) if c.completed_at)
-        killed = {p.pid: described(p) for p in frozen}
-        for p in frozen:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-        wait_for("try 1's processes to die", lambda: all(map(gone, frozen)), 30)  # noqa: B023
-        break
-    assert any(f"--coordinator-id {first}" in cmd for _, cmd in killed.values()), killed
-    assert any("SparkSubmit" in cmd for _, cmd in killed.values()), killed
-    # try 1's checkpoints were 1 … latest (each after its epoch) and the pending one
-    ours = [c for c in checkpoint_rows(metastore, job) if c.coordinator_id == first]
-    assert [c.checkpoint_id for c in ours] == list(range(1, pending.checkpoint_id + 1))
-    assert pending.checkpoint_id == latest + 1
-    return Killed(killed, pending, latest)
-
-
-def assert_retry_resumed(
-    api: Api,
-    metastore: Metastore,
-    *,
-    job: str,
-    task: str,
-    run_id: str,
-    killed: Killed,
-    files: int,
-    root: Path,
-) -> dict[int, dict[str, Any]]:
-    """After try 1 was killed: the DAG run succeeds on try 2, which became the coordinator
-    (try 1's pending checkpoint aborted as a failover, not counted), restored the latest
-    completed checkpoint (as ``ckpt restores`` shows), redid only the epochs after it, and the
-    output under ``root / "out"`` is exactly-once. Returns the task's tries by number."""
-    from checkpointing_airflow.operators import attempt_id
-
-    second = attempt_id(job, run_id, 2)
-    run_path = f"/api/v2/dags/{job}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
-
-    def run_ended() -> str | None:
-        state = api.call(run_path)["state"]
-        return state if state in ("success", "failed") else None
-
-    assert wait_for("the DAG run to end", run_ended) == "success"
-    tries = {
-        t["try_number"]: t
-        for t in api.call(f"{run_path}/taskInstances/{task}/tries")["task_instances"]
-    }
-    assert tries[2]["state"] == "success", tries
-    assert tries[1]["state"] in ("failed", "up_for_retry"), tries[1]
-    timeouts = api.call(f"/api/v2/eventLogs?dag_id={job}&event=heartbeat%20timeout")
-    assert timeouts["total_entries"] >= 1  # the scheduler found try 1 without heartbeats
-
-    with metastore.transaction() as s:
-        state = s.get(Job, job)
-        assert state is not None
-        assert state.coordinator_id == second
-        assert state.failure_cause is None and state.consecutive_failures == 0
-    rows = {c.checkpoint_id: c for c in checkpoint_rows(metastore, job)}
-    aborted = rows[killed.pending.checkpoint_id]
-    assert aborted.status == "ABORTED"
-    assert aborted.failure_reason in FAILOVER_REASONS, aborted.failure_reason
-    counted = [
-        c
-        for c in rows.values()
-        if c.failure_reason and CheckpointFailureReason(c.failure_reason).counts_as_failure
-    ]
-    assert not counted, [(c.checkpoint_id, c.failure_reason) for c in counted]
-    later = [c for c in rows.values() if c.coordinator_id == second]
-    assert later and all(c.completed_at is not None for c in later), later
-
-    shown = subprocess.run(
-        [CKPT, "restores", job, "--json"],
-        env={
-            **os.environ,
-            "CKPT_METASTORE_URL": metastore.url.render_as_string(hide_password=False),
-        },
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    restores = json.loads(shown.stdout)
-    assert restores == views.list_restores(metastore, job)
-    restored = [r for r in restores if r["attempt"] == second and r["status"] == "RESTORED"]
-    assert [r["checkpoint_id"] for r in restored] == [killed.latest], restores
-
-    # … and redid only the epochs after it (checkpoint k covers the first k epochs; outcomes
-    # count epochs)
-    xcom = api.call(f"{run_path}/taskInstances/{task}/xcomEntries/return_value?deserialize=true")
-    outcome = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
-    assert outcome["restored_from"] == killed.latest
-    assert outcome["epochs_run"] == files - killed.latest, outcome
-    assert outcome["epochs_done"] == files, outcome
-    assert_exactly_once(root / "out", root / "events", AGGS)
-    return tries

@@ -15,7 +15,9 @@ days at once (``max_active_runs: 3``), each day its own job instance. While it r
 
 Every day's output equals pandas over that day's files alone, exactly once, and the three runs
 overlapped. Then a backfill of the middle day with **Full refresh** replaces that day's output
-(read again from the start, exactly once), the other days' output untouched.
+(read again from the start), its driver killed after a checkpoint: the retry resumes the refresh
+from that checkpoint instead of resetting again; the day's output is exactly once, the other
+days' untouched.
 """
 
 from __future__ import annotations
@@ -375,28 +377,48 @@ def run_scenario(
     for day in DAYS:
         assert_exactly_once(d.root / "out" / f"date={day}", d.root / "events" / f"date={day}", AGGS)
 
-    # --- the full refresh of the middle day: its output replaced, the others' untouched
+    # --- the full refresh of the middle day, its driver killed mid-way: its output replaced
+    # once (the retry resumes the refresh), the other days' untouched
     middle = DAYS[1]
     others = {day: _files(d.root / "out" / f"date={day}") for day in DAYS if day != middle}
     before = _files(d.root / "out" / f"date={middle}")
-    try_before = max(d.tries(middle))
+    refreshing = max(d.tries(middle)) + 1  # Airflow clears the run: its next try
     refresh = d.backfill(
         middle, middle, reprocess_behavior="completed", dag_run_conf={"full_refresh": True}
     )
+    first, second = d.attempt(middle, refreshing), d.attempt(middle, refreshing + 1)
+
+    def refresh_checkpointed() -> DriverIdentity | None:
+        ti = d.deferred(middle)
+        driver = read_state(d.metastore, instance_of(middle)).driver
+        if not ti or ti["try_number"] != refreshing or not driver or driver.attempt != first:
+            return None
+        ours = [c for c in d.checkpoints(middle) if c.coordinator_id == first and c.completed_at]
+        return driver if ours else None
+
+    refresh_driver = wait_for("the refresh to checkpoint", refresh_checkpointed)
+    os.killpg(refresh_driver.pid, signal.SIGKILL)
     d.await_backfill(refresh, (middle,))
     tries = d.tries(middle)
-    refreshed = max(tries)
-    assert refreshed > try_before and tries[refreshed]["state"] == "success", tries
+    assert max(tries) == refreshing + 1 and tries[refreshing + 1]["state"] == "success", tries
+    latest = max(
+        c.checkpoint_id
+        for c in d.checkpoints(middle)
+        if c.coordinator_id == first and c.completed_at
+    )
     outcome = d.outcome(middle)
-    assert outcome["attempt"] == d.attempt(middle, refreshed), outcome
-    assert outcome["restored_from"] is None and outcome["epochs_run"] == FILES, outcome
+    assert outcome["attempt"] == second and outcome["restored_from"] == latest, outcome
     restores = views.list_restores(d.metastore, instance_of(middle))
-    reset = [
-        (r["assignment"] or {}).get("full_refresh")
+    reset = {
+        r["attempt"]: r["assignment"]["full_refresh"]
         for r in restores
-        if r["attempt"] == outcome["attempt"] and (r["assignment"] or {}).get("full_refresh")
-    ]
-    assert [r["epochs_removed"] for r in reset] == [FILES], restores  # reset once, then read
+        if r["attempt"] in (first, second) and (r["assignment"] or {}).get("full_refresh")
+    }
+    assert reset[first]["epochs_removed"] == FILES, restores  # reset once …
+    assert reset[second]["resumed"] is True, restores  # … and resumed, not reset again
+    covered = latest - reset[first]["from"] + 1  # the refresh's checkpoints: one per epoch
+    assert outcome["epochs_run"] == FILES - covered, outcome
+    assert outcome["epochs_done"] == FILES, outcome
     after = _files(d.root / "out" / f"date={middle}")
     assert not set(after.items()) & set(before.items())  # every file written anew
     assert_exactly_once(

@@ -1,24 +1,18 @@
-"""The CeleryExecutor: two Celery workers of one slot each and a triggerer; one Airflow for the
-module's two scenarios.
+"""Issue 27's deferrable daily backfill (:mod:`tests.daily_backfill`) under the CeleryExecutor:
+two Celery workers of one slot each and a triggerer.
 
 Real parts on loopback, as in a distributed deployment (docs/cluster.md, "Under the
 CeleryExecutor"): Redis as the broker (a database number of its own), PostgreSQL as Airflow's
 database and as Celery's result backend — through docker-compose.yml's own URLs, drivers, role
 and password, only the host and a fresh database changed — and the checkpoint metastore, and two
-Celery workers, which Airflow knows by different hostnames. A pipeline task's Spark driver runs
-on the worker that took the task (client deploy mode).
+Celery workers, which Airflow knows by different hostnames. A pipeline task's detached Spark
+driver runs on the worker that took the task (client deploy mode).
 
-(e) A killed worker: while a checkpoint of try 1 is pending, the worker running it is SIGKILLed
-with its whole process tree (the Celery worker, its pool child supervising the task, the task
-runner hosting the coordinator, ``spark-submit``, the driver). The scheduler notices the missing
-heartbeats and queues try 2, which only the other worker can take: it becomes the coordinator,
-restores the latest completed checkpoint from the metastore and the shared checkpoint storage,
-and the output is exactly-once. The compose file's healthchecks of the scheduler and the Celery
-worker are run against this Airflow too.
-
-(f) Issue 27's deferrable daily backfill (:mod:`tests.daily_backfill`): a worker killed under its
-starting driver (the retry re-attaches, on whichever worker), the triggerer and a driver killed,
-each day exactly once, then one day fully refreshed.
+The worker killed in the scenario is a whole Celery worker (its main process, the pool child
+supervising the task, the task runner waiting for the driver's first heartbeat), the driver's
+session spared; before it is started again (as a deployment restarts it), the compose file's
+healthchecks run against this Airflow: the scheduler's job is alive, the surviving worker answers
+the ping, the killed one does not. The retry re-attaches on whichever worker takes it.
 """
 
 from __future__ import annotations
@@ -26,10 +20,9 @@ from __future__ import annotations
 import importlib
 import os
 import subprocess
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import psutil
 import pytest
@@ -39,23 +32,16 @@ from sqlalchemy.engine import URL, make_url
 from checkpointing.config import Settings
 from checkpointing.coordination.drivers import DriverIdentity, read_state
 from checkpointing.metastore.engine import Metastore
-from checkpointing.pipeline import datasets
 from demo.airflow_env import airflow_command
 from demo.local_airflow import LocalAirflow, local_airflow
 from tests.airflow_harness import (
     DEADLINE_S,
-    KILLED_TASK_DAG,
     REPO,
     Api,
     assert_nothing_left,
-    assert_retry_resumed,
     free_port,
     fresh_pg_database,
-    heartbeat_env,
-    kill_while_pending,
-    tree_of,
     wait_for,
-    write_events_spec,
 )
 from tests.daily_backfill import (
     AIRFLOW_ENV,
@@ -71,10 +57,6 @@ from tests.daily_backfill import (
 redis = pytest.importorskip("redis")
 pytest.importorskip("airflow.providers.celery")
 
-JOB = "killed_celery_worker"
-TASK = "run"
-FILES = 8
-HEARTBEAT_TIMEOUT_S = 20
 WORKERS = ("worker-a", "worker-b")
 #: the broker: the local Redis, a database number no other test uses (flushed before and after)
 BROKER_URL = os.environ.get("CKPT_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
@@ -140,8 +122,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def airflow(root: Path) -> Iterator[LocalAirflow]:
     """The local Airflow's components on the CeleryExecutor and PostgreSQL, a triggerer and two
-    Celery workers, with both scenarios' DAGs; stopped afterwards (any detached driver too),
-    and then no process of it may be left."""
+    Celery workers; stopped afterwards (any detached driver too), and then no process of it may
+    be left."""
     from checkpointing_airflow.detached_driver import stop_driver
 
     try:  # say why here, not as a worker that exits at start-up
@@ -176,18 +158,8 @@ def airflow(root: Path) -> Iterator[LocalAirflow]:
         created = Metastore(settings.metastore_url, check_schema=False)
         created.upgrade()
         created.dispose()
-        killed = root / "killed"
-        datasets.generate_events(killed / "events", events=4_000, keys=100, files=FILES, seed=5)
-        spec = write_events_spec(
-            killed / f"{JOB}.yaml",
-            JOB,
-            killed / "events",
-            killed / "out",
-            checkpoint="{every_epochs: 1, retained: 2, tolerable_failures: 0}",
-        )
         dags = root / "dags"
         dags.mkdir()
-        (dags / f"{JOB}.py").write_text(KILLED_TASK_DAG.format(job=JOB, task=TASK, spec=str(spec)))
         write_daily_pipeline(root, dags)
         local = local_airflow(
             settings,
@@ -196,7 +168,6 @@ def airflow(root: Path) -> Iterator[LocalAirflow]:
             dags=dags,
             extra_env={
                 **AIRFLOW_ENV,
-                **heartbeat_env(HEARTBEAT_TIMEOUT_S),
                 "AIRFLOW__CORE__EXECUTOR": compose["AIRFLOW__CORE__EXECUTOR"],
                 **{name: here(compose[name]) for name in COMPOSE_DATABASES},
                 "AIRFLOW__CELERY__BROKER_URL": BROKER_URL,
@@ -222,76 +193,6 @@ def airflow(root: Path) -> Iterator[LocalAirflow]:
         assert_nothing_left(root)
 
 
-@pytest.mark.timeout(600)
-def test_a_killed_celery_worker_is_retried_on_the_other_worker_which_resumes_coordination(
-    airflow: LocalAirflow, root: Path
-) -> None:
-    from checkpointing_airflow.operators import attempt_id
-
-    assert airflow.wait_until_serving(DEADLINE_S)
-    api = Api(airflow.url, airflow.user, airflow.password)
-    metastore = Metastore(airflow.env["CKPT_METASTORE_URL"])
-
-    wait_for(f"the DAG {JOB}", lambda: api.get(f"/api/v2/dags/{JOB}"))
-    assert api.call("/api/v2/importErrors")["total_entries"] == 0
-    run_id = api.call(f"/api/v2/dags/{JOB}/dagRuns", {"logical_date": None})["dag_run_id"]
-    ti_path = f"/api/v2/dags/{JOB}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances"
-
-    def running_ti() -> dict[str, Any] | None:
-        ti = api.get(f"{ti_path}/{TASK}")
-        assert ti is None or ti["state"] not in ("success", "failed"), ti
-        return ti if ti and ti["state"] == "running" and ti["try_number"] == 1 else None
-
-    worker = wait_for("try 1 to run", running_ti)["hostname"]
-    assert worker in WORKERS
-    (other,) = set(WORKERS) - {worker}
-    first, second = (attempt_id(JOB, run_id, n) for n in (1, 2))
-
-    # --- SIGKILL the worker running try 1, with its whole process tree, while a checkpoint is
-    # pending: the Celery worker, its pool child (the task's supervisor), the task runner (the
-    # coordinator), spark-submit and the driver
-    main = psutil.Process(airflow.processes[worker].pid)
-    killed = kill_while_pending(metastore, JOB, first, second, lambda: tree_of([main]))
-    assert main.pid in killed.processes
-    assert len(killed.processes) >= 4, killed.processes
-    assert airflow.processes[other].poll() is None  # the other worker is untouched
-
-    # the compose healthchecks, for real, while the scheduler waits for try 1's heartbeat: the
-    # scheduler's job is alive on this host, the surviving worker answers the ping, the killed
-    # one does not
-    probes = {
-        name: subprocess.Popen(
-            compose_probe("airflow-scheduler" if name == "scheduler" else "airflow-worker"),
-            env={**airflow.env, "HOSTNAME": name},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for name in ("scheduler", other, worker)
-    }
-    output = {name: p.communicate(timeout=180)[0][-2000:] for name, p in probes.items()}
-    answered = {name: p.returncode for name, p in probes.items()}
-    assert answered["scheduler"] == 0 and answered[other] == 0, (answered, output)
-    assert answered[worker] != 0, (answered, output)
-
-    # --- the retry ran on the other worker and resumed from the latest completed checkpoint
-    tries = assert_retry_resumed(
-        api,
-        metastore,
-        job=JOB,
-        task=TASK,
-        run_id=run_id,
-        killed=killed,
-        files=FILES,
-        root=root / "killed",
-    )
-    assert tries[1]["hostname"] == worker and tries[2]["hostname"] == other, tries
-    assert airflow.processes[other].poll() is None
-    metastore.dispose()
-    airflow.processes[worker].wait(30)
-    start_worker(airflow, worker)  # back, as a deployment restarts it
-
-
 @pytest.mark.timeout(1200)
 def test_a_deferrable_daily_backfill_survives_worker_triggerer_and_driver_kills(
     airflow: LocalAirflow, root: Path
@@ -299,6 +200,7 @@ def test_a_deferrable_daily_backfill_survives_worker_triggerer_and_driver_kills(
     assert airflow.wait_until_serving(DEADLINE_S)
     api = Api(airflow.url, airflow.user, airflow.password)
     wait_for(f"the DAG {DAG_ID}", lambda: api.get(f"/api/v2/dags/{DAG_ID}"))
+    assert api.call("/api/v2/importErrors")["total_entries"] == 0
 
     def workers() -> list[psutil.Process]:
         return [psutil.Process(airflow.processes[name].pid) for name in WORKERS]
@@ -310,6 +212,21 @@ def test_a_deferrable_daily_backfill_survives_worker_triggerer_and_driver_kills(
         (name,) = [w for w in WORKERS if airflow.processes[w].pid in ancestors]
         killed = kill_sparing([psutil.Process(airflow.processes[name].pid)], driver)
         airflow.processes[name].wait(30)
+        (other,) = set(WORKERS) - {name}
+        probes = {
+            host: subprocess.Popen(
+                compose_probe("airflow-scheduler" if host == "scheduler" else "airflow-worker"),
+                env={**airflow.env, "HOSTNAME": host},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for host in ("scheduler", other, name)
+        }
+        output = {host: p.communicate(timeout=180)[0][-2000:] for host, p in probes.items()}
+        answered = {host: p.returncode for host, p in probes.items()}
+        assert answered["scheduler"] == 0 and answered[other] == 0, (answered, output)
+        assert answered[name] != 0, (answered, output)
         start_worker(airflow, name)
         return killed
 

@@ -40,7 +40,6 @@ from tests.airflow_harness import (
     AirflowHome,
     assert_exactly_once,
     make_airflow_home,
-    write_events_spec,
 )
 from tests.entry_points import package_zip
 from tests.spark_cluster import RecordingMotoServer
@@ -362,49 +361,3 @@ def test_a_crashed_try_is_retried_from_the_latest_checkpoint_at_another_parallel
             assert list(run_types) == ["asset_triggered"], scheduled.stdout[-3000:]
     finally:
         airflow_db.dispose()
-
-
-def test_an_interval_dag_run_refreshes_its_interval_and_its_retry_resumes_the_refresh(
-    airflow: AirflowHome, events: Path, tmp_path: Path
-) -> None:
-    """Issue 27: the DAG of a ``scope: interval`` spec passes its run's data interval, so the
-    run is the interval's job instance (``<job>.<start>``) over that day's folder; triggered
-    with **Full refresh**, the first try (crashed after one epoch) begins the refresh and the
-    retry, carrying the same DAG run's token, resumes it from the refresh's own checkpoint
-    instead of resetting again. The day's output equals pandas over its files."""
-    job = "daily_iv"
-    day = tmp_path / "in" / "date=2026-11-24"
-    day.mkdir(parents=True)
-    for f in sorted(events.glob("*.parquet"))[:2]:
-        (day / f.name).symlink_to(f)
-    spec = write_events_spec(
-        tmp_path / f"{job}.yaml",
-        job,
-        tmp_path / "in" / "date=${DS}",
-        tmp_path / "out" / "date=${DS}",
-        checkpoint="{every_epochs: 1}",
-        scope="interval",
-        schedule="'@daily'",
-        retries=1,
-        retry_delay="1s",
-    )
-    airflow.write_dag(
-        job,
-        DAG.format(spec=str(spec), alerts=str(tmp_path / "alerts.txt")).replace(
-            '"fail_first_try_after_epochs": 2', '"fail_first_try_after_epochs": 1'
-        ),
-    )
-    result = airflow.run(
-        "dags", "test", job, "2026-11-24", "--conf", '{"full_refresh": true}', timeout=900
-    )
-    logs = result.stdout + result.stderr
-    assert result.returncode == 0, logs[-4000:]
-    assert "--interval-start 2026-11-24T00:00:00+00:00" in logs, logs[-4000:]
-    assert re.search(r"--full-refresh --refresh-token \S+", logs)
-    instance = f"{job}.20261124T000000"
-    assert "crash injected after epoch 0" in logs
-    assert f"job {instance} finished: 1 of 2 epochs run (restored from checkpoint 1)" in logs
-    restores = views.list_restores(metastore_of(airflow), instance)
-    assert restores[0]["assignment"]["full_refresh"]["resumed"] is True
-    assert restores[0]["checkpoint_id"] == restores[-1]["assignment"]["full_refresh"]["from"]
-    assert_exactly_once(tmp_path / "out" / "date=2026-11-24", day, AGGS)

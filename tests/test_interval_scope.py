@@ -283,3 +283,19 @@ def test_a_full_refresh_resets_a_delta_table_and_an_s3_parquet_prefix(
     pd.testing.assert_frame_equal(
         table[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
     )
+
+
+def test_a_refresh_token_holds_for_every_try_of_a_run_and_changes_with_each_clear() -> None:
+    """A retry resumes its run's refresh (the same token); a refresh backfill clears the run
+    again, and that refresh is a new one (a new token: reset again, not resumed)."""
+    from types import SimpleNamespace
+
+    from checkpointing_airflow.attempts import refresh_token
+
+    def token(try_number: int, clears: int) -> str:
+        ti = SimpleNamespace(dag_id="daily", run_id="backfill__2026-11-21", try_number=try_number)
+        return refresh_token({"ti": ti, "dag_run": SimpleNamespace(clear_number=clears)})
+
+    assert token(1, 0) == token(2, 0)
+    assert token(3, 1) == token(4, 1) != token(1, 0)
+    assert token(5, 2) not in (token(1, 0), token(3, 1))

@@ -21,6 +21,15 @@ def attempt_id(dag_id: str, run_id: str, try_number: int) -> str:
     return f"{readable}-{digest}-t{try_number}"
 
 
+def refresh_token(context: Any) -> str:
+    """A full refresh's token: the DAG run and how often it was cleared. Every try of one run
+    carries the same, so a retry resumes the refresh; a run cleared again with the switch on
+    (a refresh backfill of an interval refreshed before) is a new refresh, reset again."""
+    ti = context["ti"]
+    clears = getattr(context.get("dag_run"), "clear_number", None) or 0
+    return f"{attempt_id(ti.dag_id, ti.run_id, 0).removesuffix('-t0')}-c{clears}"
+
+
 def later_try(coordinator_id: str | None, failed: str, try_number: int) -> str | None:
     """``coordinator_id`` when it is the attempt id of a later try of the same DAG run as
     ``failed`` (the attempt id of try ``try_number``), else None."""

@@ -16,7 +16,7 @@ from airflow.sdk.configuration import conf
 
 from checkpointing.coordination.heartbeat import HEARTBEAT_TIMEOUT
 from checkpointing.metastore.jobs import storage_url_for_run
-from checkpointing_airflow.attempts import attempt_id, failed_try_line, run_started
+from checkpointing_airflow.attempts import attempt_id, failed_try_line, refresh_token, run_started
 from checkpointing_airflow.aws_credentials import storage_environment
 from checkpointing_airflow.deferred import DeferredSubmit
 from checkpointing_airflow.driver_secrets import (
@@ -409,6 +409,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         when it is another job's checkpoint or savepoint and that is not allowed."""
         recovery = self.recovery_for(context, spec, metastore, storage_url)
         if _truthy(self.full_refresh):  # every try: the driver resumes or redoes the refresh
+            self._refresh_token = refresh_token(context)
             if self.authorize_restore and recovery is None:  # it replaces output: an edit
                 self._authorize_restore(context, spec, "full refresh")
             parallelism = recovery.parallelism if recovery else self.parallelism_for(spec, 1)
@@ -475,9 +476,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         if spec.interval is not None:
             args += ["--interval-start", spec.interval.start.isoformat()]
             args += ["--interval-end", spec.interval.end.isoformat()]
-        if _truthy(self.full_refresh):
-            # the DAG run's identity (the attempt id without its try): the same on every try
-            args += ["--full-refresh", "--refresh-token", attempt.removesuffix(f"-t{try_number}")]
+        if _truthy(self.full_refresh):  # the token plan_try took: the same on every try
+            args += ["--full-refresh", "--refresh-token", self._refresh_token]
         if self.fail_first_try_after_epochs and try_number == 1:
             args += ["--fail-after-epochs", str(self.fail_first_try_after_epochs)]
         return args
