@@ -1,23 +1,23 @@
 """Issue 27's scenario under the real scheduler and triggerer, shared by the LocalExecutor
 (``test_airflow_deferrable.py``) and the CeleryExecutor (``test_airflow_celery.py``) modules.
 
-A deferrable, ``scope: interval`` daily pipeline (its epochs paced by a sleeping transform, so
-that the runs last long enough to be interfered with on a fast machine too) is backfilled over three
-days at once (``max_active_runs: 3``), each day its own job instance. While it runs:
+A deferrable, ``scope: interval`` daily pipeline is backfilled over three days at once
+(``max_active_runs: 3``), each day its own job instance; its epochs are paced by a sleeping
+transform while the scenario interferes, then run at full speed. While it runs:
 
 1. the worker of the first day to start is SIGKILLed (every process of it but the driver's
    session) while its driver is still starting: the retry waits for the driver's first
-   heartbeat and **re-attaches** to it (no second spark-submit, no restore, no epoch redone);
-2. the triggerer is SIGKILLed (with its trigger runner) while a day is deferred and restarted:
-   the new one takes the triggers over from the metastore and coordinates on;
-3. another day's driver is SIGKILLed while deferred: its trigger reports the lost driver, and the
-   retry **restores** the latest completed checkpoint and redoes only the epochs after it.
+   heartbeat and **re-attaches** to it, or takes its outcome if it finished meanwhile (no second
+   spark-submit, no restore, no epoch redone);
+2. the triggerer is SIGKILLed (with its trigger runner) while a day is deferred, and restarted:
+   the new one takes that day's trigger over from the metastore and coordinates it;
+3. that day's driver is then SIGKILLed: its trigger reports the lost driver, and the retry
+   **restores** the latest completed checkpoint and redoes only the epochs after it.
 
 Every day's output equals pandas over that day's files alone, exactly once, and the three runs
 overlapped. Then a backfill of the middle day with **Full refresh** replaces that day's output
-(read again from the start), its driver killed after a checkpoint: the retry resumes the refresh
-from that checkpoint instead of resetting again; the day's output is exactly once, the other
-days' untouched.
+(read again from the start; optionally its driver killed after a checkpoint, and the retry
+resumes the refresh instead of resetting again), the other days' output untouched.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import contextlib
 import json
 import os
 import signal
+import time
+import urllib.error
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,19 +60,21 @@ from tests.helpers import checkpoint_rows
 DAG_ID = "daily_deferred"
 TASK = "run"
 DAYS = ("2026-11-20", "2026-11-21", "2026-11-22")
-FILES = 30
+FILES = 12
 ROWS_PER_FILE = 40
-#: seconds each partition of an epoch's rows sleeps in the transform
-PACE_S = 0.5
-#: the transform that paces the epochs (a Python function: Spark takes its UDF as deterministic,
-#: which the transform must be)
-PACE = f"""
+#: seconds each partition of an epoch's rows sleeps in the transform while the scenario needs the
+#: runs to last (a sleep costs no CPU); afterwards 0, and the epochs left run at full speed
+PACE_S = 2.5
+#: the transform that paces the epochs, reading the pace from a file each time (a Python
+#: function: Spark takes its UDF as deterministic, which a transform must be)
+PACE = """
 import time
+from pathlib import Path
 
 
 def slow(rows, tables):
     def pace(batches):
-        time.sleep({PACE_S})
+        time.sleep(float(Path({path!r}).read_text()))
         yield from batches
 
     return rows.mapInPandas(pace, rows.schema)
@@ -123,7 +127,8 @@ def write_daily_pipeline(root: Path, dags: Path) -> None:
             files=FILES,
             seed=20 + i,
         )
-    (root / "pace.py").write_text(PACE)
+    (root / "pace_s").write_text(str(PACE_S))
+    (root / "pace.py").write_text(PACE.format(path=str(root / "pace_s")))
     spec = write_events_spec(
         root / f"{DAG_ID}.yaml",
         DAG_ID,
@@ -240,16 +245,27 @@ class DailyBackfill:
 
     # ------------------------------------------------------------------ acting
 
+    def pace(self, seconds: float) -> None:
+        """How long each epoch sleeps from now on, in every running driver."""
+        (self.root / "pace_s").write_text(str(seconds))
+
     def backfill(self, first: str, last: str, **body: Any) -> dict[str, Any]:
-        return self.api.call(
-            "/api/v2/backfills",
-            {
-                "dag_id": DAG_ID,
-                "from_date": f"{first}T00:00:00Z",
-                "to_date": f"{last}T00:00:00Z",
-                **body,
-            },
-        )
+        """``POST /api/v2/backfills`` over ``first`` … ``last``; again after a 503 (Airflow's
+        answer when its SQLite database was locked by another component: nothing created)."""
+        request = {
+            "dag_id": DAG_ID,
+            "from_date": f"{first}T00:00:00Z",
+            "to_date": f"{last}T00:00:00Z",
+            **body,
+        }
+        for _ in range(5):
+            try:
+                return self.api.call("/api/v2/backfills", request)
+            except urllib.error.HTTPError as exc:
+                if exc.code != 503:
+                    raise
+            time.sleep(2)
+        return self.api.call("/api/v2/backfills", request)
 
     def await_backfill(self, backfill: dict[str, Any], days: tuple[str, ...]) -> None:
         """Until the backfill is complete and its runs ended: each must have succeeded."""
@@ -269,10 +285,12 @@ def run_scenario(
     *,
     task_hosts: Callable[[], list[psutil.Process]],
     kill_worker: Callable[[DriverIdentity], dict[int, str]],
+    kill_refresh: bool,
 ) -> None:
     """The module docstring's scenario. ``task_hosts``: the processes that run task instances
     (LocalExecutor: the scheduler; Celery: the workers); ``kill_worker``: SIGKILL the worker
-    running the given driver's try, but not the driver."""
+    running the given driver's try, but not the driver; ``kill_refresh``: kill the refresh's
+    driver too (the retry resumes the refresh)."""
     backfill = d.backfill(DAYS[0], DAYS[-1], max_active_runs=3)
 
     # --- (1) the worker of the first day to start dies while its driver starts
@@ -299,11 +317,11 @@ def run_scenario(
     # --- (2) the triggerer SIGKILLed while another day is deferred, and restarted
     def deferred_other() -> tuple[str, dict[str, Any]] | None:
         for day in DAYS:
-            if day != reattached and (ti := d.deferred(day)) and d.completed(day):
+            if day != reattached and (ti := d.deferred(day)):
                 return day, ti
         return None
 
-    day, ti = wait_for("another day to defer with a checkpoint", deferred_other)
+    day, ti = wait_for("another day to defer", deferred_other)
     deferred_driver = read_state(d.metastore, instance_of(day)).driver
     assert deferred_driver is not None and process_alive(deferred_driver)
     # no task process holds the deferred day: the driver's parent (the task runner that
@@ -312,26 +330,28 @@ def run_scenario(
     assert psutil.Process(deferred_driver.pid).ppid() not in hosts
     assert deferred_driver.pid not in hosts
     old_triggerer = ti["trigger"]["triggerer_id"]
+    killed_at = datetime.now(UTC)
     restart_triggerer(d.airflow)
-    restarted_at = datetime.now(UTC)
 
-    # --- (3) a day other than the re-attached one, deferred to the new triggerer, which
-    # coordinates it, loses its driver
+    # --- (3) a day deferred before the restart, whose trigger the new triggerer took over and
+    # coordinates, loses its driver after a checkpoint
     def taken_over() -> tuple[str, DriverIdentity] | None:
         for day in DAYS:
             ti = d.deferred(day)
             if day == reattached or not ti or ti["trigger"]["triggerer_id"] == old_triggerer:
                 continue
-            driver = read_state(d.metastore, instance_of(day)).driver
-            if ti["try_number"] != 1 or not d.trigger_joined(day, ti):
+            created = datetime.fromisoformat(ti["trigger"]["created_date"])
+            if ti["try_number"] != 1 or created >= killed_at or not d.trigger_joined(day, ti):
                 continue
-            if driver is not None and d.completed(day, after=restarted_at):
+            driver = read_state(d.metastore, instance_of(day)).driver
+            if driver is not None and d.completed(day):
                 return day, driver
         return None
 
-    lost, lost_driver = wait_for("a day coordinated by the new triggerer", taken_over)
+    lost, lost_driver = wait_for("a day taken over by the new triggerer", taken_over)
     os.killpg(lost_driver.pid, signal.SIGKILL)
     wait_for("the driver to die", lambda: process_alive(lost_driver) is False, 30)
+    d.pace(0)  # nothing more to interfere with: the epochs left at full speed
 
     d.await_backfill(backfill, DAYS)
     (untouched,) = set(DAYS) - {reattached, lost}
@@ -377,8 +397,9 @@ def run_scenario(
     for day in DAYS:
         assert_exactly_once(d.root / "out" / f"date={day}", d.root / "events" / f"date={day}", AGGS)
 
-    # --- the full refresh of the middle day, its driver killed mid-way: its output replaced
-    # once (the retry resumes the refresh), the other days' untouched
+    # --- the full refresh of the middle day: its output replaced once (with ``kill_refresh``,
+    # its driver killed after a checkpoint and the refresh resumed by the retry), the other
+    # days' untouched
     middle = DAYS[1]
     others = {day: _files(d.root / "out" / f"date={day}") for day in DAYS if day != middle}
     before = _files(d.root / "out" / f"date={middle}")
@@ -386,7 +407,7 @@ def run_scenario(
     refresh = d.backfill(
         middle, middle, reprocess_behavior="completed", dag_run_conf={"full_refresh": True}
     )
-    first, second = d.attempt(middle, refreshing), d.attempt(middle, refreshing + 1)
+    first, last = d.attempt(middle, refreshing), d.attempt(middle, refreshing + kill_refresh)
 
     def refresh_checkpointed() -> DriverIdentity | None:
         ti = d.deferred(middle)
@@ -396,29 +417,36 @@ def run_scenario(
         ours = [c for c in d.checkpoints(middle) if c.coordinator_id == first and c.completed_at]
         return driver if ours else None
 
-    refresh_driver = wait_for("the refresh to checkpoint", refresh_checkpointed)
-    os.killpg(refresh_driver.pid, signal.SIGKILL)
+    if kill_refresh:
+        d.pace(PACE_S)
+        refresh_driver = wait_for("the refresh to checkpoint", refresh_checkpointed)
+        os.killpg(refresh_driver.pid, signal.SIGKILL)
+        d.pace(0)
     d.await_backfill(refresh, (middle,))
     tries = d.tries(middle)
-    assert max(tries) == refreshing + 1 and tries[refreshing + 1]["state"] == "success", tries
-    latest = max(
-        c.checkpoint_id
-        for c in d.checkpoints(middle)
-        if c.coordinator_id == first and c.completed_at
-    )
+    assert max(tries) == refreshing + kill_refresh, tries
+    assert tries[refreshing + kill_refresh]["state"] == "success", tries
     outcome = d.outcome(middle)
-    assert outcome["attempt"] == second and outcome["restored_from"] == latest, outcome
+    assert outcome["attempt"] == last and outcome["epochs_done"] == FILES, outcome
     restores = views.list_restores(d.metastore, instance_of(middle))
     reset = {
         r["attempt"]: r["assignment"]["full_refresh"]
         for r in restores
-        if r["attempt"] in (first, second) and (r["assignment"] or {}).get("full_refresh")
+        if r["attempt"] in (first, last) and (r["assignment"] or {}).get("full_refresh")
     }
     assert reset[first]["epochs_removed"] == FILES, restores  # reset once …
-    assert reset[second]["resumed"] is True, restores  # … and resumed, not reset again
-    covered = latest - reset[first]["from"] + 1  # the refresh's checkpoints: one per epoch
-    assert outcome["epochs_run"] == FILES - covered, outcome
-    assert outcome["epochs_done"] == FILES, outcome
+    if kill_refresh:
+        assert reset[last]["resumed"] is True, restores  # … and resumed, not reset again
+        latest = max(
+            c.checkpoint_id
+            for c in d.checkpoints(middle)
+            if c.coordinator_id == first and c.completed_at
+        )
+        covered = latest - reset[first]["from"] + 1  # the refresh's checkpoints: one per epoch
+        assert outcome["restored_from"] == latest, outcome
+        assert outcome["epochs_run"] == FILES - covered, outcome
+    else:
+        assert outcome["restored_from"] is None and outcome["epochs_run"] == FILES, outcome
     after = _files(d.root / "out" / f"date={middle}")
     assert not set(after.items()) & set(before.items())  # every file written anew
     assert_exactly_once(

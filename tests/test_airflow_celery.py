@@ -236,6 +236,7 @@ def test_a_deferrable_daily_backfill_survives_worker_triggerer_and_driver_kills(
             DailyBackfill(airflow, api, metastore, root),
             task_hosts=workers,
             kill_worker=kill_worker,
+            kill_refresh=False,
         )
     finally:
         metastore.dispose()

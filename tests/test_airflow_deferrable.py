@@ -119,6 +119,7 @@ def test_a_deferrable_daily_backfill_survives_worker_triggerer_and_driver_kills(
             DailyBackfill(airflow, api, metastore, tmp_path),
             task_hosts=lambda: [scheduler],
             kill_worker=kill_worker,
+            kill_refresh=True,
         )
     finally:
         metastore.dispose()

@@ -312,7 +312,12 @@ def deferrable_operator(spec: Path, tmp_path: Path, **kwargs: Any) -> Any:
 
 
 def defer_try(
-    spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, try_number: int = 1
+    spec: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    try_number: int = 1,
+    dag_run: Any = None,
 ) -> Deferred:
     """Run the deferrable task's ``execute`` until it defers; the stand-in driver then runs
     until the test creates its ``go`` file."""
@@ -320,7 +325,7 @@ def defer_try(
 
     monkeypatch.setenv("FAKE_DRIVER_MODE", mode)
     op = deferrable_operator(spec, tmp_path, retries=1)
-    context = {"ti": TaskInstance(DAG, RUN, try_number), "dag_run": None}
+    context = {"ti": TaskInstance(DAG, RUN, try_number), "dag_run": dag_run}
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
     assert deferred.value.method_name == "execute_complete"
@@ -579,3 +584,49 @@ def test_a_retry_waits_for_a_starting_driver_and_re_attaches_to_it(
         (tmp_path / "go").touch()  # the stand-in driver ends (a failed test leaves none)
         up.touch()
         metastore.dispose()
+
+
+def test_a_retry_takes_the_outcome_of_a_driver_that_finished_after_its_try_died(
+    airflow_in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Try 1 died and its driver finished before the retry came: the callback leaves the
+    FINISHED job alone, and try 2 re-attaches to the finished driver (no submit, no restore);
+    its trigger reports the driver's outcome at once. A later clear of the run runs anew."""
+    from checkpointing.metastore.views import list_restores
+    from checkpointing_airflow.attempts import attempt_id
+    from checkpointing_airflow.callbacks import restore_from_latest
+
+    first, second = attempt_id(DAG, RUN, 1), attempt_id(DAG, RUN, 2)
+    one = defer_try(airflow_in_process, tmp_path, monkeypatch, "finish")
+    driver = read_state(one.metastore, JOB).driver
+    assert driver is not None
+    one.go.touch()
+    wait_until("the driver to finish", lambda: process_alive(driver) is False)
+    assert job_row(one.metastore).status == "FINISHED"
+    restore_from_latest({**one.context, "task": one.op})  # Airflow retries try 1
+    assert job_row(one.metastore).status == "FINISHED" and list_restores(one.metastore, JOB) == []
+    one.submitted.unlink()
+    two = defer_try(airflow_in_process, tmp_path, monkeypatch, "finish", try_number=2)
+    assert not one.submitted.exists()  # no new spark-submit
+    _, kwargs = two.trigger.serialize()
+    assert (kwargs["attempt"], kwargs["watcher"]) == (first, second)
+    event = asyncio.run(first_event(two.trigger))
+    assert event["outcome"] == "finished", event
+    outcome = two.op.execute_complete(two.context, event)
+    assert outcome["attempt"] == first and outcome["restored_from"] is None, outcome
+
+    # the DAG run cleared afterwards (say a refresh backfill): it started after that driver, so
+    # its try runs anew with a driver of its own
+    from types import SimpleNamespace
+
+    cleared = SimpleNamespace(start_date=datetime.now(UTC), clear_number=1, conf={})
+    three = defer_try(airflow_in_process, tmp_path, monkeypatch, "finish", 3, dag_run=cleared)
+    assert one.submitted.exists()  # a new spark-submit
+    _, kwargs = three.trigger.serialize()
+    third = attempt_id(DAG, RUN, 3)
+    assert (kwargs["attempt"], kwargs["watcher"]) == (third, third)
+    three.go.touch()
+    assert asyncio.run(first_event(three.trigger))["outcome"] == "finished"
+    one.metastore.dispose()
+    two.metastore.dispose()
+    three.metastore.dispose()

@@ -251,12 +251,16 @@ def reattach(
     watcher: str,
     now: datetime,
     heartbeat_timeout: timedelta = HEARTBEAT_TIMEOUT,
+    *,
+    alive: bool | None = None,
 ) -> DriverIdentity | None:
-    """Make ``watcher`` (a retry) the coordinator of ``driver_attempt``'s live driver instead of
+    """Make ``watcher`` (a retry) the coordinator of ``driver_attempt``'s driver instead of
     restarting it: in one transaction on the locked job row, only while that attempt still leads
-    the job, its driver is recorded, the job RUNNING and the driver's heartbeat (written after its
-    submission) within ``heartbeat_timeout``. The coordinator id stays the driver's (it acts
-    under it); the previous watcher is superseded. The driver, or None (restart instead)."""
+    the job and its driver is recorded, and either the job is RUNNING, the driver's heartbeat
+    (written after its submission) within ``heartbeat_timeout`` and its process not found dead
+    (``alive``, as :func:`process_alive` says), or the driver already recorded FINISHED (its
+    outcome is the retry's: nothing is left to run). The coordinator id stays the driver's (it
+    acts under it); the previous watcher is superseded. The driver, or None (restart instead)."""
     from checkpointing.metastore import jobs
 
     with metastore.transaction() as s:
@@ -266,10 +270,15 @@ def reattach(
         if job.driver_attempt != driver_attempt or job.driver_pid is None:
             return None
         since, beat = job.driver_submitted_at, job.heartbeat_at
-        if job.status != JobStatus.RUNNING or since is None or beat is None or beat < since:
+        if since is None:
             return None
-        if not driver_alive(beat, now, heartbeat_timeout):
-            return None
+        updated = job.updated_at
+        finished = job.status == JobStatus.FINISHED and updated is not None and updated >= since
+        if not finished:
+            if alive is False or job.status != JobStatus.RUNNING or beat is None or beat < since:
+                return None
+            if not driver_alive(beat, now, heartbeat_timeout):
+                return None
         job.driver_watcher = watcher
         return DriverIdentity(
             driver_attempt,

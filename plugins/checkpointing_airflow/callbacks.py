@@ -151,8 +151,8 @@ def _driver_lives(task: Any, metastore: Any, job_id: str, failed: str) -> bool:
     if not live_driver(metastore, job_id, failed, task.driver_heartbeat_timeout):
         return False
     log.warning(
-        "job %s: try %s failed but its Spark driver is still running: the retry re-attaches "
-        "to it (no restore)",
+        "job %s: try %s failed but its Spark driver is still running (or has finished): the "
+        "retry re-attaches to it (no restore)",
         job_id,
         failed,
     )

@@ -22,7 +22,8 @@ its driver (spark-submit's child) and force a restore. Here the task
 
 A retry whose previous try's driver is still alive (recorded, RUNNING, heart-beating, its attempt
 still the job's coordinator; one still starting is given the rest of ``driver_heartbeat_timeout``
-to beat first) *re-attaches* to it instead of restarting (:meth:`reattach`): no
+to beat first), or has finished meanwhile, *re-attaches* to it instead of restarting
+(:meth:`reattach`): no
 submit, no restore, no epoch redone; it defers to a trigger that coordinates under the driver's
 attempt id (the driver acts under it) as the new *watcher*, which supersedes the previous try's
 trigger. A previous driver that is not alive enough to re-attach to but still runs on this host
@@ -48,7 +49,7 @@ from checkpointing.coordination.drivers import (
     record_driver,
     this_host,
 )
-from checkpointing_airflow.attempts import attempt_id, failed_try_line
+from checkpointing_airflow.attempts import attempt_id, failed_try_line, run_started
 from checkpointing_airflow.detached_driver import (
     attempt_of_same_run,
     await_exit,
@@ -90,7 +91,8 @@ class DeferredSubmit:
         mask_secret(url)
         metastore = open_metastore(url)
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
-        self.reattach(metastore, spec, attempt)  # defers when this run's last driver lives
+        # defers when this run's last driver lives or finished
+        self.reattach(metastore, spec, attempt, run_started(context))
         self._stop_previous_driver(metastore, spec, attempt)
         restore, parallelism = op.plan_try(context, spec, metastore, storage_url)
         coordinator = CheckpointCoordinator(
@@ -175,32 +177,38 @@ class DeferredSubmit:
         )
         raise AirflowException("unreachable: defer() raises")  # for type checkers
 
-    def reattach(self, metastore: Metastore, spec: PipelineSpec, attempt: str) -> None:
-        """Defer onto the previous try's driver when it still runs (returns otherwise): this
-        retry becomes its watcher; the driver keeps its attempt id, so its coordination,
-        checkpoints and outcome stay its own, and nothing is restored or redone."""
+    def reattach(
+        self, metastore: Metastore, spec: PipelineSpec, attempt: str, run_start: Any
+    ) -> None:
+        """Defer onto the previous try's driver when it still runs or has finished (returns
+        otherwise): this retry becomes its watcher; the driver keeps its attempt id, so its
+        coordination, checkpoints and outcome stay its own, and nothing is restored or redone.
+        Only a driver submitted since the DAG run (last) started counts: a cleared run (a
+        refresh backfill) runs anew."""
         from checkpointing.clock import SystemClock
 
         state = read_state(metastore, spec.job)
         driver = state.driver
         previous = state.watcher or (driver.attempt if driver is not None else None)
-        if driver is None or previous is None:
-            return
         # the same try run again (its task reset after a scheduler restart) re-attaches too:
         # never a second driver under one attempt id, which fencing could not tell apart
-        if not attempt_of_same_run(previous, attempt) or process_alive(driver) is False:
+        if driver is None or previous is None or not attempt_of_same_run(previous, attempt):
+            return
+        if run_start is not None and driver.submitted_at < run_start:
             return
         timeout = timedelta(seconds=self.op.driver_heartbeat_timeout)
-        # a try killed while its driver was starting: the driver gets the rest of its start-up
-        # time to beat (stopping it would redo every epoch it is about to run)
-        await_first_beat(metastore, spec.job, driver, timeout, self.op.coordinator_poll)
+        alive = process_alive(driver)
+        if alive is not False:
+            # a try killed while its driver was starting: the driver gets the rest of its
+            # start-up time to beat (stopping it would redo every epoch it is about to run)
+            await_first_beat(metastore, spec.job, driver, timeout, self.op.coordinator_poll)
         now = SystemClock().now()
-        found = reattach(metastore, spec.job, driver.attempt, attempt, now, timeout)
+        found = reattach(metastore, spec.job, driver.attempt, attempt, now, timeout, alive=alive)
         if found is None:
             return
         self.op.log.info(
-            "job %s: re-attached to the %s, which is still running (no restore, no epoch "
-            "redone); this try coordinates it",
+            "job %s: re-attached to the %s (no restore, no epoch redone): this try coordinates "
+            "it until its outcome, or takes the outcome it already recorded",
             spec.job,
             found.describe(),
         )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from checkpointing.coordination.drivers import (
     AttemptVerdict,
     DriverIdentity,
+    Outcome,
     judge,
     process_alive,
     read_state,
@@ -90,8 +91,8 @@ def live_driver(metastore: Metastore, job_id: str, failed: str, timeout_s: float
     """Whether the detached driver that the failed try ``failed`` watched is still alive or
     starting (:func:`~checkpointing.coordination.drivers.judge` has no verdict on it: it leads
     the job, beats within ``timeout_s`` or was submitted less than ``timeout_s`` ago, and is not
-    found dead on this host): the retry re-attaches to it, so the failure callback must not fail
-    the job."""
+    found dead on this host), or has finished: the retry re-attaches to it (or takes its
+    outcome), so the failure callback must not fail the job."""
     from checkpointing.clock import SystemClock
 
     state = read_state(metastore, job_id)
@@ -101,7 +102,8 @@ def live_driver(metastore: Metastore, job_id: str, failed: str, timeout_s: float
     timeout = timedelta(seconds=timeout_s)
     alive = process_alive(driver)
     now = SystemClock().now()
-    return judge(state, driver.attempt, now, alive=alive, heartbeat_timeout=timeout) is None
+    verdict = judge(state, driver.attempt, now, alive=alive, heartbeat_timeout=timeout)
+    return verdict is None or verdict.outcome is Outcome.FINISHED
 
 
 def acting_coordinator(metastore: Metastore, job_id: str, failed: str) -> str:
