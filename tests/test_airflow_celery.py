@@ -30,10 +30,11 @@ import yaml
 from sqlalchemy.engine import URL, make_url
 
 from checkpointing.config import Settings
-from checkpointing.coordination.drivers import DriverIdentity, read_state
+from checkpointing.coordination.drivers import DriverIdentity
 from checkpointing.metastore.engine import Metastore
 from demo.airflow_env import airflow_command
 from demo.local_airflow import LocalAirflow, local_airflow
+from tests import daily_backfill as scenario
 from tests.airflow_harness import (
     DEADLINE_S,
     REPO,
@@ -42,16 +43,6 @@ from tests.airflow_harness import (
     free_port,
     fresh_pg_database,
     wait_for,
-)
-from tests.daily_backfill import (
-    AIRFLOW_ENV,
-    DAG_ID,
-    DAYS,
-    DailyBackfill,
-    instance_of,
-    kill_sparing,
-    run_scenario,
-    write_daily_pipeline,
 )
 
 redis = pytest.importorskip("redis")
@@ -124,8 +115,6 @@ def airflow(root: Path) -> Iterator[LocalAirflow]:
     """The local Airflow's components on the CeleryExecutor and PostgreSQL, a triggerer and two
     Celery workers; stopped afterwards (any detached driver too), and then no process of it may
     be left."""
-    from checkpointing_airflow.detached_driver import stop_driver
-
     try:  # say why here, not as a worker that exits at start-up
         importlib.import_module("airflow.providers.celery.executors.celery_executor")
     except ImportError as exc:
@@ -160,14 +149,14 @@ def airflow(root: Path) -> Iterator[LocalAirflow]:
         created.dispose()
         dags = root / "dags"
         dags.mkdir()
-        write_daily_pipeline(root, dags)
+        scenario.write_daily_pipeline(root, dags)
         local = local_airflow(
             settings,
             port=free_port(),
             home=root / "airflow",
             dags=dags,
             extra_env={
-                **AIRFLOW_ENV,
+                **scenario.AIRFLOW_ENV,
                 "AIRFLOW__CORE__EXECUTOR": compose["AIRFLOW__CORE__EXECUTOR"],
                 **{name: here(compose[name]) for name in COMPOSE_DATABASES},
                 "AIRFLOW__CELERY__BROKER_URL": BROKER_URL,
@@ -184,12 +173,7 @@ def airflow(root: Path) -> Iterator[LocalAirflow]:
                 log.close()
             broker.flushdb()
             broker.close()
-            metastore = Metastore(settings.metastore_url)
-            drivers = [read_state(metastore, instance_of(day)).driver for day in DAYS]
-            metastore.dispose()
-            for driver in drivers:
-                if driver is not None:
-                    stop_driver(driver)  # detached: Airflow's stop leaves it running
+            scenario.stop_drivers(settings.metastore_url)
         assert_nothing_left(root)
 
 
@@ -199,7 +183,7 @@ def test_a_deferrable_daily_backfill_survives_worker_triggerer_and_driver_kills(
 ) -> None:
     assert airflow.wait_until_serving(DEADLINE_S)
     api = Api(airflow.url, airflow.user, airflow.password)
-    wait_for(f"the DAG {DAG_ID}", lambda: api.get(f"/api/v2/dags/{DAG_ID}"))
+    wait_for(f"the DAG {scenario.DAG_ID}", lambda: api.get(f"/api/v2/dags/{scenario.DAG_ID}"))
     assert api.call("/api/v2/importErrors")["total_entries"] == 0
 
     def workers() -> list[psutil.Process]:
@@ -210,7 +194,7 @@ def test_a_deferrable_daily_backfill_survives_worker_triggerer_and_driver_kills(
         driver's session; then started again (a deployment's restart)."""
         ancestors = {p.pid for p in psutil.Process(driver.pid).parents()}
         (name,) = [w for w in WORKERS if airflow.processes[w].pid in ancestors]
-        killed = kill_sparing([psutil.Process(airflow.processes[name].pid)], driver)
+        killed = scenario.kill_sparing([psutil.Process(airflow.processes[name].pid)], driver)
         airflow.processes[name].wait(30)
         (other,) = set(WORKERS) - {name}
         probes = {
@@ -232,11 +216,10 @@ def test_a_deferrable_daily_backfill_survives_worker_triggerer_and_driver_kills(
 
     metastore = Metastore(airflow.env["CKPT_METASTORE_URL"])
     try:
-        run_scenario(
-            DailyBackfill(airflow, api, metastore, root),
+        scenario.run_scenario(
+            scenario.DailyBackfill(airflow, api, metastore, root),
             task_hosts=workers,
             kill_worker=kill_worker,
-            kill_refresh=False,
         )
     finally:
         metastore.dispose()

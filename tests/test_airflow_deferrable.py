@@ -23,9 +23,10 @@ import psutil
 import pytest
 
 from checkpointing.config import Settings
-from checkpointing.coordination.drivers import DriverIdentity, read_state
+from checkpointing.coordination.drivers import DriverIdentity
 from checkpointing.metastore.engine import Metastore
 from demo.local_airflow import LocalAirflow, local_airflow
+from tests import daily_backfill as scenario
 from tests.airflow_harness import (
     DEADLINE_S,
     Api,
@@ -34,16 +35,6 @@ from tests.airflow_harness import (
     migrate_airflow_db,
     wait_for,
 )
-from tests.daily_backfill import (
-    AIRFLOW_ENV,
-    DAG_ID,
-    DAYS,
-    DailyBackfill,
-    instance_of,
-    kill_sparing,
-    run_scenario,
-    write_daily_pipeline,
-)
 
 
 @pytest.fixture
@@ -51,8 +42,6 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
     """api-server, scheduler, dag-processor and triggerer on SQLite and the LocalExecutor (as
     many workers as days); afterwards any detached driver still running is stopped, and no
     process may be left."""
-    from checkpointing_airflow.detached_driver import stop_driver
-
     home = tmp_path / "ckpt"
     home.mkdir()
     settings = Settings(
@@ -65,15 +54,15 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
     created.dispose()
     dags = tmp_path / "dags"
     dags.mkdir()
-    write_daily_pipeline(tmp_path, dags)
+    scenario.write_daily_pipeline(tmp_path, dags)
     local = local_airflow(
         settings,
         port=free_port(),
         home=tmp_path / "airflow",
         dags=dags,
         extra_env={
-            **AIRFLOW_ENV,
-            "AIRFLOW__CORE__PARALLELISM": str(len(DAYS)),
+            **scenario.AIRFLOW_ENV,
+            "AIRFLOW__CORE__PARALLELISM": str(len(scenario.DAYS)),
             # the copied database comes without the airflow.cfg a migration writes: the
             # components, started at once, would each generate their own secrets
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(16),
@@ -87,12 +76,7 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
         yield local
     finally:
         local.stop()
-        metastore = Metastore(settings.metastore_url)
-        drivers = [read_state(metastore, instance_of(day)).driver for day in DAYS]
-        metastore.dispose()
-        for driver in drivers:
-            if driver is not None:
-                stop_driver(driver)  # detached: Airflow's stop leaves it running, by design
+        scenario.stop_drivers(settings.metastore_url)
     assert_nothing_left(tmp_path)
 
 
@@ -102,7 +86,7 @@ def test_a_deferrable_daily_backfill_survives_worker_triggerer_and_driver_kills(
 ) -> None:
     assert airflow.wait_until_serving(DEADLINE_S)
     api = Api(airflow.url, airflow.user, airflow.password)
-    wait_for(f"the DAG {DAG_ID}", lambda: api.get(f"/api/v2/dags/{DAG_ID}"))
+    wait_for(f"the DAG {scenario.DAG_ID}", lambda: api.get(f"/api/v2/dags/{scenario.DAG_ID}"))
     assert api.call("/api/v2/importErrors")["total_entries"] == 0
     scheduler = psutil.Process(airflow.processes["scheduler"].pid)
 
@@ -111,15 +95,14 @@ def test_a_deferrable_daily_backfill_survives_worker_triggerer_and_driver_kills(
         ancestors), with its task runner."""
         worker = next(p for p in psutil.Process(driver.pid).parents() if p.ppid() == scheduler.pid)
         assert "LocalExecutor" in " ".join(worker.cmdline()), worker.cmdline()
-        return kill_sparing([worker], driver)
+        return scenario.kill_sparing([worker], driver)
 
     metastore = Metastore(airflow.env["CKPT_METASTORE_URL"])
     try:
-        run_scenario(
-            DailyBackfill(airflow, api, metastore, tmp_path),
+        scenario.run_scenario(
+            scenario.DailyBackfill(airflow, api, metastore, tmp_path),
             task_hosts=lambda: [scheduler],
             kill_worker=kill_worker,
-            kill_refresh=True,
         )
     finally:
         metastore.dispose()

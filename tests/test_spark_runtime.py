@@ -28,6 +28,8 @@ def reference(runtime_reference: Any) -> Any:
     return runtime_reference
 
 
+# one backend per Spark scenario: the metastore is what differs, and its tests run on both
+@pytest.mark.parametrize("metastore_url", ["postgresql"], indirect=True)
 def test_crash_and_resume_equals_a_crash_free_run(
     spark: Any, events: Path, tmp_path: Path, metastore_url: str, reference: Any
 ) -> None:
@@ -44,6 +46,7 @@ def test_crash_and_resume_equals_a_crash_free_run(
     assert_equals_reference(spark, spec, reference)
 
 
+@pytest.mark.parametrize("metastore_url", ["sqlite"], indirect=True)
 def test_rescaled_restores_4_2_7_equal_a_crash_free_run(
     spark: Any, events: Path, tmp_path: Path, metastore_url: str, reference: Any
 ) -> None:

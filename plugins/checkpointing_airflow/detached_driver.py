@@ -12,16 +12,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from checkpointing.coordination.drivers import (
-    AttemptVerdict,
-    DriverIdentity,
-    Outcome,
-    judge,
-    process_alive,
-    read_state,
-)
+from checkpointing.coordination.drivers import Outcome, judge, process_alive, read_state
 
 if TYPE_CHECKING:
+    from checkpointing.coordination.drivers import AttemptVerdict, DriverIdentity
     from checkpointing.metastore.engine import Metastore
 
 #: seconds a stopped driver gets between SIGTERM and SIGKILL
