@@ -250,13 +250,16 @@ def worker_hostname() -> str:
     return os.environ["CKPT_TEST_WORKER_HOSTNAME"]
 
 
-def wait_for(what: str, found: Callable[[], Any], timeout: float = DEADLINE_S) -> Any:
-    """Poll ``found`` until it returns something truthy; fail after ``timeout`` s."""
+def wait_for(
+    what: str, found: Callable[[], Any], timeout: float = DEADLINE_S, every: float = 0.2
+) -> Any:
+    """Poll ``found`` every ``every`` s until it returns something truthy; fail after
+    ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while not (value := found()):
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
+        time.sleep(every)
     return value
 
 

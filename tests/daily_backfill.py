@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,9 @@ def slow(rows, tables):
 
     return rows.mapInPandas(pace, rows.schema)
 """
+#: seconds between the scenario's looks through the REST API (each costs the api-server CPU
+#: that the drivers share)
+POLL_S = 1.0
 #: the scheduler fails a task without heartbeats after about this long
 HEARTBEAT_TIMEOUT_S = 20
 
@@ -197,27 +200,37 @@ class DailyBackfill:
     api: Api
     metastore: Metastore
     root: Path
+    #: the runs' ids by day, as read
+    run_ids: dict[str, str] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ reading
 
     def runs(self) -> dict[str, dict[str, Any]]:
         """The DAG's runs by day (their interval's start)."""
         runs = self.api.call(f"/api/v2/dags/{DAG_ID}/dagRuns?limit=50")["dag_runs"]
-        return {r["data_interval_start"][:10]: r for r in runs}
+        found = {r["data_interval_start"][:10]: r for r in runs}
+        self.run_ids.update({day: r["dag_run_id"] for day, r in found.items()})
+        return found
+
+    def run_id(self, day: str) -> str | None:
+        """The day's run id (a run keeps it: read once)."""
+        if day not in self.run_ids:
+            self.runs()
+        return self.run_ids.get(day)
 
     def run_path(self, day: str) -> str:
-        run_id = self.runs()[day]["dag_run_id"]
+        run_id = self.run_id(day) or ""
         return f"/api/v2/dags/{DAG_ID}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
 
     def ti(self, day: str) -> dict[str, Any] | None:
-        if day not in self.runs():
+        if self.run_id(day) is None:
             return None
         return self.api.get(f"{self.run_path(day)}/taskInstances/{TASK}")
 
     def attempt(self, day: str, try_number: int) -> str:
         from checkpointing_airflow.attempts import attempt_id
 
-        return attempt_id(DAG_ID, self.runs()[day]["dag_run_id"], try_number)
+        return attempt_id(DAG_ID, self.run_id(day) or "", try_number)
 
     def tries(self, day: str) -> dict[int, dict[str, Any]]:
         tries = self.api.call(f"{self.run_path(day)}/taskInstances/{TASK}/tries")
@@ -249,7 +262,7 @@ class DailyBackfill:
     def trigger_joined(self, day: str, ti: dict[str, Any]) -> bool:
         """The trigger's log: the new triggerer's trigger found the driver running and
         coordinates it (``(detached driver)``)."""
-        run_id = self.runs()[day]["dag_run_id"]
+        run_id = self.run_id(day)
         logs = self.airflow.home / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}"
         name = f"attempt={ti['try_number']}.log.trigger.{ti['trigger']['triggerer_id']}.log"
         log = logs / f"task_id={TASK}" / name
@@ -288,7 +301,7 @@ class DailyBackfill:
             assert "failed" not in states.values(), states
             return states if done and len(states) == len(days) else None
 
-        states = wait_for("the backfill to complete", ended, 600)
+        states = wait_for("the backfill to complete", ended, 600, every=POLL_S)
         assert set(states.values()) == {"success"}, states
 
 
@@ -305,7 +318,7 @@ def run_scenario(
 
     # --- (1) the worker of the first day to start dies while its driver starts
     def starting() -> tuple[str, DriverIdentity] | None:
-        for day in d.runs():
+        for day in DAYS:
             ti = d.ti(day)
             if not ti or ti["state"] != "running" or ti["try_number"] != 1:
                 continue
@@ -318,7 +331,7 @@ def run_scenario(
             return day, driver
         return None
 
-    reattached, driver = wait_for("a day's driver to be starting", starting)
+    reattached, driver = wait_for("a day's driver to be starting", starting, every=0.5)
     killed = kill_worker(driver)
     assert process_alive(driver), killed
     assert len(killed) >= 2, killed  # at least the task's supervisor and its task runner
@@ -331,7 +344,7 @@ def run_scenario(
                 return day, ti
         return None
 
-    day, ti = wait_for("another day to defer", deferred_other)
+    day, ti = wait_for("another day to defer", deferred_other, every=POLL_S)
     deferred_driver = read_state(d.metastore, instance_of(day)).driver
     assert deferred_driver is not None and process_alive(deferred_driver)
     # no task process holds the deferred day: the driver's parent (the task runner that
@@ -358,7 +371,7 @@ def run_scenario(
                 return day, driver
         return None
 
-    lost, lost_driver = wait_for("a day taken over by the new triggerer", taken_over)
+    lost, lost_driver = wait_for("a day taken over by the new triggerer", taken_over, every=POLL_S)
     os.killpg(lost_driver.pid, signal.SIGKILL)
     wait_for("the driver to die", lambda: process_alive(lost_driver) is False, 30)
     d.pace(0)  # nothing more to interfere with: the epochs left at full speed
