@@ -51,7 +51,7 @@ def _duration_ms(start: datetime | None, end: datetime | None) -> int | None:
 
 
 def list_jobs(metastore: Metastore) -> list[dict[str, Any]]:
-    with metastore.transaction() as s:
+    with metastore.reading() as s:
         counts: dict[str, dict[str, int]] = {}
         for job_id, status, n in s.execute(
             select(Checkpoint.job_id, Checkpoint.status, func.count()).group_by(
@@ -121,7 +121,7 @@ def list_checkpoints(
     offset: int = 0,
 ) -> list[dict[str, Any]]:
     """Newest first."""
-    with metastore.transaction() as s:  # the check and the read see one snapshot
+    with metastore.reading() as s:  # the check and the read see one snapshot
         jobs.job_row(s, validate_id(job_id, "job id"))
         query = select(Checkpoint, acked_count()).where(
             *_checkpoint_filter(job_id, status, checkpoint_type)
@@ -140,7 +140,7 @@ def count_checkpoints(
     checkpoint_type: str | None = None,
 ) -> int:
     """How many checkpoints :func:`list_checkpoints` would list without a limit (for paging)."""
-    with metastore.transaction() as s:  # the check and the read see one snapshot
+    with metastore.reading() as s:  # the check and the read see one snapshot
         jobs.job_row(s, validate_id(job_id, "job id"))
         query = select(func.count()).select_from(Checkpoint)
         return int(s.scalar(query.where(*_checkpoint_filter(job_id, status, checkpoint_type))) or 0)
@@ -150,7 +150,7 @@ def checkpoint_detail(metastore: Metastore, job_id: str, checkpoint_id: int) -> 
     """One checkpoint with its properties, per operator subtask its ack, and the ``input`` its
     runs consumed (:func:`consumed_input`; None when the source did not acknowledge it)."""
     checkpoint_id = validate_checkpoint_id(checkpoint_id)
-    with metastore.transaction() as s:  # the check and the read see one snapshot
+    with metastore.reading() as s:  # the check and the read see one snapshot
         jobs.job_row(s, validate_id(job_id, "job id"))
         c = s.get(Checkpoint, (job_id, checkpoint_id))
         if c is None:
@@ -215,7 +215,7 @@ def consumed_input(
     read, the totals, and the files (at most ``file_limit``). None when the source did not
     acknowledge it."""
     checkpoint_id = validate_checkpoint_id(checkpoint_id)
-    with metastore.transaction() as s:  # the check and the read see one snapshot
+    with metastore.reading() as s:  # the check and the read see one snapshot
         jobs.job_row(s, validate_id(job_id, "job id"))
         if s.get(Checkpoint, (job_id, checkpoint_id)) is None:
             raise UnknownCheckpointError(f"job {job_id} has no checkpoint {checkpoint_id}")
@@ -227,7 +227,7 @@ def list_restores(
 ) -> list[dict[str, Any]]:
     """Restore decisions, newest first: which checkpoint each attempt restored (or planned to),
     at which parallelism, and the checkpoints it skipped as unusable (``fallbacks``)."""
-    with metastore.transaction() as s:  # the check and the read see one snapshot
+    with metastore.reading() as s:  # the check and the read see one snapshot
         jobs.job_row(s, validate_id(job_id, "job id"))
         query = (
             select(RestoreEvent)
@@ -257,7 +257,7 @@ def list_restores(
 
 def count_restores(metastore: Metastore, job_id: str) -> int:
     """How many restores :func:`list_restores` would list without a limit (for paging)."""
-    with metastore.transaction() as s:  # the check and the read see one snapshot
+    with metastore.reading() as s:  # the check and the read see one snapshot
         jobs.job_row(s, validate_id(job_id, "job id"))
         query = select(func.count()).select_from(RestoreEvent)
         return int(s.scalar(query.where(RestoreEvent.job_id == job_id)) or 0)
@@ -267,7 +267,7 @@ def list_requests(
     metastore: Metastore, job_id: str, *, limit: int | None = None
 ) -> list[dict[str, Any]]:
     """Checkpoint and savepoint requests, newest first (periodic triggers are not requests)."""
-    with metastore.transaction() as s:  # the check and the read see one snapshot
+    with metastore.reading() as s:  # the check and the read see one snapshot
         jobs.job_row(s, validate_id(job_id, "job id"))
         query = (
             select(CheckpointRequest)
@@ -303,7 +303,7 @@ def checkpoint_stats(metastore: Metastore, job_id: str) -> dict[str, Any]:
     """A pipeline's checkpoints at a glance (Flink's checkpoint summary): counts by status,
     min/avg/max end-to-end duration and state size of the completed ones (subsumed included),
     and the latest completed, failed (aborted) and savepoint checkpoints and latest restore."""
-    with metastore.transaction() as s:  # the check and the read see one snapshot
+    with metastore.reading() as s:  # the check and the read see one snapshot
         jobs.job_row(s, validate_id(job_id, "job id"))
         own = Checkpoint.job_id == job_id
         counts = {
