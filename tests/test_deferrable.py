@@ -630,3 +630,29 @@ def test_a_retry_takes_the_outcome_of_a_driver_that_finished_after_its_try_died(
     one.metastore.dispose()
     two.metastore.dispose()
     three.metastore.dispose()
+
+
+def test_a_recorded_driver_is_not_judged_by_the_failure_before_it(tmp_path: Path) -> None:
+    """The previous try's FAILED stays on the row until the new driver reports RUNNING, and the
+    driver's registration moves ``updated_at`` before that: recording the driver resets the
+    status, so the new try is not failed by its predecessor's failure (seen in CI)."""
+    from checkpointing.coordination.drivers import record_driver
+
+    url = f"sqlite:///{tmp_path / 'metastore.db'}"
+    Metastore(url, check_schema=False).upgrade()
+    metastore = Metastore(url)
+    from checkpointing.config import CheckpointConfig
+    from checkpointing.state.storage import CheckpointStorage
+
+    storage = CheckpointStorage.from_url((tmp_path / "ckpt").as_uri())
+    config = CheckpointConfig()
+    retry = CheckpointCoordinator(JOB, metastore, storage, config, coordinator_id="a-t2")
+    retry.activate()
+    retry.job_status_changed(JobStatus.FAILED)  # what the failed try left on the row
+    driver = DriverIdentity("a-t2", "elsewhere", 4242, None, datetime.now(UTC))
+    assert record_driver(metastore, JOB, driver)
+    # the driver registers
+    CheckpointCoordinator(JOB, metastore, storage, config, coordinator_id="a-t2").join()
+    now = datetime.now(UTC)
+    assert judge(read_state(metastore, JOB), "a-t2", now, alive=None) is None
+    metastore.dispose()

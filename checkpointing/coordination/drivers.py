@@ -55,7 +55,9 @@ def this_host() -> str:
 def record_driver(metastore: Metastore, job_id: str, driver: DriverIdentity) -> bool:
     """Record ``driver`` on the job row, watched by its own attempt, if that attempt still leads
     the job (the row names it as coordinator); False when a newer attempt took over meanwhile
-    (the driver is superseded)."""
+    (the driver is superseded). The row's status goes back to CREATED: a FAILED or FINISHED
+    read after this is the new driver's own, whatever else touches the row meanwhile (the
+    driver's registration moves ``updated_at`` before it reports RUNNING)."""
     with metastore.transaction() as s:
         result = s.execute(
             update(Job)
@@ -68,6 +70,8 @@ def record_driver(metastore: Metastore, job_id: str, driver: DriverIdentity) -> 
                 driver_log=driver.log,
                 driver_submitted_at=driver.submitted_at,
                 driver_watcher=driver.attempt,
+                status=JobStatus.CREATED,
+                failure_cause=None,
             )
         )
         return bool(getattr(result, "rowcount", 0))
@@ -187,11 +191,11 @@ def judge(
 
     ``alive``: whether the driver's process runs (:func:`process_alive`, read *before* the row,
     so that a driver that recorded FINISHED and exited is judged by the row). A terminal status
-    or a heartbeat counts only when written after the driver was submitted (the job row keeps
-    the previous try's FAILED until the new driver reports RUNNING). A driver that never beat
-    is given ``heartbeat_timeout`` from its submission to start. ``watcher``: the attempt that
-    coordinates (``attempt`` itself, or a retry re-attached to its driver); once the row names
-    another watcher, this one is superseded."""
+    or a heartbeat counts only when written after the driver was submitted (and
+    :func:`record_driver` resets the status, which timestamps alone cannot tell apart). A
+    driver that never beat is given ``heartbeat_timeout`` from its submission to start.
+    ``watcher``: the attempt that coordinates (``attempt`` itself, or a retry re-attached to its
+    driver); once the row names another watcher, this one is superseded."""
     job = state.job_id
     if state.status is None:
         return AttemptVerdict(Outcome.ERROR, attempt, f"job {job} is not in the metastore")
