@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -178,7 +178,7 @@ class DeferredSubmit:
         raise AirflowException("unreachable: defer() raises")  # for type checkers
 
     def reattach(
-        self, metastore: Metastore, spec: PipelineSpec, attempt: str, run_start: Any
+        self, metastore: Metastore, spec: PipelineSpec, attempt: str, run_start: datetime | None
     ) -> None:
         """Defer onto the previous try's driver when it still runs or has finished (returns
         otherwise): this retry becomes its watcher; the driver keeps its attempt id, so its
