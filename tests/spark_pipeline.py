@@ -35,12 +35,14 @@ def make_spec(
 ) -> PipelineSpec:
     """A spec for job ``name`` over ``source`` (the YAML of the source mapping); ``sink``: its
     path, or the YAML of the sink mapping when a str starting with ``{``; ``interval``: the
-    data interval a ``scope: interval`` spec is bound to."""
+    data interval a ``scope: interval`` spec is bound to. A path alone opts in to the changelog
+    (the epochs' committed rows)."""
     spec = tmp_path / f"{name}.yaml"
     if isinstance(sink, str) and sink.startswith("{"):
         sink_yaml = sink
     else:
-        sink_yaml = f"{{path: {sink or tmp_path / (name + '-out')}}}"
+        # the changelog opted in: these runs' tests read every epoch's committed rows too
+        sink_yaml = f"{{path: {sink or tmp_path / (name + '-out')}, changelog: true}}"
     aggs = "\n".join(f"  {k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
     spec.write_text(
         f"""

@@ -57,9 +57,12 @@ def aggregate_handles(metadata: CheckpointMetadata) -> list[Any]:
 def test_partial_aggregate_chains_are_exact_across_crashes_restores_and_rescale(
     spark: Any, tmp_path: Path, metastore: Metastore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from checkpointing.spark import lazy_state
+    from checkpointing.spark import keyed_runs, lazy_state
     from checkpointing.spark.runtime import SimulatedCrash
 
+    # the Arrow snapshots of partials: what a stage takes where Spark cannot write its runs
+    # (s3:// checkpoint storage); local storage keeps runs (tests/test_keyed_runs.py)
+    monkeypatch.setattr(keyed_runs, "supports", lambda storage: False)
     # compaction in memory every 2 epochs, and a chain cut after 2 changes
     monkeypatch.setattr(lazy_state, "MAX_DELTAS", 2)
     monkeypatch.setattr(incremental, "MAX_DELTAS", 2)

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from checkpointing.pipeline.columns import as_list, check_columns
 from checkpointing.state.object_store import ObjectStoreError, is_object_url, split_url
@@ -23,9 +30,12 @@ class SinkSpec(BaseModel):
     a local warehouse) in the warehouse ``path`` (local or ``s3://``), written ``mode: upsert``
     (the default) or ``mode: append``.
 
-    ``changelog: false`` (parquet): publish only the final table, as a plain batch job does; no
-    epoch's changed rows are staged, so an aggregation's state is kept as partial aggregates per
-    epoch, merged when a checkpoint needs it whole (see :mod:`checkpointing.spark.lazy_state`)."""
+    ``changelog: false`` (parquet's default): publish only the final table, as a plain batch job
+    does; no epoch's changed rows are staged, so an aggregation's state is kept as each epoch's
+    partial aggregates, written once as the checkpoints' files and merged once for the final
+    table (see :mod:`checkpointing.spark.keyed_runs`). ``changelog: true`` (opt-in) also stages
+    and commits each epoch's changed rows under ``changelog/``. Delta and Iceberg sinks commit
+    every checkpoint's rows to their table: ``changelog`` is true for them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -38,12 +48,21 @@ class SinkSpec(BaseModel):
     catalog: str | None = Field(default=None, validate_default=True, repr=False)
     #: delta (upsert, changelog) and iceberg (upsert, append) only; None: ``upsert``
     mode: Literal["upsert", "changelog", "append"] | None = None
-    #: parquet only: stage and commit each epoch's changed rows under ``changelog/`` (the
-    #: default, for pipelines that read them); false: only the final table
-    changelog: bool = True
+    #: parquet only: stage and commit each epoch's changed rows under ``changelog/``, for
+    #: pipelines that read them (opt-in); false (the default): only the final table. Always true
+    #: for delta and iceberg (they commit every checkpoint's rows)
+    changelog: bool = False
     #: output columns whose values name Hive-style ``col=value/`` directories (parquet) or the
     #: table's partition columns (delta); checked against the output before anything is written
     partition_by: list[str] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _changelog_default(cls, data: Any) -> Any:
+        table_format = isinstance(data, dict) and data.get("format") in ("delta", "iceberg")
+        if table_format and "changelog" not in data:
+            return {**data, "changelog": True}
+        return data
 
     @field_validator("changelog")
     @classmethod

@@ -326,6 +326,19 @@ class PipelineSpec(BaseModel):
                 raise ValueError(f"{name}: {exc}") from None
         return out
 
+    @model_validator(mode="before")
+    @classmethod
+    def _stateless_changelog(cls, data: Any) -> Any:
+        """A job with no key publishes its epochs' rows: its parquet sink's ``changelog``
+        defaults to true (a keyed job's to false: the final table only)."""
+        if isinstance(data, dict) and not data.get("key"):
+            sink = data.get("sink")
+            if isinstance(sink, dict) and "changelog" not in sink:
+                return {**data, "sink": {**sink, "changelog": True}}
+            if isinstance(sink, SinkSpec) and "changelog" not in sink.model_fields_set:
+                return {**data, "sink": sink.model_copy(update={"changelog": True})}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> PipelineSpec:
         for name in ("parallelism", "parallelism_on_retry"):

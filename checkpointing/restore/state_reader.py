@@ -34,7 +34,13 @@ from checkpointing.metastore.engine import Metastore
 from checkpointing.restore import lookup as restore
 from checkpointing.state.incremental import merge_chain
 from checkpointing.state.keygroups import KeyGroupRange, KeyValue, key_group_for
-from checkpointing.state.metadata import ChainedFile, OperatorState, SubtaskStateHandle
+from checkpointing.state.metadata import (
+    PARQUET,
+    ChainedFile,
+    OperatorState,
+    SubtaskStateHandle,
+)
+from checkpointing.state.parquet_runs import read_run, run_schema
 from checkpointing.state.snapshot import (
     KEY_GROUP_COLUMN,
     SnapshotInfo,
@@ -281,6 +287,8 @@ class CheckpointReader:
         self, op: OperatorState, key: list[KeyValue], key_columns: Sequence[str] | None
     ) -> StateView:
         handles = _keyed_handles(op)
+        if any(h.file_format == PARQUET for h in handles):
+            return self._lookup_run(op, handles, key, key_columns)
         non_empty = [h for h in handles if h.group_bytes]
         if not non_empty:  # no file tells the key's column types: nothing to look up
             return self._view(
@@ -342,6 +350,46 @@ class CheckpointReader:
             files_read=files,
         )
 
+    def _lookup_run(
+        self,
+        op: OperatorState,
+        handles: list[SubtaskStateHandle],
+        key: list[KeyValue],
+        key_columns: Sequence[str] | None,
+    ) -> StateView:
+        """One key's state in Parquet runs: the run's schema types the key, its group picks
+        the subtask, whose runs are read filtered to that one group."""
+        first = handles[0].files()[0]
+        schema = run_schema(self._bytes(first), path=first.handle)
+        keys = _key_columns(schema, key_columns)
+        if len(key) != len(keys):
+            raise StateReadError(
+                f"operator {op.operator_id!r} is keyed by {len(keys)} column(s) "
+                f"({', '.join(keys)}); give one key value per column, in that order "
+                f"(got {len(key)})"
+            )
+        values = [_cast(v, schema.field(c)) for v, c in zip(key, keys, strict=True)]
+        try:
+            group = key_group_for(values, op.max_parallelism)
+        except TypeError as exc:
+            raise StateReadError(f"key {key!r}: {exc}") from None
+        holder = next(h for h in handles if group in KeyGroupRange(*(h.key_groups or (0, -1))))
+        table = self._keyed_table(op, holder, KeyGroupRange(group, group))
+        columns = _ordered_columns(schema, keys)
+        rows = [
+            {c: r[c] for c in columns} for r in table.to_pylist() if [r[c] for c in keys] == values
+        ]
+        return self._view(
+            op,
+            "keyed",
+            columns=columns,
+            rows=rows,
+            key_columns=keys,
+            key=values,
+            key_group=group,
+            files_read=[f.handle for f in holder.files()],
+        )
+
     # ------------------------------------------------------------------ files
 
     def _bytes(self, handle: SubtaskStateHandle | ChainedFile) -> bytes:
@@ -379,11 +427,16 @@ class CheckpointReader:
         """A subtask's state (in ``groups``): its one file, or its chain merged (the last row
         of a key wins, or partial aggregates combined: ``chain_merge``), as a restore reads it."""
         tables = []
-        for f in handle.files():
-            info = self._snapshot_info(op, handle, f)
+        if handle.file_format == PARQUET:  # runs: the subtask's key groups of each
+            assert handle.key_groups is not None
+            mine = groups or KeyGroupRange(*handle.key_groups)
+            tables = [read_run(self._bytes(f), mine, path=f.handle) for f in handle.files()]
+            schema = tables[0].schema
+        for f in handle.files() if handle.file_format != PARQUET else ():
+            schema = self._snapshot_info(op, handle, f).schema
             tables.append(read_keyed_snapshot(self._bytes(f), groups, path=f.handle))
         try:
-            return merge_chain(tables, _key_columns(info.schema, None), handle.chain_merge)
+            return merge_chain(tables, _key_columns(schema, None), handle.chain_merge)
         except ValueError as exc:
             raise CheckpointingError(
                 f"operator {op.operator_id!r} subtask {handle.subtask_index}: {exc}"

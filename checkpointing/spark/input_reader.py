@@ -11,6 +11,7 @@ from functools import partial
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from checkpointing.errors import CheckpointingError
 from checkpointing.pipeline.spec import PipelineSpec
 from checkpointing.pipeline.splits import InputSplit
 from checkpointing.spark.executor import read_row_groups
@@ -58,3 +59,20 @@ class InputReader:
         if self.schema is None:
             self.schema = df.schema
         return df
+
+
+class InputError(CheckpointingError):
+    """An epoch's input could not be read or processed (names the epoch, files and reason);
+    nothing of that epoch was staged or checkpointed."""
+
+
+def spark_reason(exc: BaseException) -> str:
+    """The useful lines of a Spark/Py4J error: its message and each cause's, not the JVM stack
+    (e.g. failed reading FILE; caused by: malformed record [..]; caused by: For input string)."""
+    lines = [ln.strip().removeprefix(": ") for ln in str(exc).splitlines() if ln.strip()]
+    main = next(
+        (ln for ln in lines if ln.startswith("org.apache.spark.") or ln.startswith("[")),
+        lines[0] if lines else type(exc).__name__,
+    )
+    causes = [ln.removeprefix("Caused by: ") for ln in lines if ln.startswith("Caused by: ")]
+    return "; caused by: ".join(part[:1000] for part in dict.fromkeys([main, *causes]))

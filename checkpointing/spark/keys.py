@@ -73,6 +73,15 @@ def key_group_column(columns: Sequence[str], max_parallelism: int) -> Column:
     return F.pmod(F.xxhash64(canonical_key_column(columns)), F.lit(max_parallelism)).cast("int")
 
 
+def subtask_column(parallelism: int, max_parallelism: int) -> Column:
+    """The owning subtask's partition key of a row with :data:`KEY_GROUP`: subtask
+    ``floor(kg * p / maxP)`` (the inverse of Flink's key-group ranges), as the value that sends
+    it to Spark partition ``i`` (see :func:`partition_keys`)."""
+    index = (F.col(KEY_GROUP) * F.lit(parallelism) / F.lit(max_parallelism)).cast("int")
+    keys = F.array(*(F.lit(k) for k in partition_keys(parallelism)))
+    return F.element_at(keys, index + 1)
+
+
 def partition_keys(parallelism: int) -> list[int]:
     """For each subtask ``i``, the smallest int that Spark's hash partitioning
     (``pmod(murmur3(value, 42), parallelism)``, as in ``repartition(parallelism, col)``) sends to

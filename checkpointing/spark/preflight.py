@@ -216,3 +216,25 @@ def _latest(
         return restore.find_latest_valid(metastore, storage, job, deep=False, strict=True)
     except (UnknownJobError, NoCheckpointError):
         return None
+
+
+#: checkpoints a run takes by default (a spec with neither ``every_epochs`` nor an ``interval``):
+#: one every ~10 % of its epochs, so a crash costs at most about a tenth of the run
+DEFAULT_CHECKPOINTS = 10
+
+
+def checkpoint_every(spec: PipelineSpec, epochs: int) -> tuple[int | None, str]:
+    """Every how many epochs the run checkpoints, and how that was planned (for its log)."""
+    every = spec.checkpoint.every_epochs
+    interval = spec.checkpoint.config().periodic_interval
+    if every is not None:
+        how = f"a checkpoint every {every} epoch(s) (checkpoint.every_epochs)"
+    elif interval is not None:
+        how = f"a checkpoint every {interval} (checkpoint.interval)"
+    else:
+        every = max(1, -(-epochs // DEFAULT_CHECKPOINTS))
+        how = (
+            f"a checkpoint every {every} epoch(s), ~{100 // DEFAULT_CHECKPOINTS} % of the input "
+            "(the default: set checkpoint.every_epochs or checkpoint.interval to change it)"
+        )
+    return every, how + ", and one after the last epoch"

@@ -45,6 +45,7 @@ from checkpointing.spark.state import (
     empty_state,
     remaining_splits,
     restore_stage,
+    restored_runs,
     through_epoch,
 )
 from checkpointing.spark.transform import InputTransform
@@ -321,6 +322,10 @@ class RunRestore:
         states, chains = {}, {}
         for s in self.stages:
             restored = plan.operator(s.operator_id)
+            runs = restored_runs(metadata, s.operator_id)
+            if s.runs is not None and runs is not None:  # taken over as they are
+                s.runs.restore(runs)
+                continue
             states[s.operator_id] = restore_stage(
                 self.spark,
                 self.storage,
@@ -332,6 +337,9 @@ class RunRestore:
                 merge=_merge_of(s),
                 unmerged=s.lazy,  # merged with the next compaction's
             )
+            if s.runs is not None:  # Arrow snapshots: the first run of this attempt
+                s.runs.add_base(_merge_of(s)(states.pop(s.operator_id)))  # type: ignore[misc]
+                continue
             if s.chains is not None:
                 shared = self.storage.shared_url(self.spec.job)
                 how = CHAIN_AGGREGATE if s.lazy else CHAIN_REPLACE

@@ -41,16 +41,17 @@ from checkpointing.coordination.failure import CheckpointException
 from checkpointing.coordination.heartbeat import Heartbeat
 from checkpointing.coordination.pending import awaiting_attempt
 from checkpointing.coordination.store import CompletedCheckpoint
-from checkpointing.errors import CheckpointingError, SharedStateError, SparkJvmError
+from checkpointing.errors import SharedStateError, SparkJvmError
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.operator_ids import SINK, SOURCE
 from checkpointing.pipeline.spec import PipelineSpec, SpecError
 from checkpointing.pipeline.splits import Consumed, InputSplit, parquet_rows, source_state
 from checkpointing.restore.recovery import pipeline_plan
 from checkpointing.sinks.guard import check_pipeline_sink
+from checkpointing.spark import keyed_runs
 from checkpointing.spark.aggregations import AggregationPlan
 from checkpointing.spark.async_snapshot import AsyncSnapshots, StageWrite
-from checkpointing.spark.input_reader import InputReader
+from checkpointing.spark.input_reader import InputError, InputReader, spark_reason
 from checkpointing.spark.jvm_failure import JvmWatch, exception_chain
 from checkpointing.spark.keys import (
     KEY_GROUP,
@@ -59,6 +60,7 @@ from checkpointing.spark.keys import (
     check_partition_columns,
     key_group_column,
     partition_keys,
+    subtask_column,
 )
 from checkpointing.spark.lazy_state import add_epoch, compact, lazy_stage
 from checkpointing.spark.lazy_state import changes as lazy_changes
@@ -66,6 +68,7 @@ from checkpointing.spark.preflight import (
     RestoreSourceError,
     RunOptions,
     check_run,
+    checkpoint_every,
     input_files,
 )
 from checkpointing.spark.run_restore import RunRestore
@@ -187,6 +190,12 @@ class PipelineRun:
             lazy.lazy = True
         for s in self.stages:  # a stage that tells its changed rows can snapshot just those
             s.chains = {} if spec.checkpoint.incremental and s.stage.incremental else None
+        if lazy is not None and spec.checkpoint.incremental and keyed_runs.supports(storage):
+            assert isinstance(storage, keyed_runs.FileSystemCheckpointStorage)
+            lazy.chains = None  # its state is the checkpoints' runs
+            lazy.runs = keyed_runs.KeyedRuns(
+                spark, storage, spec.job, self.attempt, lazy, self.parallelism, spec.max_parallelism
+            )
         check_pipeline_sink(spec, storage.base_url)
         self.sink = open_sink(spec, job=spec.job, key=self.stages[-1].key if self.stages else None)
         self.operators = [SOURCE, *(s.operator_id for s in self.stages), SINK]
@@ -207,6 +216,8 @@ class PipelineRun:
         #: the first rows' schema was checked against the stages and the sink
         self.checked = False
         self.next_epoch = 0
+        #: a checkpoint after every N-th epoch (set by the restore, which knows the epochs)
+        self.every: int | None = spec.checkpoint.every_epochs
         #: rows in the last epoch's input, when cheap to know (Parquet footers)
         self.last_epoch_rows: int | None = None
         #: the last epoch covered by a completed checkpoint (its sink epochs are committed)
@@ -264,6 +275,9 @@ class PipelineRun:
                     return self._run()
                 finally:
                     self.snapshots.close()
+                    for s in self.stages:
+                        if s.runs is not None:
+                            s.runs.close()
         except Exception as exc:  # putting settings back fails on a JVM gone: not the news
             lost = next((e for e in exception_chain(exc) if isinstance(e, SparkJvmError)), None)
             if lost is None or lost is exc:
@@ -311,6 +325,12 @@ class PipelineRun:
             self._fail()
             if lost is not None:
                 raise lost from exc
+            if isinstance(exc, keyed_runs.EpochWriteError):  # said as any epoch's failure
+                cause = exc.__cause__ or exc
+                raise InputError(
+                    f"job {self.spec.job}: epoch {exc.epoch} failed reading {exc.describe}: "
+                    f"{spark_reason(cause)}"
+                ) from cause
             raise
         return self.result
 
@@ -325,6 +345,9 @@ class PipelineRun:
     def _restore(self) -> None:
         """Start where the restore says: its epochs, each stage's state and chains."""
         self.doing = ("while restoring the job's state", False)
+        for s in self.stages:
+            if s.runs is not None:
+                s.runs.clear_stale_staging()
         restored = self.restorer.restore()
         self.epochs, self.read_by = restored.epochs, restored.read_by
         self.consumed = restored.consumed
@@ -339,6 +362,8 @@ class PipelineRun:
                 s.chains = restored.chains.get(s.operator_id, s.chains)
         self.result.restored_from = restored.checkpoint_id
         self.result.epochs_total = len(self.epochs)
+        self.every, how = checkpoint_every(self.spec, len(self.epochs))
+        log.info("job %s: %d epoch(s) planned; %s", self.spec.job, len(self.epochs), how)
         self.result.restore_phases = dict(restored.phases)
 
     def _fail(self) -> None:
@@ -381,7 +406,7 @@ class PipelineRun:
         except (Py4JJavaError, PySparkException) as exc:  # say which epoch and files, keep cause
             raise InputError(
                 f"job {self.spec.job}: epoch {epoch} failed reading "
-                f"{', '.join(s.describe() for s in splits)}: {_spark_reason(exc)}"
+                f"{', '.join(s.describe() for s in splits)}: {spark_reason(exc)}"
             ) from exc
         rows = parquet_rows(splits) if self.spec.source.format.value == "parquet" else None
         self.last_epoch_rows = rows
@@ -397,6 +422,9 @@ class PipelineRun:
                 f"in epoch {epoch} while merging the state of stage {s.operator_id!r}",
                 True,
             )
+            if s.runs is not None:  # its partial aggregates written as runs, in the background
+                s.runs.add_epoch(epoch, rows, ", ".join(x.describe() for x in splits))
+                return
             if s.lazy:  # the last stage, whose changed rows nobody reads: no merge, no output
                 track, reset = s.chains is not None, self.snapshots.inflight is None
                 add_epoch(s, epoch, rows, partial(self._keyed, s.key), track=track, reset=reset)
@@ -418,18 +446,9 @@ class PipelineRun:
         """``df`` with its key group and subtask, partitioned by subtask like the state."""
         return (
             df.withColumn(KEY_GROUP, key_group_column(key, self.max_parallelism))
-            .withColumn(SUBTASK, self._subtask_column())
+            .withColumn(SUBTASK, subtask_column(self.parallelism, self.max_parallelism))
             .repartition(self.parallelism, SUBTASK)
         )
-
-    def _subtask_column(self) -> Any:
-        """The owning subtask's partition key: subtask ``floor(kg * p / maxP)`` (the inverse
-        of Flink's key-group ranges), as the value that sends it to Spark partition ``i``."""
-        index = (F.col(KEY_GROUP) * F.lit(self.parallelism) / F.lit(self.max_parallelism)).cast(
-            "int"
-        )
-        keys = F.array(*(F.lit(k) for k in self.partition_keys))
-        return F.element_at(keys, index + 1)
 
     def _empty_state(self, s: StageRun) -> DataFrame:
         return empty_state(self.spark, s, self.parallelism)
@@ -443,7 +462,7 @@ class PipelineRun:
         one's before this returns)."""
         self.doing = (f"at the checkpoint barrier after epoch {epoch}", False)
         self._complete_inflight()
-        every = self.spec.checkpoint.every_epochs
+        every = self.every
         due = force or (every is not None and (epoch + 1) % every == 0)
         if due:
             try:
@@ -476,7 +495,7 @@ class PipelineRun:
         }
         incremental = ctype is CheckpointType.CHECKPOINT
         writes = {
-            s.operator_id: self._stage_write(s, checkpoint_id, location_url, incremental)
+            s.operator_id: self._stage_write(s, checkpoint_id, location_url, epoch, incremental)
             for s in self.stages
         }
         self.snapshots.submit(checkpoint_id, epoch, incremental, lists, writes)
@@ -492,6 +511,8 @@ class PipelineRun:
             try:
                 outcome = self.coordinator.receive_acknowledge(snapshot.checkpoint_id, acks[op])
             except SharedStateError as exc:  # aborted: a file it builds on is no longer held
+                if any(s.runs is not None for s in self.stages):  # the state itself is gone
+                    raise
                 log.warning("job %s: %s; the next snapshot is full", self.spec.job, exc)
                 for s in self.stages:
                     s.chains = None if s.chains is None else {}
@@ -499,6 +520,9 @@ class PipelineRun:
             if outcome.completed is None:
                 continue
             self.result.checkpoints.append(snapshot.checkpoint_id)
+            for s in self.stages:
+                if s.runs is not None:
+                    s.runs.completed(chains[s.operator_id])
             if snapshot.incremental:
                 for s in self.stages:
                     if s.chains is not None:
@@ -514,10 +538,17 @@ class PipelineRun:
         )
 
     def _stage_write(
-        self, s: StageRun, checkpoint_id: int, location_url: str, incremental: bool
+        self, s: StageRun, checkpoint_id: int, location_url: str, epoch: int, incremental: bool
     ) -> StageWrite:
         """What one keyed stage's subtasks will write, fixed now (its state, changes and chains
         as of this boundary); the returned call writes it from the executors."""
+        if s.runs is not None:
+            runs, plan = s.runs, self.plan
+            shared = self.storage.shared_checkpoint_url(self.spec.job, checkpoint_id)
+            full = None if incremental else location_url
+            return lambda: runs.snapshot(
+                checkpoint_id, epoch, plan, shared_url=shared, full_url=full
+            )
         empty = partial(self._empty_state, s)
         if s.state is None and not s.lazy:
             s.state = empty()
@@ -570,27 +601,12 @@ class PipelineRun:
             self.coordinator.shutdown(JobStatus.FINISHED)
             return
         last = self.stages[-1]
-        if last.lazy:
+        if last.runs is not None:
+            state = last.runs.final_state(self._empty_state(last))
+        elif last.lazy:
             state = compact(last, partial(self._empty_state, last))
         else:
             state = last.state if last.state is not None else self._empty_state(last)
         token = f"{self.spec.job}-{self.attempt}"
         self.result.final_path = self.sink.publish_final(last.stage.final(state), token)
         self.coordinator.shutdown(JobStatus.FINISHED)
-
-
-class InputError(CheckpointingError):
-    """An epoch's input could not be read or processed (names the epoch, files and reason);
-    nothing of that epoch was staged or checkpointed."""
-
-
-def _spark_reason(exc: BaseException) -> str:
-    """The useful lines of a Spark/Py4J error: its message and each cause's, not the JVM stack
-    (e.g. failed reading FILE; caused by: malformed record [..]; caused by: For input string)."""
-    lines = [ln.strip().removeprefix(": ") for ln in str(exc).splitlines() if ln.strip()]
-    main = next(
-        (ln for ln in lines if ln.startswith("org.apache.spark.") or ln.startswith("[")),
-        lines[0] if lines else type(exc).__name__,
-    )
-    causes = [ln.removeprefix("Caused by: ") for ln in lines if ln.startswith("Caused by: ")]
-    return "; caused by: ".join(part[:1000] for part in dict.fromkeys([main, *causes]))

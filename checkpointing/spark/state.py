@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -37,8 +37,11 @@ from checkpointing.spark.keys import KEY_GROUP, SUBTASK
 from checkpointing.spark.stages import Stage
 from checkpointing.state.incremental import CHAIN_AGGREGATE, CHAIN_REPLACE, needs_full
 from checkpointing.state.keygroups import KeyGroupRange, key_group_range
-from checkpointing.state.metadata import ChainedFile, CheckpointMetadata
+from checkpointing.state.metadata import PARQUET, ChainedFile, CheckpointMetadata
 from checkpointing.state.storage import CheckpointStorage
+
+if TYPE_CHECKING:
+    from checkpointing.spark.keyed_runs import KeyedRuns
 
 #: epochs of changed rows (or a lazy state's deltas) kept for the next incremental snapshot
 #: before they are dropped and the next snapshot is full: each holds its epoch's rows alive
@@ -75,6 +78,9 @@ class StageRun:
     #: partial aggregates of the epochs since it was last compacted
     lazy: bool = False
     deltas: list[DataFrame] = field(default_factory=list)
+    #: a lazily merged state kept as the checkpoints' own Parquet runs instead
+    #: (:class:`~checkpointing.spark.keyed_runs.KeyedRuns`): nothing held between epochs
+    runs: KeyedRuns | None = None
 
     def track_changes(self, epoch: int, changed: DataFrame, limit: int, *, reset: bool) -> None:
         """Keep the epoch's changed state rows (its step's ``changed_state``) for the next
@@ -364,6 +370,8 @@ def restore_stage(
     ``merge`` (the stage's own, one row per key from many); a stage without one cannot restore
     them. ``unmerged``: give their rows as read (several per key), for a lazily merged state
     that merges them at its next compaction anyway."""
+    if any(h.file_format == PARQUET for h in _operator_handles(metadata, restored)):
+        return _restore_runs(spark, empty, restored, metadata, partition_keys, merge, unmerged)
     handles = {h.handle: h for h in metadata.handles()}
     files = {url: h.files() for url, h in handles.items()}
     reads = [
@@ -396,5 +404,63 @@ def restore_stage(
     reader = partial(read_subtask_snapshots, storage, empty.schema.names, list(key))
     loaded = tasks.mapInArrow(reader, empty.schema).repartition(len(partition_keys), SUBTASK)
     if aggregated and merge is not None and not unmerged:
+        loaded = merge(loaded)
+    return loaded.localCheckpoint(eager=True)
+
+
+def _operator_handles(metadata: CheckpointMetadata, restored: OperatorRestore) -> list[Any]:
+    return [
+        h
+        for op in metadata.operators
+        if op.operator_id == restored.operator_id
+        for h in op.subtasks
+        if h.handle
+    ]
+
+
+def restored_runs(metadata: CheckpointMetadata, operator_id: str) -> list[ChainedFile] | None:
+    """The Parquet runs an operator's state spans in ``metadata`` (each file once, in chain
+    order), or None when its state is in another format."""
+    handles = [
+        h
+        for op in metadata.operators
+        if op.operator_id == operator_id
+        for h in op.subtasks
+        if h.handle
+    ]
+    if not handles or any(h.file_format != PARQUET for h in handles):
+        return None if handles else []
+    return list({f.handle: f for h in handles for f in h.files()}.values())
+
+
+def _restore_runs(
+    spark: SparkSession,
+    empty: DataFrame,
+    restored: OperatorRestore,
+    metadata: CheckpointMetadata,
+    partition_keys: Sequence[int],
+    merge: Callable[[DataFrame], DataFrame] | None,
+    unmerged: bool,
+) -> DataFrame:
+    """A state kept as Parquet runs (:mod:`~checkpointing.spark.keyed_runs`) read back as a
+    table partitioned by subtask, for a stage that keeps its state in Spark: each run read once
+    (every row carries its key group, so the new subtasks take their own whatever the
+    parallelism), merged by ``merge`` unless ``unmerged``."""
+    from checkpointing.spark.keys import subtask_column
+
+    files = restored_runs(metadata, restored.operator_id) or []
+    if not files:
+        return empty
+    if merge is None and not unmerged:
+        raise SpecError(
+            f"checkpoint {metadata.checkpoint_id}: the state of operator "
+            f"{restored.operator_id!r} is partial aggregates, which only an aggregation stage "
+            "can restore"
+        )
+    max_p = next(op.max_parallelism for op in metadata.operators)
+    runs = spark.read.parquet(*(f.handle for f in files))
+    runs = runs.withColumn(SUBTASK, subtask_column(len(partition_keys), max_p))
+    loaded = runs.select(*empty.schema.names).repartition(len(partition_keys), SUBTASK)
+    if merge is not None and not unmerged:
         loaded = merge(loaded)
     return loaded.localCheckpoint(eager=True)

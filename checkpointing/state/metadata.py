@@ -25,6 +25,8 @@ VERSION = 2
 #: versions this code reads (1: before state descriptors; their fields default to None)
 READABLE_VERSIONS = (1, 2)
 _ENVELOPE = {"format", "version", "checksum", "body"}
+#: ``file_format`` of keyed state written by Spark as key-group-sorted Parquet runs
+PARQUET = "parquet"
 
 
 class ChainedFile(BaseModel):
@@ -64,6 +66,11 @@ class StateDescriptor(BaseModel):
     chain_merge: Literal["replace", "aggregate"] | None = None
     #: key groups this snapshot wrote (all non-empty ones for a full snapshot): informational
     changed_groups: int | None = Field(default=None, ge=0)
+    #: the files' format: None, the Arrow snapshot of :mod:`checkpointing.state.snapshot` (a
+    #: file per subtask, indexed by key group); ``parquet``, key-group-sorted Parquet runs
+    #: written by Spark, a file possibly holding other subtasks' key groups too (read filtered
+    #: to ``key_groups``: :mod:`checkpointing.spark.keyed_runs`)
+    file_format: Literal["parquet"] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> StateDescriptor:
@@ -82,6 +89,8 @@ class StateDescriptor(BaseModel):
             raise ValueError("chain needs key_groups")
         if self.chain_merge is not None and self.key_groups is None:
             raise ValueError("chain_merge needs key_groups")
+        if self.file_format is not None and self.key_groups is None:
+            raise ValueError("file_format needs key_groups")
         return self
 
 

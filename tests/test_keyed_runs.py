@@ -1,0 +1,153 @@
+"""The last aggregation's state as the checkpoints' own Parquet runs (issue 37): each epoch's
+partial aggregates written once by Spark's writer, every checkpoint acknowledging the runs since
+the last one, restore and rescale taking the runs over as they are, a bounded merge of runs, a
+self-contained savepoint, ``ckpt inspect`` over runs. One scenario on real local Spark; every
+final table is checked against pandas over the input files (an oracle written here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.metastore.engine import Metastore
+from checkpointing.restore import lookup
+from checkpointing.restore.state_reader import inspect_state
+from checkpointing.spark import keyed_runs
+from checkpointing.state.keygroups import key_group_range
+from checkpointing.state.metadata import PARQUET, CheckpointMetadata
+from checkpointing.state.storage import FileSystemCheckpointStorage
+from checkpointing.status import CheckpointType
+from tests.spark_pipeline import (
+    EPOCHS,
+    assert_matches_pandas,
+    completed_ids,
+    make_spec,
+    run,
+    write_events,
+)
+
+
+@pytest.fixture
+def metastore(tmp_path: Path) -> Metastore:
+    url = f"sqlite:///{tmp_path / 'metastore.db'}"
+    Metastore(url, check_schema=False).upgrade()
+    return Metastore(url)
+
+
+def final_of(spark: Any, out: Path) -> pd.DataFrame:
+    [final] = sorted(out.glob("final-*"))  # read with Spark's plain reader, not the sink's
+    return spark.read.parquet(str(final)).toPandas().sort_values("user").reset_index(drop=True)
+
+
+def checkpoint_of(metastore: Metastore, storage: Any, checkpoint_id: int) -> CheckpointMetadata:
+    decision = lookup.load_checkpoint(metastore, storage, "runs", checkpoint_id)
+    assert decision.metadata is not None
+    return decision.metadata
+
+
+def aggregate_of(metadata: CheckpointMetadata) -> Any:
+    [op] = [o for o in metadata.operators if o.operator_id == "aggregate"]
+    return op
+
+
+def run_files(metadata: CheckpointMetadata) -> set[str]:
+    return {f.handle for s in aggregate_of(metadata).subtasks for f in s.files()}
+
+
+def test_runs_are_the_state_across_crashes_rescale_merges_and_savepoints(
+    spark: Any, tmp_path: Path, metastore: Metastore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from checkpointing.spark.runtime import SimulatedCrash
+
+    events = write_events(tmp_path / "events")
+    frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
+    source = f'{{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}'
+    out = tmp_path / "out"
+    # no changelog setting: the default publishes the final table only
+    spec = make_spec(tmp_path, "runs", source, sink=f"{{path: {out}}}")
+    assert spec.sink.changelog is False
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ck'}")
+    shared = storage.shared_url("runs")
+
+    with pytest.raises(SimulatedCrash):
+        run(spark, spec, metastore, storage, crash_after_epochs=2)
+    assert not (out / "changelog").exists()
+    first = checkpoint_of(metastore, storage, 2)
+    op = aggregate_of(first)
+    handles = [s for s in op.subtasks if s.handle]
+    assert handles and all(h.file_format == PARQUET for h in handles)
+    for s in op.subtasks:  # each subtask owns Flink's range, and reads it from every run
+        r = key_group_range(op.max_parallelism, op.parallelism, s.subtask_index)
+        assert s.key_groups == (r.start, r.end)
+        assert {f.handle for f in s.files()} == run_files(first)
+    # the runs of both epochs, each under the shared/chk-<id>/ of the checkpoint that took it
+    assert all(f.startswith(f"{shared}/chk-") for f in run_files(first))
+    assert {f.split("/chk-")[1].split("/")[0] for f in run_files(first)} == {"1", "2"}
+    # nothing of the dead attempt is left in staging
+    assert not any((tmp_path / "ck" / "runs" / "staging").glob("*/*"))
+
+    # inspect: the subtasks' key groups of every run, partials merged = pandas over 2 files
+    view = inspect_state(metastore, storage, "runs", 2, "aggregate")
+    got = pd.DataFrame(view.rows).set_index("user").sort_index()
+    head = pd.concat(frames[:2])
+    pd.testing.assert_series_equal(
+        got["__cnt_n"], head.groupby("user").size(), check_names=False, check_dtype=False
+    )
+    pd.testing.assert_series_equal(
+        got["__max_max_q"], head.groupby("user")["quantity"].max(), check_names=False
+    )
+    user = head["user"].iloc[0]
+    one = inspect_state(metastore, storage, "runs", 2, "aggregate", key=[str(user)])
+    assert [r["__cnt_n"] for r in one.rows] == [int((head["user"] == user).sum())]
+
+    # rescaled 3 -> 2: the runs are taken over as they are (nothing read), the next
+    # checkpoint references them beside the new epoch's
+    with pytest.raises(SimulatedCrash):
+        run(spark, spec, metastore, storage, crash_after_epochs=1, parallelism=2)
+    second = checkpoint_of(metastore, storage, 3)
+    assert run_files(first) < run_files(second)
+    assert aggregate_of(second).parallelism == 2
+
+    # a merge of runs past the bound (here 4 files): the chain starts from the merged files
+    monkeypatch.setattr(keyed_runs, "max_runs", lambda parallelism: 4)
+    savepoints: list[int] = []
+
+    def savepoint_after(epoch: int, _ms: int) -> None:
+        if epoch == 3:  # asked from another process, through the metastore
+            other = CheckpointCoordinator("runs", metastore)
+            savepoints.append(other.request(CheckpointType.SAVEPOINT, requested_by="test"))
+
+    result = run(spark, spec, metastore, storage, parallelism=4, on_epoch=savepoint_after)
+    assert result.epochs_run == list(range(3, EPOCHS))
+    final = final_of(spark, out)
+    assert_matches_pandas(final, frames)
+    last = checkpoint_of(metastore, storage, max(result.checkpoints))
+    assert all("/aggregate-merged/" in f for f in run_files(last))
+
+    # the savepoint: self-contained, one file per subtask holding exactly its key groups
+    assert savepoints
+    [sp] = completed_ids(metastore, "runs", "SAVEPOINT")
+    sp_meta = checkpoint_of(metastore, storage, sp)
+    assert sp_meta.checkpoint_type == "SAVEPOINT"
+    sp_dir = storage.savepoint_url("runs", sp_meta.checkpoint_id)
+    sp_op = aggregate_of(sp_meta)
+    assert all(f.startswith(sp_dir) for f in run_files(sp_meta))
+    for s in sp_op.subtasks:
+        assert not s.chain
+        if s.handle:
+            part = pd.read_parquet(s.handle.removeprefix("file://"))
+            assert part["__key_group"].between(*s.key_groups).all()
+            assert part["__key_group"].is_monotonic_increasing
+
+    # a fresh job from the savepoint at another parallelism: same final table
+    fresh_out = tmp_path / "fresh-out"
+    fresh = make_spec(tmp_path, "fresh", source, sink=f"{{path: {fresh_out}}}")
+    restored = run(
+        spark, fresh, metastore, storage, restore=sp_dir, allow_other_job=True, parallelism=3
+    )
+    assert restored.restored_from == sp_meta.checkpoint_id
+    assert_matches_pandas(final_of(spark, fresh_out), frames)
