@@ -151,3 +151,31 @@ def test_runs_are_the_state_across_crashes_rescale_merges_and_savepoints(
     )
     assert restored.restored_from == sp_meta.checkpoint_id
     assert_matches_pandas(final_of(spark, fresh_out), frames)
+
+
+def test_runs_on_s3_are_written_here_and_uploaded_across_a_crash_and_rescale(
+    spark: Any, tmp_path: Path, metastore: Metastore, s3_bucket: str, executors_see_s3: None
+) -> None:
+    """``s3://`` checkpoint storage with no Hadoop S3 connector: Spark writes each epoch's runs
+    on this host, a checkpoint uploads them; a restore copies them back (verified) and the
+    final merge reads them locally."""
+    import boto3
+
+    from checkpointing.spark.runtime import SimulatedCrash
+    from checkpointing.state.storage import S3CheckpointStorage
+
+    events = write_events(tmp_path / "events")
+    frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
+    source = f'{{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}'
+    out = tmp_path / "out"
+    spec = make_spec(tmp_path, "runs", source, sink=f"{{path: {out}}}")
+    storage = S3CheckpointStorage(f"s3://{s3_bucket}/ck")
+    with pytest.raises(SimulatedCrash):
+        run(spark, spec, metastore, storage, crash_after_epochs=3)
+    first = checkpoint_of(metastore, storage, 3)
+    assert all(f.startswith(f"s3://{s3_bucket}/ck/runs/shared/chk-") for f in run_files(first))
+    listed = boto3.client("s3").list_objects_v2(Bucket=s3_bucket, Prefix="ck/runs/shared/")
+    assert {f"s3://{s3_bucket}/{o['Key']}" for o in listed["Contents"]} >= run_files(first)
+    result = run(spark, spec, metastore, storage, parallelism=2)
+    assert result.restored_from == 3 and result.epochs_run == list(range(3, EPOCHS))
+    assert_matches_pandas(final_of(spark, out), frames)

@@ -62,7 +62,7 @@ def test_partial_aggregate_chains_are_exact_across_crashes_restores_and_rescale(
 
     # the Arrow snapshots of partials: what a stage takes where Spark cannot write its runs
     # (s3:// checkpoint storage); local storage keeps runs (tests/test_keyed_runs.py)
-    monkeypatch.setattr(keyed_runs, "supports", lambda storage: False)
+    monkeypatch.setattr(keyed_runs, "supports", lambda storage, spark: False)
     # compaction in memory every 2 epochs, and a chain cut after 2 changes
     monkeypatch.setattr(lazy_state, "MAX_DELTAS", 2)
     monkeypatch.setattr(incremental, "MAX_DELTAS", 2)

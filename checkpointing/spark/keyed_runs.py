@@ -32,7 +32,9 @@ import hashlib
 import logging
 import os
 import shutil
+import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,7 +52,11 @@ from checkpointing.spark.state import StageRun
 from checkpointing.state.incremental import CHAIN_AGGREGATE
 from checkpointing.state.keygroups import key_group_range
 from checkpointing.state.metadata import MAX_CHAIN, PARQUET, ChainedFile
-from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
+from checkpointing.state.storage import (
+    CheckpointStorage,
+    FileSystemCheckpointStorage,
+    S3CheckpointStorage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +74,15 @@ def max_runs(parallelism: int) -> int:
     return max(2, min(MAX_CHAIN - 16, MAX_REFERENCES // parallelism))
 
 
-def supports(storage: CheckpointStorage) -> bool:
-    """Spark writes the runs where Hadoop can reach without extra jars: local checkpoint
-    storage. Elsewhere (``s3://`` without hadoop-aws) the stage keeps the Arrow snapshots."""
-    return isinstance(storage, FileSystemCheckpointStorage)
+def supports(storage: CheckpointStorage, spark: SparkSession) -> bool:
+    """Spark writes the runs itself on local checkpoint storage; for ``s3://`` (no Hadoop S3
+    connector needed) it writes them on this host and the driver uploads them, which needs a
+    local master (every executor writes where the driver reads). Elsewhere (``s3://`` with a
+    cluster) the stage keeps the Arrow snapshots its executors upload themselves."""
+    if isinstance(storage, FileSystemCheckpointStorage):
+        return True
+    master = spark.sparkContext.master
+    return isinstance(storage, S3CheckpointStorage) and master.startswith("local")
 
 
 @dataclass
@@ -98,7 +109,7 @@ class KeyedRuns:
     ``shared/``), and the epochs staged since."""
 
     spark: SparkSession
-    storage: FileSystemCheckpointStorage
+    storage: CheckpointStorage
     job: str
     attempt: str
     stage_run: StageRun
@@ -110,7 +121,11 @@ class KeyedRuns:
     committed_epoch: int = -1
     #: epochs written (or being written) into staging since, oldest first
     staged: list[_Epoch] = field(default_factory=list)
+    #: object storage: where this host keeps a copy of each committed run (url -> path), for
+    #: the merges Spark reads locally
+    copies: dict[str, Path] = field(default_factory=dict)
     _pool: ThreadPoolExecutor | None = None
+    _local_root: Path | None = None
 
     @property
     def stage(self) -> AggregationStage:
@@ -119,10 +134,21 @@ class KeyedRuns:
         return stage
 
     @property
+    def local(self) -> bool:
+        """Runs written straight into the checkpoint storage's file system."""
+        return isinstance(self.storage, FileSystemCheckpointStorage)
+
+    @property
     def staging(self) -> Path:
-        """This attempt's staging directory, derived from ids (never from a row)."""
-        job_dir = self.storage.path_of(self.storage.job_url(self.job))
-        return job_dir / "staging" / validate_id(self.attempt, "attempt id")
+        """This attempt's staging directory, derived from ids (never from a row): beside the
+        job's checkpoints on local storage (so a checkpoint hard-links its runs), a temporary
+        directory of this host for object storage."""
+        attempt = validate_id(self.attempt, "attempt id")
+        if isinstance(self.storage, FileSystemCheckpointStorage):
+            return self.storage.path_of(self.storage.job_url(self.job)) / "staging" / attempt
+        if self._local_root is None:
+            self._local_root = Path(tempfile.mkdtemp(prefix=f"ckpt-runs-{self.job}-"))
+        return self._local_root / attempt
 
     # ------------------------------------------------------------------ epochs
 
@@ -188,12 +214,10 @@ class KeyedRuns:
         op = self.stage_run.operator_id
         if full_url is not None:
             paths = [*self._committed_paths(), *staged]
-            directory = self.storage.path_of(full_url) / op
-            files = self._write_merged(paths, directory, by_subtask=True)
+            files = self._write_merged(paths, f"{full_url}/{op}", by_subtask=True)
         elif len(self.committed) + len(staged) > max_runs(self.parallelism):
             paths = [*self._committed_paths(), *staged]
-            directory = self.storage.path_of(shared_url) / f"{op}-merged"
-            files = self._write_merged(paths, directory, by_subtask=False)
+            files = self._write_merged(paths, f"{shared_url}/{op}-merged", by_subtask=False)
             log.info(
                 "job %s: checkpoint %d: %d run files merged into %d",
                 self.job,
@@ -202,7 +226,7 @@ class KeyedRuns:
                 len(files),
             )
         else:
-            files = self.committed + self._link(new, self.storage.path_of(shared_url) / op)
+            files = self.committed + self._link(new, f"{shared_url}/{op}")
         ms = int((time.monotonic() - started) * 1000)
         savepoint = full_url is not None
         acks = self._acks(plan, files, exact=savepoint, async_ms=ms)
@@ -217,25 +241,41 @@ class KeyedRuns:
         self.committed, self.committed_epoch = snapshot.files, snapshot.epoch
         done = [e for e in self.staged if e.epoch <= snapshot.epoch]
         self.staged = [e for e in self.staged if e.epoch > snapshot.epoch]
-        for e in done:
-            shutil.rmtree(e.directory, ignore_errors=True)
+        kept = {str(p) for f in self.committed if (p := self.copies.get(f.handle))}
+        self.copies = {
+            f.handle: self.copies[f.handle] for f in self.committed if f.handle in self.copies
+        }
+        for e in done:  # on object storage its committed runs' copies stay
+            if not any(k.startswith(f"{e.directory}/") for k in kept):
+                shutil.rmtree(e.directory, ignore_errors=True)
 
     def _committed_paths(self) -> list[Path]:
-        return [self.storage.path_of(f.handle) for f in self.committed]
+        if self.local:
+            return [self.storage.path_of(f.handle) for f in self.committed]
+        return [self.copies[f.handle] for f in self.committed]
 
-    def _link(self, epochs: Sequence[_Epoch], target: Path) -> list[ChainedFile]:
-        """Hard-link (or copy) the epochs' part files into ``target``; their entries."""
-        target.mkdir(parents=True, exist_ok=True)
-        out = []
-        for e in epochs:
-            for part in _parts(e.directory):
-                dest = target / f"e{e.epoch}-{part.name}"
-                _link_or_copy(part, dest)
-                out.append(_entry(dest))
-        return out
+    def _link(self, epochs: Sequence[_Epoch], target: str) -> list[ChainedFile]:
+        """The epochs' part files placed under ``target``; their entries."""
+        return [
+            self._place(part, f"{target}/e{e.epoch}-{part.name}")
+            for e in epochs
+            for part in _parts(e.directory)
+        ]
+
+    def _place(self, part: Path, url: str) -> ChainedFile:
+        """A run written on this host put at ``url``: hard-linked (copied across file systems)
+        on local storage, uploaded to object storage (the local file kept as its copy)."""
+        if isinstance(self.storage, FileSystemCheckpointStorage):
+            dest = self.storage.path_of(url)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(part, dest)
+            return _entry(dest)
+        info = self.storage.write_bytes(url, part.read_bytes())
+        self.copies[url] = part
+        return ChainedFile(handle=info.url, size=info.size, checksum=info.checksum)
 
     def _write_merged(
-        self, paths: Sequence[Path], directory: Path, *, by_subtask: bool
+        self, paths: Sequence[Path], url: str, *, by_subtask: bool
     ) -> list[ChainedFile]:
         """``paths``' runs merged (one row per key) and written into ``directory``, sorted by
         key group; ``by_subtask``: one file per subtask holding exactly its key groups (Spark
@@ -250,8 +290,9 @@ class KeyedRuns:
             merged = merged.withColumn(SUBTASK, subtask).repartition(self.parallelism, SUBTASK)
         columns = [*key, KEY_GROUP, *self.stage.plan.partial_columns]
         merged = merged.sortWithinPartitions(KEY_GROUP).select(*columns)
-        merged.write.mode("errorifexists").parquet(directory.as_uri())
-        return [_entry(p) for p in _parts(directory)]
+        directory = self.staging / f"merged-{uuid.uuid4().hex[:8]}"
+        merged.write.parquet(directory.as_uri())
+        return [self._place(p, f"{url}/{p.name}") for p in _parts(directory)]
 
     def _acks(
         self, plan: Sequence[TaskSpec], files: list[ChainedFile], *, exact: bool, async_ms: int
@@ -281,8 +322,17 @@ class KeyedRuns:
 
     def restore(self, files: Sequence[ChainedFile]) -> None:
         """Continue from a checkpoint's runs (any parallelism: the rows carry their key
-        group)."""
+        group); on object storage each is copied to this host (verified as it is read)."""
         self.committed = list(dict.fromkeys(files))
+        if self.local:
+            return
+        directory = self.staging / "restored-runs"
+        directory.mkdir(parents=True, exist_ok=True)
+        for n, f in enumerate(self.committed):
+            data = self.storage.read_bytes(f.handle, size=f.size, checksum=f.checksum)
+            path = directory / f"part-{n:05d}-restored.parquet"
+            path.write_bytes(data)
+            self.copies[f.handle] = path
 
     def add_base(self, state: DataFrame) -> None:
         """Continue from a state restored in another format (Arrow snapshots): written once as
@@ -325,10 +375,14 @@ class KeyedRuns:
             self._pool = None
         if not keep_staging:
             shutil.rmtree(self.staging, ignore_errors=True)
+            if self._local_root is not None:
+                shutil.rmtree(self._local_root, ignore_errors=True)
 
     def clear_stale_staging(self) -> None:
         """Other attempts' staging of this job (an attempt that died): never acknowledged
         except through links, so nothing a checkpoint uses."""
+        if not self.local:
+            return  # a temporary directory of this attempt's own
         root = self.staging.parent
         if not root.is_dir():
             return

@@ -190,8 +190,7 @@ class PipelineRun:
             lazy.lazy = True
         for s in self.stages:  # a stage that tells its changed rows can snapshot just those
             s.chains = {} if spec.checkpoint.incremental and s.stage.incremental else None
-        if lazy is not None and spec.checkpoint.incremental and keyed_runs.supports(storage):
-            assert isinstance(storage, keyed_runs.FileSystemCheckpointStorage)
+        if lazy is not None and spec.checkpoint.incremental and keyed_runs.supports(storage, spark):
             lazy.chains = None  # its state is the checkpoints' runs
             lazy.runs = keyed_runs.KeyedRuns(
                 spark, storage, spec.job, self.attempt, lazy, self.parallelism, spec.max_parallelism
