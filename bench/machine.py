@@ -52,6 +52,115 @@ def other_spark_jvms() -> int:
     return count
 
 
+#: a run is flagged as taken under load when the 1-min load average before it exceeds this
+LOAD_LIMIT = 0.5
+
+
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        out.setdefault(ppid, []).append(int(entry.name))
+    return out
+
+
+def tree_pids(root: int) -> set[int]:
+    """``root`` and its live descendants."""
+    children, out, todo = _children(), set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo.extend(children.get(pid, []))
+    return out
+
+
+def rss_bytes(pids: set[int]) -> int:
+    """Resident memory of these processes (VmRSS summed; a process gone meanwhile counts 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+        except OSError:
+            continue
+    return total
+
+
+def java_pids() -> set[int]:
+    """Every JVM on the machine (a process whose command is ``java``)."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm == "java":
+            out.add(int(entry.name))
+    return out
+
+
+class Watch:
+    """Samples a child's process tree while it runs (a thread, every ``interval`` seconds): its
+    peak resident memory (the tree's RSS summed: driver JVM, Python, its workers) and the most
+    JVMs seen at once that are not in the tree (someone else's work on the machine)."""
+
+    def __init__(self, pid: int, interval: float = 0.25) -> None:
+        import threading
+
+        self.pid, self.interval = pid, interval
+        self.peak_rss = 0
+        self.other_java_max = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> None:
+        pids = tree_pids(self.pid)
+        self.peak_rss = max(self.peak_rss, rss_bytes(pids))
+        self.other_java_max = max(self.other_java_max, len(java_pids() - pids))
+        self.samples += 1
+
+
+def load_flags(run: dict[str, Any]) -> list[str]:
+    """Why a run's figures may be skewed by other work: the reasons, empty when none. Uses the
+    run's ``loadavg_1m`` (before it), ``other_spark_jvms`` and ``other_java_start`` / ``_max``
+    / ``_end`` (JVMs that were not the run's, before, during and after it)."""
+    out = []
+    load = run.get("loadavg_1m")
+    if load is not None and load > LOAD_LIMIT:
+        out.append(f"1-min load {load} > {LOAD_LIMIT} before the run")
+    others = max(
+        run.get(k) or 0
+        for k in ("other_spark_jvms", "other_java_start", "other_java_max", "other_java_end")
+    )
+    if others:
+        out.append(f"{others} other JVM(s) running")
+    return out
+
+
 def tree_cpu_seconds(root: int) -> float:
     """User + system CPU of ``root`` and its live descendants, plus their reaped children."""
     ticks = os.sysconf("SC_CLK_TCK")

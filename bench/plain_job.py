@@ -48,54 +48,49 @@ def session_conf(spark: Any) -> dict[str, str | None]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="The plain Spark batch job (the benchmark's W)")
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The command line W and the design share (``design_job`` adds its own options)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("input", help="directory of the input Parquet files")
     p.add_argument("output", help="output directory (must not exist)")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--shuffle-partitions", type=int, default=4)
     p.add_argument("--result-json", type=Path, help="the benchmark's timings, written last")
-    args = p.parse_args(argv)
-    t0 = time.time()
+    return p
 
+
+def session(app: str, master: str, shuffle_partitions: int) -> Any:
+    """The Spark session of W and the design: our runtime's settings, written out here."""
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master(args.master)
-        .appName("plain-job")
+    return (
+        SparkSession.builder.master(master)
+        .appName(app)
         .config("spark.sql.requireAllClusterKeysForCoPartition", "false")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .getOrCreate()
     )
-    cpu0 = _tree_cpu() if args.result_json else 0.0  # over the run only, as our runs' cpu_s
+
+
+def timed(spark: Any, t0: float, result_json: Path | None, job: Any) -> None:
+    """Run ``job()`` on the session, stop it, and write the benchmark's timings (``t0``: the
+    process's start) to ``result_json``: the benchmark's own work is left out of them."""
+    cpu0 = _tree_cpu() if result_json else 0.0  # over the run only, as our runs' cpu_s
     session_up = time.time()
-    (
-        spark.read.parquet(f"file://{Path(args.input).resolve()}/*.parquet")
-        .groupBy("user")
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.sum("amount").alias("total"),
-            F.avg("amount").alias("avg_amount"),
-            F.min("quantity").alias("min_q"),
-            F.max("quantity").alias("max_q"),
-        )
-        .write.mode("errorifexists")
-        .parquet(f"file://{Path(args.output).resolve()}")
-    )
+    job()
     written = time.time()
-    cpu_s = _tree_cpu() - cpu0 if args.result_json else None
-    conf = session_conf(spark) if args.result_json else None
+    cpu_s = _tree_cpu() - cpu0 if result_json else None
+    conf = session_conf(spark) if result_json else None
     stop_started = time.time()
     spark.stop()
     ended = time.time()
-    if args.result_json:  # the benchmark's: its own work above is left out of the timings
+    if result_json:
         result = {
             "started_at": t0,
             "ended_at": ended - (stop_started - written),
@@ -105,7 +100,32 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_s": None if cpu_s is None else round(cpu_s, 2),
             "session_conf": conf,
         }
-        args.result_json.write_text(json.dumps(result))
+        result_json.write_text(json.dumps(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments("The plain Spark batch job (the benchmark's W)").parse_args(argv)
+    t0 = time.time()
+    from pyspark.sql import functions as F
+
+    spark = session("plain-job", args.master, args.shuffle_partitions)
+
+    def job() -> None:
+        (
+            spark.read.parquet(f"file://{Path(args.input).resolve()}/*.parquet")
+            .groupBy("user")
+            .agg(
+                F.count(F.lit(1)).alias("n"),
+                F.sum("amount").alias("total"),
+                F.avg("amount").alias("avg_amount"),
+                F.min("quantity").alias("min_q"),
+                F.max("quantity").alias("max_q"),
+            )
+            .write.mode("errorifexists")
+            .parquet(f"file://{Path(args.output).resolve()}")
+        )
+
+    timed(spark, t0, args.result_json, job)
     return 0
 
 

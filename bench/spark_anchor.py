@@ -28,6 +28,7 @@ TARGETS = {
 #: the plot's lines: variant -> label (the streaming peer: AvailableNow + RocksDB changelog)
 PLOTTED = {
     PLAIN: ("plain Spark job (W)", "black"),
+    "design": ("the hand-written design", "tab:brown"),
     "off": ("ours, checkpoints off", "tab:green"),
     "every": ("ours, checkpoint every epoch", "tab:blue"),
     "every-tenth": ("ours, checkpoint every 10 % of the input", "tab:purple"),

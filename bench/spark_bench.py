@@ -8,6 +8,16 @@ Run by ``make bench`` (never by the tests); ``make bench QUICK=1`` passes ``--qu
 
     python bench/spark_bench.py [--quick] [--rounds N] [--events N --keys K --epochs E]
                                 [--sizes N,N] [--no-growth | --growth-only] [--growth-sizes N,N,N]
+    python bench/spark_bench.py --issue37 [--rounds 3] [--sets a,b,c,d] [--scale F] [--settle S]
+
+``--issue37`` (``issue37``): W, the hand-written design (``design_job.py``) and ours (``ckpt
+run``, a checkpoint after each of 10 epochs) on issue 37's four data sets, every figure the median
+of paired per-round ratios with min-max, peak memory and the machine's load per run, written to
+``bench/results/issue37.json``; ``python bench/readme_tables.py`` then writes README's tables.
+
+The second anchor (issue 37): the hand-written design, ``design_job.py`` — plain PySpark that
+commits each epoch's partial aggregates and merges them at the end — runs in every round's
+rotation as ``design`` beside W; its output table must equal W's (``spark_stats.checks``).
 
 The anchor (``spark_anchor``): W = ``plain_job.py``, the same query over the same files as one
 plain Spark job (``local[2]``, shuffle partitions = parallelism, the same session settings and
@@ -42,9 +52,10 @@ instead, so a quick run never replaces the full run's files.
 
 Duration of the default run on this 2-core machine, estimated from the last measured 5 M-event
 runs (47-59 s each, restores 26-30 s, about 10 s more per process for JVM and session start and
-the output check; W about 27 s): main measurement 3 rounds x 12 runs of about 55 s ≈ 33 min;
+the output check; W about 27 s, the design about 1.5 W): main measurement 3 rounds x 13 runs of
+about 55 s ≈ 35 min;
 growth 12 runs (0.4 M, 1.5 M, 5 M events, 10 epochs) ≈ 7 min; disk probes < 1 min; with
-``bench/ack_bench.py`` (about 1 min) ``make bench`` takes about 41 min, plus about 1 min to
+``bench/ack_bench.py`` (about 1 min) ``make bench`` takes about 43 min, plus about 1 min to
 generate the data on first use — more when others' Spark jobs share the machine. ``--sizes
 50000000`` adds 3 rounds x 6 runs at 50 M events (W 92 s, ours 20-26 s per epoch until it fails):
 roughly an hour more, plus the data's generation.
@@ -152,6 +163,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--size-plot", type=Path, help="run time against input size (default beside the JSON)"
     )
+    g = p.add_argument_group("issue 37 (--issue37; see bench/issue37.py)")
+    g.add_argument(
+        "--issue37",
+        action="store_true",
+        help="W, the hand-written design and ours (ckpt run) on issue 37's four data sets, "
+        "written to bench/results/issue37.json (scaled or --quick: issue37-quick.json)",
+    )
+    g.add_argument(
+        "--sets",
+        type=lambda v: [x for x in v.split(",") if x],
+        metavar="S,S,...",
+        help="issue 37's sets to run (default a,b,c,d)",
+    )
+    g.add_argument(
+        "--scale",
+        type=float,
+        help="issue 37's sets at this fraction of their events and keys (default 1; quick 0.04)",
+    )
+    g.add_argument(
+        "--settle",
+        type=float,
+        help="issue 37: seconds to wait at most before each run for the 1-min load to fall to "
+        "0.5 (default 60; 0: never wait)",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -204,6 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker_main(json.loads(args.worker))
         return 0
     s = make_settings(args)
+    if args.issue37:
+        import issue37
+
+        return issue37.run(args, s, args.data_dir, WORK_ROOT)
     output = args.output or default_output(args)
     plot_path = args.plot or output.with_name(
         "snapshot_cost" + ("-quick" if args.quick else "") + ".png"

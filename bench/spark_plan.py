@@ -7,6 +7,9 @@ from identical copies of the crashed state. Variants:
 
 * ``plain``: W, the plain Spark batch job over the same files (``plain_job``), a whole process as
   a user starts it — the anchor every other variant is reported against (issue 23).
+* ``design``: the hand-written design (``design_job``, issue 37), the second anchor: plain
+  PySpark committing each epoch's partial aggregates (sorted by key group) and merging them at
+  the end, a whole process as W.
 * ``off``: our runtime with no periodic checkpoints (``every_epochs`` and ``interval`` unset).
   The runtime still takes one forced checkpoint at the end, whose completion commits the sink's
   staged epochs — the minimum for its exactly-once output, so "off" means "only that one".
@@ -49,11 +52,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from machine import loadavg, other_spark_jvms
+from machine import LOAD_LIMIT, java_pids, load_flags, loadavg, other_spark_jvms
 from rich.console import Console
 from spark_process import run_process
 from spark_workers import run_worker
@@ -67,6 +71,7 @@ OURS = {"fresh": True, "parallelism": None}
 #: full-run variant -> its task
 FULL_RUNS: dict[str, dict[str, Any]] = {
     "plain": {"process": "plain"},
+    "design": {"process": "design"},
     "off": {**OURS, "every_epochs": False},
     "every": {**OURS, "every_epochs": True},
     "every-cli": {"process": "cli", "every_epochs": True},
@@ -95,18 +100,19 @@ def rotated(items: Sequence[str], by: int) -> list[str]:
 class Runner:
     """Runs workers one after another, numbering them and noting the machine's load."""
 
-    def __init__(self, s: Settings, work: Path, total: int) -> None:
-        self.s, self.work, self.total = s, work, total
+    def __init__(self, s: Settings, work: Path, total: int, settle_s: float = 0.0) -> None:
+        self.s, self.work, self.total, self.settle_s = s, work, total, settle_s
         self.runs: list[dict[str, Any]] = []
 
     def one(self, variant: str, round_no: int, task: dict[str, Any], tag: str = "") -> dict:
         """One run, recorded; a failed run is recorded as ``failed`` with its log's tail (a
         size may be beyond what a variant survives: the others are still measured)."""
         n = len(self.runs) + 1
-        load, others = loadavg(), other_spark_jvms()
+        settled = settle(self.settle_s)
+        load, others, java = loadavg(), other_spark_jvms(), len(java_pids())
         console.print(
             f"[{n}/{self.total}] {tag or f'round {round_no + 1}'}: [bold]{variant}[/bold] "
-            f"(load {load}, other Spark JVMs {others}) ...",
+            f"(load {load}, other Spark JVMs {others}, JVMs {java}) ...",
             end=" ",
         )
         log = self.work / f"{n:03d}-{variant}.log"
@@ -117,7 +123,19 @@ class Runner:
             tail = str(exc).splitlines()
             result = {"failed": True, "error": tail[-40:], "cause": failure_cause(tail)}
             console.print(f"[red]failed: {result['cause']}[/red] (log {log})")
-        result.update(round=round_no, variant=variant, loadavg_1m=load, other_spark_jvms=others)
+        # the machine's load: before (between our runs, every JVM is someone else's), during
+        # (run_process's Watch: JVMs outside the run's tree) and after the run
+        result.update(
+            round=round_no,
+            variant=variant,
+            loadavg_1m=load,
+            loadavg_1m_end=loadavg(),
+            other_spark_jvms=others,
+            other_java_start=java,
+            other_java_end=len(java_pids()),
+            settled_s=settled,
+        )
+        result["load_flags"] = load_flags(result)
         result["data_dir"] = task.get("data")
         if result.get("run_s") is not None and result.get("session_s") is not None:
             result["with_session_s"] = round(result["run_s"] + result["session_s"], 3)
@@ -129,6 +147,18 @@ class Runner:
                 + (f", {run_s:.1f} s run" if run_s is not None else "")
             )
         return result
+
+
+def settle(max_s: float) -> float:
+    """Wait up to ``max_s`` seconds for the 1-min load average to fall to ``LOAD_LIMIT`` (the
+    previous run's own load decays over about a minute); the seconds waited."""
+    t0 = time.monotonic()
+    while max_s > 0 and time.monotonic() - t0 < max_s:
+        load = loadavg()
+        if load is None or load <= LOAD_LIMIT:
+            break
+        time.sleep(min(5.0, max_s - (time.monotonic() - t0)))
+    return round(time.monotonic() - t0, 1)
 
 
 def failure_cause(lines: list[str]) -> str:

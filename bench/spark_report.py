@@ -21,6 +21,18 @@ DEFINITIONS = {
     "(Parquet, Spark's default codec) as ours, spark.sql.shuffle.partitions = parallelism, "
     "adaptive execution at Spark's default; timed in turn with the other variants, in the "
     "rotation of every round",
+    "design": "the hand-written design, the second anchor (issue 37): bench/design_job.py as a "
+    "whole process, plain PySpark with W's session settings: per epoch (the same files per epoch "
+    "as ours) read the epoch's files, groupBy(user).agg(count, count(amount), sum(amount), "
+    "min(quantity), max(quantity)) with the key group pmod(xxhash64(<length>:<key>), 128), "
+    "sortWithinPartitions(key group), written to chk/epoch-<e>/ + a _COMMITTED marker; at the end "
+    "the partials merged into W's output table (sum, sum, sum(s) / sum(non-null amounts), min, "
+    "max); its table must equal W's (checks.output_digests)",
+    "peak_rss_bytes": "whole-process variants (W, the design, ckpt run): the most resident memory "
+    "of the process tree at once (sampled every 0.25 s)",
+    "load_flags": "per run, why its figures may be skewed: the 1-min load average before it above "
+    "0.5, or a JVM not its own before (other_java_start, other_spark_jvms), during "
+    "(other_java_max) or after it (other_java_end)",
     "every-cli": "'every''s spec run by `ckpt run pipeline.yaml` as a user starts it (a whole "
     "process, CKPT_HOME = the run's directory, the embedded metastore created by the run): the "
     "command's imports, preflight and progress included; timed only as a whole process",

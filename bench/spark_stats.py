@@ -235,13 +235,50 @@ def read_rate(run: dict[str, Any]) -> float | None:
 
 
 def checks(events: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every finished run must produce every key once and count every event once."""
+    """Every finished run must produce every key once and count every event once; the runs
+    whose whole output table was digested (``spark_process.output_check``: W, the design,
+    ``ckpt run``) must have written the same table."""
     keys = {r["output_keys"] for r in runs if "output_keys" in r}
     counted = {r["output_events"] for r in runs if "output_events" in r}
+    digests: dict[str, list[str]] = {}
+    for r in runs:
+        if r.get("output_digest"):
+            digests.setdefault(r["output_digest"], []).append(r["variant"])
+    avgs = [r["avg_projection"] for r in runs if r.get("avg_projection") is not None]
+    same_avg = not avgs or (max(avgs) - min(avgs)) <= 1e-9 * max(1.0, abs(max(avgs)))
+    same = len(digests) <= 1 and same_avg
     codes = sorted({r.get("code", "?") for r in runs})
     return {
         "distinct_keys": sorted(keys),
         "events_counted": sorted(counted),
-        "consistent": len(keys) == 1 and counted == {events},
+        "output_digests": {k: sorted(set(v)) for k, v in digests.items()},
+        "avg_projections": sorted(set(avgs)),
+        "same_output": same,
+        "consistent": len(keys) == 1 and counted == {events} and same,
         "code_versions": codes,
     }
+
+
+def paired_ratios(num: dict[Any, float], den: dict[Any, float]) -> dict[str, Any] | None:
+    """The figure every issue-37 ratio is: within each round (paired: the runs of a round run
+    back to back) numerator / denominator, then the median of those per-round ratios with their
+    min and max — not the ratio of the medians (``ratio_of_medians``), which pairs a fast round's
+    numerator with a slow round's denominator. None when no round has both."""
+    rounds = sorted(k for k in num if den.get(k))
+    if not rounds:
+        return None
+    per_round = [num[k] / den[k] for k in rounds]
+    return {
+        "median": round(statistics.median(per_round), 3),
+        "min": round(min(per_round), 3),
+        "max": round(max(per_round), 3),
+        "per_round": [round(x, 3) for x in per_round],
+        "rounds": rounds,
+    }
+
+
+def ratio_of_medians(num: dict[Any, float], den: dict[Any, float]) -> float | None:
+    """median(numerator) / median(denominator): for comparison only (see ``paired_ratios``)."""
+    if not num or not den:
+        return None
+    return round(statistics.median(num.values()) / statistics.median(den.values()), 3)

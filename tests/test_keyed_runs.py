@@ -179,3 +179,56 @@ def test_runs_on_s3_are_written_here_and_uploaded_across_a_crash_and_rescale(
     result = run(spark, spec, metastore, storage, parallelism=2)
     assert result.restored_from == 3 and result.epochs_run == list(range(3, EPOCHS))
     assert_matches_pandas(final_of(spark, out), frames)
+
+
+def test_every_aggregation_kind_survives_runs_a_crash_and_a_rescale(
+    spark: Any, tmp_path: Path, metastore: Metastore
+) -> None:
+    """Sets, HLL sketches, max_by pairs and moments are written as Parquet runs and merged at
+    the end exactly as in the changelog path: the oracle is pandas over all the input."""
+    import math
+
+    from checkpointing.pipeline import datasets
+    from checkpointing.pipeline.spec import load_spec
+    from checkpointing.spark.runtime import SimulatedCrash
+    from tests.test_spark_aggregates_more import SPEC_AGGS, _expected_events, plain
+
+    events = tmp_path / "events"
+    datasets.generate_events(events, events=4_000, keys=60, files=4, seed=11)
+    aggs = "\n".join(f"  {k}: {v}" for k, v in SPEC_AGGS.items())
+    path = tmp_path / "kinds.yaml"
+    path.write_text(
+        f"""
+job: runs
+source: {{format: parquet, path: "{events}/*.parquet"}}
+key: user
+aggregations:
+{aggs}
+sink: {{path: {tmp_path / "out"}}}
+parallelism: 3
+max_parallelism: 16
+"""
+    )
+    spec = load_spec(path)
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    with pytest.raises(SimulatedCrash):  # the default: a checkpoint after every epoch here
+        run(spark, spec, metastore, storage, crash_after_epochs=2)
+    assert completed_ids(metastore, "runs")[-1] == 2  # (the default retains one)
+    resumed = run(spark, spec, metastore, storage, parallelism=2)
+    assert resumed.restored_from == 2 and resumed.epochs_run == [2, 3]
+    frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
+    want = _expected_events(pd.concat(frames))
+    got = {r["user"]: r for r in final_of(spark, tmp_path / "out").to_dict("records")}
+    assert set(got) == set(want)
+    for user, row in want.items():
+        for name, value in row.items():
+            if name == "approx_amount":  # an estimate: within the sketch's bound
+                assert abs(got[user][name] - row["distinct_amount"]) <= max(
+                    1, 0.1 * row["distinct_amount"]
+                )
+                continue
+            actual = plain(got[user][name])
+            if isinstance(value, float) and name.startswith(("sd_", "var_")):
+                assert math.isclose(actual, value, rel_tol=1e-9), (user, name, actual, value)
+            else:
+                assert actual == plain(value), (user, name, actual, value)

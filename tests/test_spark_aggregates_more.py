@@ -391,7 +391,7 @@ source: {{format: parquet, path: "{events}/*.parquet"}}
 key: user
 aggregations:
 {aggs}
-sink: {{path: {tmp_path / "out"}}}
+sink: {{path: {tmp_path / "out"}, changelog: true}}
 parallelism: 3
 max_parallelism: 16
 checkpoint: {{every_epochs: 1, retained: 2}}
