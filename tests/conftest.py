@@ -55,6 +55,37 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
+#: skips ``make test`` accepts, each reviewed: node id -> why. Any other skip fails the run
+#: under :data:`REQUIRE_ALL_ENV` (a scenario whose dependency is missing must not pass by
+#: skipping); empty: the suite runs everything
+ALLOWED_SKIPS: dict[str, str] = {}
+_unexpected_skips: list[str] = []
+
+
+def _note_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
+    if os.environ.get(REQUIRE_ALL_ENV) != "1" or not report.skipped:
+        return
+    if report.nodeid not in ALLOWED_SKIPS:
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+        _unexpected_skips.append(f"{report.nodeid or '(collection)'}: {reason}")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _note_skip(report)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _note_skip(report)  # a module-level importorskip skips its whole file here
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under ``make test``, a skip not in :data:`ALLOWED_SKIPS` fails the run, named."""
+    if _unexpected_skips:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        lines = "\n".join(f"  {s}" for s in _unexpected_skips)
+        print(f"\nmake test: {len(_unexpected_skips)} unexpected skip(s) fail the run:\n{lines}")
+
+
 #: the test files that take longest (real Airflow and Spark scenarios), longest first: they are
 #: collected first, so that with ``make test TEST_WORKERS=N`` (pytest-xdist, a file at a time, in
 #: collection order with ``--no-loadscope-reorder``) they start at once and the processes end

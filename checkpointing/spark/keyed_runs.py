@@ -46,6 +46,7 @@ from pyspark.sql import functions as F
 from checkpointing.coordination.pending import TaskAck, TaskSpec
 from checkpointing.errors import CheckpointingError
 from checkpointing.ids import validate_id
+from checkpointing.pipeline.spec import PipelineSpec
 from checkpointing.spark.keys import KEY_GROUP, SUBTASK, key_group_column, subtask_column
 from checkpointing.spark.stages import AggregationStage
 from checkpointing.spark.state import StageRun
@@ -83,6 +84,21 @@ def supports(storage: CheckpointStorage, spark: SparkSession) -> bool:
         return True
     master = spark.sparkContext.master
     return isinstance(storage, S3CheckpointStorage) and master.startswith("local")
+
+
+def attach(
+    s: StageRun,
+    spec: PipelineSpec,
+    spark: SparkSession,
+    storage: CheckpointStorage,
+    attempt: str,
+    parallelism: int,
+) -> None:
+    """Keep the lazily merged stage ``s``'s state as runs when they can be written (and its
+    checkpoints are incremental: ``incremental: false`` asks for self-contained ones)."""
+    if spec.checkpoint.incremental and supports(storage, spark):
+        s.chains = None  # no chains of Arrow snapshots: the runs are its chain
+        s.runs = KeyedRuns(spark, storage, spec.job, attempt, s, parallelism, spec.max_parallelism)
 
 
 @dataclass
@@ -183,7 +199,7 @@ class KeyedRuns:
         try:
             e.future.result()
         except Exception as exc:
-            raise EpochWriteError(e.epoch, e.describe, exc) from exc
+            raise EpochWriteError(e.epoch, self.stage_run.operator_id, e.describe, exc) from exc
 
     def drain(self) -> None:
         """Wait for every epoch in flight (an error raises)."""
@@ -394,9 +410,10 @@ class KeyedRuns:
 class EpochWriteError(CheckpointingError):
     """An epoch's Spark job failed (reading its input, its transform, or writing its runs)."""
 
-    def __init__(self, epoch: int, describe: str, cause: BaseException) -> None:
+    def __init__(self, epoch: int, operator_id: str, describe: str, cause: BaseException) -> None:
         super().__init__(f"epoch {epoch} failed reading {describe}: {cause}")
         self.epoch = epoch
+        self.operator_id = operator_id
         self.describe = describe
 
 

@@ -53,6 +53,7 @@ from checkpointing.spark.aggregations import AggregationPlan
 from checkpointing.spark.async_snapshot import AsyncSnapshots, StageWrite
 from checkpointing.spark.input_reader import InputError, InputReader, spark_reason
 from checkpointing.spark.jvm_failure import JvmWatch, exception_chain
+from checkpointing.spark.keyed_runs import EpochWriteError
 from checkpointing.spark.keys import (
     KEY_GROUP,
     SUBTASK,
@@ -190,11 +191,8 @@ class PipelineRun:
             lazy.lazy = True
         for s in self.stages:  # a stage that tells its changed rows can snapshot just those
             s.chains = {} if spec.checkpoint.incremental and s.stage.incremental else None
-        if lazy is not None and spec.checkpoint.incremental and keyed_runs.supports(storage, spark):
-            lazy.chains = None  # its state is the checkpoints' runs
-            lazy.runs = keyed_runs.KeyedRuns(
-                spark, storage, spec.job, self.attempt, lazy, self.parallelism, spec.max_parallelism
-            )
+        if lazy is not None:  # its state the checkpoints' Parquet runs, where Spark can write them
+            keyed_runs.attach(lazy, spec, spark, storage, self.attempt, self.parallelism)
         check_pipeline_sink(spec, storage.base_url)
         self.sink = open_sink(spec, job=spec.job, key=self.stages[-1].key if self.stages else None)
         self.operators = [SOURCE, *(s.operator_id for s in self.stages), SINK]
@@ -324,7 +322,7 @@ class PipelineRun:
             self._fail()
             if lost is not None:
                 raise lost from exc
-            if isinstance(exc, keyed_runs.EpochWriteError):  # said as any epoch's failure
+            if isinstance(exc, EpochWriteError):  # said as any epoch's failure
                 cause = exc.__cause__ or exc
                 raise InputError(
                     f"job {self.spec.job}: epoch {exc.epoch} failed reading {exc.describe}: "
@@ -337,6 +335,10 @@ class PipelineRun:
         """``exc`` as the one line that says which Spark JVM died or ran out of memory, where
         the run was and what to raise; None when no JVM caused it."""
         where, in_epoch = self.doing
+        chain = exception_chain(exc)
+        if (late := next((e for e in chain if isinstance(e, EpochWriteError)), None)) is not None:
+            where = f"in epoch {late.epoch} while merging the state of stage {late.operator_id!r}"
+            return self.jvm.failure(exc, where, in_epoch=True)  # its job ran in the background
         if (inflight := self.snapshots.inflight) is not None:  # its Spark job ran alongside
             where += f" (checkpoint {inflight.checkpoint_id}'s snapshot being written meanwhile)"
         return self.jvm.failure(exc, where, in_epoch=in_epoch)
