@@ -532,6 +532,41 @@ def test_a_completed_savepoint_is_discarded_with_its_files(server: Server) -> No
     assert r.status == 422, r.body
 
 
+def test_discarding_a_savepoint_whose_row_points_elsewhere_deletes_nothing(
+    server: Server, tmp_path: Path
+) -> None:
+    """Issue 38, scenario B: pipeline code (which has the metastore URL) points its own
+    completed savepoint's row at a directory of the api-server's host, or at the storage base;
+    ``POST …/discard`` is refused (409), deletes nothing and leaves the savepoint COMPLETED."""
+    from sqlalchemy import update
+
+    from checkpointing.metastore.models import Checkpoint
+
+    server.call("POST", f"/api/pipelines/{LIVE}/savepoints", user="admin", body={})
+    (savepoint_id,) = take_requests(server)
+    own = server.storage.savepoint_url(LIVE, savepoint_id)
+    victim = tmp_path / "opt-airflow"
+    (victim / "dags").mkdir(parents=True)
+    (victim / "dags" / "keep.py").write_text("# not the pipeline's")
+    for target in (f"file://{victim}", server.storage.base_url):
+        with server.metastore.transaction() as s:
+            s.execute(
+                update(Checkpoint)
+                .where(Checkpoint.job_id == LIVE, Checkpoint.checkpoint_id == savepoint_id)
+                .values(storage_location=target)
+            )
+        r = server.call(
+            "POST", f"/api/pipelines/{LIVE}/checkpoints/{savepoint_id}/discard", user="admin"
+        )
+        assert r.status == 409 and "as the ids give it" in r.body["detail"], r.body
+        assert (victim / "dags" / "keep.py").read_text() == "# not the pipeline's"
+        assert location_exists(server.storage, own)
+        detail = server.call(
+            "GET", f"/api/pipelines/{LIVE}/checkpoints/{savepoint_id}", user="admin"
+        ).body
+        assert detail["status"] == "COMPLETED", detail
+
+
 def test_stop_with_savepoint_ends_the_job(server: Server) -> None:
     r = server.call("POST", f"/api/pipelines/{LIVE}/savepoints", user="admin", body={"stop": True})
     assert r.status == 202 and r.body["checkpoint_type"] == "SAVEPOINT_THEN_STOP", r.body

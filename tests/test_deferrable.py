@@ -112,7 +112,8 @@ def test_a_reused_pid_is_not_taken_for_the_driver() -> None:
     stranger = DriverIdentity(ATTEMPT, host, os.getpid(), None, now)
     assert process_alive(stranger) is False  # this test process: not the driver
     sleeper = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "--attempt", ATTEMPT]
+        [sys.executable, "-c", "import time; time.sleep(60)", "--attempt", ATTEMPT],
+        start_new_session=True,  # a driver leads its own session (test_driver_signals.py)
     )
     try:
         assert process_alive(DriverIdentity(ATTEMPT, host, sleeper.pid, None, now)) is True

@@ -110,6 +110,25 @@ def test_an_instance_is_authorised_as_its_pipeline_and_no_spec_may_look_like_one
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("year", [1, 5, 999, 1000, 2026, 9999])
+def test_an_instance_of_any_year_is_its_pipelines(year: int) -> None:
+    """Issue 38: ``strftime``'s ``%Y`` writes the year 999 as ``999``, and ``x.9990101T000000``
+    was no instance of ``x`` (its permissions were not its pipeline's)."""
+    interval = DataInterval(
+        datetime(year, 1, 2, 3, 4, 5, tzinfo=UTC), datetime(year, 1, 3, tzinfo=UTC)
+    )
+    job = interval.job_id("daily")
+    assert job == f"daily.{year:04d}0102T030405"
+    assert pipeline_of(job) == "daily"
+    values = interval.variables()
+    assert values["DS"] == f"{year:04d}-01-02" and values["DS_NODASH"] == f"{year:04d}0102"
+    assert values["TS_NODASH"] == job.rsplit(".", 1)[1]
+    assert values["DATA_INTERVAL_START"].startswith(values["DS"])
+    assert DataInterval.parse(values["DATA_INTERVAL_START"], values["DATA_INTERVAL_END"]) == (
+        interval
+    )
+
+
 def test_the_dag_of_an_interval_spec_passes_each_run_its_interval(tmp_path: Path) -> None:
     """The factory's DAG: runs at once and catchup as the spec says, the trigger form's **Full
     refresh** switch, and the operator given the run's interval (Airflow 3: the point of

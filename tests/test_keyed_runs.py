@@ -150,6 +150,13 @@ def test_runs_are_the_state_across_crashes_rescale_merges_and_savepoints(
         spark, fresh, metastore, storage, restore=sp_dir, allow_other_job=True, parallelism=3
     )
     assert restored.restored_from == sp_meta.checkpoint_id
+    assert restored.epochs_run == list(range(4, EPOCHS)) and restored.checkpoints
+    # never claimed: the fresh job's checkpoints hold copies in its own shared/, not the
+    # savepoint's files (which stay the savepoint owner's to discard)
+    fresh_last = lookup.load_checkpoint(metastore, storage, "fresh", restored.checkpoints[-1])
+    assert fresh_last.metadata is not None
+    fresh_files = run_files(fresh_last.metadata)
+    assert all(f.startswith(storage.shared_url("fresh")) for f in fresh_files)
     assert_matches_pandas(final_of(spark, fresh_out), frames)
 
 

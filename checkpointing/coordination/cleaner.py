@@ -8,7 +8,10 @@ a trigger that failed before its row existed disposes its fresh location, and a 
 a savepoint is :func:`checkpointing.coordination.savepoints.discard_savepoint`'s, which reports a
 failed delete to the user):
 
-* the directory of a checkpoint subsumed, discarded or aborted (``dispose``);
+* the directory of a checkpoint subsumed, discarded or aborted (``dispose``), as its ids give it
+  (:meth:`~checkpointing.state.storage.CheckpointStorage.discard_directory`): a row's
+  ``storage_location`` is only compared with it, so a row pointing elsewhere (any driver can
+  write rows; a savepoint written to a target directory) deletes nothing;
 * an aborted checkpoint's ``shared/chk-<id>/``, where only its own new files lie;
 * the shared files a released checkpoint left unreferenced (the shared state registry,
   :mod:`checkpointing.coordination.shared_state`, says which), then the directories they emptied;
@@ -37,9 +40,10 @@ from checkpointing.state.metadata import ChainedFile
 from checkpointing.state.storage import (
     CheckpointStorage,
     FileSystemCheckpointStorage,
+    RefusedDeleteError,
     StorageLocation,
 )
-from checkpointing.status import CheckpointStatus
+from checkpointing.status import CheckpointStatus, CheckpointType
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +65,12 @@ class CheckpointsCleaner:
         for an aborted (never completed) checkpoint also its ``shared/chk-<id>/``, where only its
         own new files lie and nothing can refer to them; for a released one the shared files no
         retained checkpoint refers to any more, then the ``shared/chk-<m>/`` they emptied."""
-        for url in [d.storage_location for d in released] + [a.storage_location for a in aborted]:
-            try:
-                self.storage.location_for(url).dispose_on_failure()
-            except Exception:
-                log.exception("job %s: could not delete %s", self.job_id, url)
+        gone = [(d.checkpoint_id, d.checkpoint_type, d.storage_location) for d in released]
+        gone += [(a.checkpoint_id, a.checkpoint_type, a.storage_location) for a in aborted]
+        for checkpoint_id, checkpoint_type, url in gone:
+            self._discard(checkpoint_id, directory_kind(checkpoint_type), url)
         for a in aborted:
-            url = self.storage.shared_checkpoint_url(self.job_id, a.checkpoint_id)
-            try:
-                self.storage.delete_tree(url)
-            except Exception:
-                log.exception("job %s: could not delete %s", self.job_id, url)
+            self._discard(a.checkpoint_id, "shared", None)
         root = self.storage.shared_url(self.job_id)
         emptied: set[str] = set()
         for handle in (h for d in released for h in d.shared):
@@ -85,6 +84,21 @@ class CheckpointsCleaner:
                 log.exception("job %s: could not delete shared state %s", self.job_id, handle)
         for url in sorted(emptied, reverse=True):
             self._remove_empty_dirs(url, root)
+
+    def _discard(self, checkpoint_id: int, kind: str, recorded: str | None) -> None:
+        """Delete the directory the ids give (:meth:`CheckpointStorage.discard_directory`):
+        a row's ``recorded`` location is compared, never deleted; a refusal is logged there."""
+        try:
+            self.storage.discard_directory(self.job_id, checkpoint_id, kind, recorded=recorded)
+        except RefusedDeleteError:
+            pass  # logged, nothing deleted
+        except Exception:
+            log.exception(
+                "job %s: could not delete the %s directory of checkpoint %d",
+                self.job_id,
+                kind,
+                checkpoint_id,
+            )
 
     def discard_metadata(self, location: StorageLocation) -> None:
         """The ``_metadata`` written for a checkpoint that was aborted before its completion
@@ -120,7 +134,10 @@ class CheckpointsCleaner:
             return []
         if row.failure_reason == CheckpointFailureReason.FINALIZE_CHECKPOINT_FAILURE:
             return []  # the metadata may exist: delete nothing (see complete_checkpoint)
-        location = storage.location_for(row.storage_location)
+        # the directory the ids give, not the row's (any driver can write rows): a handle in a
+        # location the row names elsewhere is never deleted
+        kind = directory_kind(CheckpointType(row.checkpoint_type))
+        location = StorageLocation(storage, storage.owned_directory(job_id, checkpoint_id, kind))
         own_shared = storage.shared_checkpoint_url(job_id, checkpoint_id)
         deleted = []
         for handle in handles:
@@ -157,6 +174,13 @@ class CheckpointsCleaner:
             except OSError:
                 return  # not empty (or not ours to remove): leave it and its parents
             path = path.parent
+
+
+def directory_kind(checkpoint_type: CheckpointType | str) -> str:
+    """The :meth:`CheckpointStorage.owned_directory` kind of a checkpoint type."""
+    if CheckpointType(checkpoint_type) is CheckpointType.CHECKPOINT:
+        return "checkpoint"
+    return "savepoint"
 
 
 def _chain_of(state_meta: object) -> list[ChainedFile]:

@@ -120,32 +120,56 @@ def read_state(metastore: Metastore, job_id: str) -> AttemptState:
         )
 
 
-def process_alive(driver: DriverIdentity | None) -> bool | None:
-    """Whether the driver's process still runs, when this is its host (else None: not known
-    here). A zombie (exited, not yet reaped) counts as gone, and so does a process whose command
-    line does not name the driver's attempt (spark-submit's arguments carry ``--attempt``): the
-    pid was reused, and that process must never be taken for the driver (nor stopped as it),
-    unless it is this process's own child (spark-submit between fork and exec)."""
-    if driver is None or driver.host != this_host():
-        return None
-    try:
-        os.kill(driver.pid, 0)
-    except ProcessLookupError:
+def owned_process(pid: object, attempt: str) -> bool:
+    """Whether ``pid`` is a running process this project may treat, watch and signal as the
+    driver of ``attempt``: the one check before every liveness answer and every signal.
+
+    It must be a pid above 1 (``0`` and ``-1`` name process groups, ``1`` is init), ``/proc``
+    must be readable here (without it nothing can be checked: not ours), the process must lead
+    its own process group (spark-submit is started in a session of its own, which is what
+    ``killpg`` reaches) and not be a zombie, and its command line must carry the attempt id as
+    an argument (spark-submit's ``--attempt``): a reused pid, a row naming another process or
+    this process's own group never count. Anything else is not ours: not alive, never
+    signalled."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1 or not attempt:
         return False
-    except PermissionError:  # another user's process with that pid: not ours
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if os.getpgid(pid) != pid:
+            return False
+    except (OSError, ValueError):  # no /proc, no such process, not readable
         return False
     try:
-        state, ppid = Path(f"/proc/{driver.pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
-    except (OSError, IndexError, ValueError):
-        return True
+        state = stat.rsplit(")", 1)[1].split()[0]
+    except IndexError:
+        return False
     if state in ("Z", "X"):
         return False
+    wanted = attempt.encode()
+    return any(arg == wanted or arg.endswith(b"=" + wanted) for arg in cmdline.split(b"\0") if arg)
+
+
+def signal_driver(driver: DriverIdentity, sig: int) -> bool:
+    """Send ``sig`` to the driver's process group, only when :func:`owned_process` says the
+    recorded pid is its driver on this host (checked right before the signal); True if sent."""
+    if driver.host != this_host() or not owned_process(driver.pid, driver.attempt):
+        return False
     try:
-        cmdline = Path(f"/proc/{driver.pid}/cmdline").read_bytes()
-    except OSError:
-        return True
-    # this process's own child between fork and exec still has this process's command line
-    return driver.attempt.encode() in cmdline or int(ppid) == os.getpid()
+        os.killpg(driver.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def process_alive(driver: DriverIdentity | None) -> bool | None:
+    """Whether the driver's process still runs, when this is its host (else None: not known
+    here): :func:`owned_process`, so a zombie, a reused pid (a process whose command line does
+    not name the driver's attempt), a pid that does not lead its process group, a pid of 0 or 1
+    and a host without a readable ``/proc`` all count as gone."""
+    if driver is None or driver.host != this_host():
+        return None
+    return owned_process(driver.pid, driver.attempt)
 
 
 class Outcome(StrEnum):

@@ -172,8 +172,15 @@ def discard_savepoint(
     clock: Clock | None = None,
 ) -> str:
     """Discard a completed savepoint: it is marked DISCARDED (no restore will pick it) and then
-    its files are deleted. Returns its location; refuses anything but a completed savepoint."""
+    its files are deleted. Returns its location; refuses anything but a completed savepoint.
+
+    The directory deleted is the one the ids give (``<job>/savepoints/savepoint-<id>``), never
+    the row's ``storage_location`` (any driver can write rows): a savepoint whose row records
+    another directory (a savepoint target, or a forged row) is refused with
+    :class:`~checkpointing.state.storage.RefusedDeleteError`, before it is marked, and nothing
+    is deleted (delete a savepoint written to a target of its own by hand)."""
     from checkpointing.coordination import store
+    from checkpointing.coordination.cleaner import directory_kind
 
     validate_id(job_id, "job id")
     now = (clock or SystemClock()).now()
@@ -188,5 +195,9 @@ def discard_savepoint(
                 f"checkpoint {checkpoint_id} of job {job_id!r} is a {row.status} "
                 f"{row.checkpoint_type}: only a COMPLETED savepoint can be discarded"
             )
-    storage.location_for(disposal.storage_location).dispose_on_failure()
-    return disposal.storage_location
+        kind = directory_kind(disposal.checkpoint_type)
+        # refused (raises: the mark is rolled back) unless the row's location is the derived one
+        storage.deletable_directory(job_id, checkpoint_id, kind, recorded=disposal.storage_location)
+    return storage.discard_directory(
+        job_id, checkpoint_id, kind, recorded=disposal.storage_location
+    )

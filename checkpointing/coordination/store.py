@@ -71,6 +71,9 @@ class Disposal:
     #: shared state files (under the job's ``shared/``) that no retained checkpoint refers to
     #: any more since this one was released
     shared: tuple[str, ...] = ()
+    #: what it is: the cleaner derives the directory it deletes from the ids and this type,
+    #: and compares ``storage_location`` (read from the row) with it
+    checkpoint_type: CheckpointType = CheckpointType.CHECKPOINT
 
 
 def completed(session: Session, job_id: str, *, savepoints: bool = True) -> Sequence[Checkpoint]:
@@ -208,7 +211,9 @@ def _released(session: Session, c: Checkpoint) -> Disposal:
     """The disposal of a completed checkpoint leaving the retained set: its directory, and the
     shared files that no checkpoint refers to once its references are dropped."""
     unused = shared_state.release(session, c.job_id, [c.checkpoint_id])
-    return Disposal(c.checkpoint_id, c.storage_location, tuple(unused))
+    return Disposal(
+        c.checkpoint_id, c.storage_location, tuple(unused), CheckpointType(c.checkpoint_type)
+    )
 
 
 def discard_savepoint(
@@ -227,6 +232,8 @@ def discard_savepoint(
         .values(
             status=CheckpointStatus.DISCARDED, ended_at=now, failure_message="discarded by user"
         )
-        .returning(Checkpoint.storage_location)
-    ).scalar_one_or_none()
-    return None if result is None else Disposal(checkpoint_id, result)
+        .returning(Checkpoint.storage_location, Checkpoint.checkpoint_type)
+    ).one_or_none()
+    if result is None:
+        return None
+    return Disposal(checkpoint_id, result[0], (), CheckpointType(result[1]))

@@ -60,18 +60,22 @@ class DataInterval:
         return interval
 
     def variables(self) -> dict[str, str]:
-        """The values of :data:`VARIABLES` for this interval."""
+        """The values of :data:`VARIABLES` for this interval (years always of four digits, as
+        ``isoformat`` writes them: ``strftime``'s ``%Y`` gives ``999`` for the year 999)."""
+        start = self.start
+        ds_nodash = f"{start.year:04d}{start.month:02d}{start.day:02d}"
         return {
-            "DS": f"{self.start:%Y-%m-%d}",
-            "DS_NODASH": f"{self.start:%Y%m%d}",
-            "TS_NODASH": f"{self.start:%Y%m%dT%H%M%S}",
-            "DATA_INTERVAL_START": self.start.isoformat(),
+            "DS": f"{start.year:04d}-{start.month:02d}-{start.day:02d}",
+            "DS_NODASH": ds_nodash,
+            "TS_NODASH": f"{ds_nodash}T{start.hour:02d}{start.minute:02d}{start.second:02d}",
+            "DATA_INTERVAL_START": start.isoformat(),
             "DATA_INTERVAL_END": self.end.isoformat(),
         }
 
     def job_id(self, job: str) -> str:
-        """The job instance of this interval: ``<job>.<start as TS_NODASH>``, a valid job id."""
-        return validate_id(f"{job}.{self.start:%Y%m%dT%H%M%S}", "job id of the interval")
+        """The job instance of this interval: ``<job>.<start as TS_NODASH>``, a valid job id
+        that :func:`pipeline_of` maps back to ``job`` (for any year, 1 to 9999)."""
+        return validate_id(f"{job}.{self.variables()['TS_NODASH']}", "job id of the interval")
 
     def describe(self) -> str:
         return f"{self.start.isoformat()} to {self.end.isoformat()}"

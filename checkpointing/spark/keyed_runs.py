@@ -44,6 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from checkpointing.coordination.pending import TaskAck, TaskSpec
+from checkpointing.coordination.shared_state import within
 from checkpointing.errors import CheckpointingError
 from checkpointing.ids import validate_id
 from checkpointing.pipeline.spec import PipelineSpec
@@ -337,18 +338,40 @@ class KeyedRuns:
     # ------------------------------------------------------------------ restore and the end
 
     def restore(self, files: Sequence[ChainedFile]) -> None:
-        """Continue from a checkpoint's runs (any parallelism: the rows carry their key
-        group); on object storage each is copied to this host (verified as it is read)."""
-        self.committed = list(dict.fromkeys(files))
-        if self.local:
-            return
-        directory = self.staging / "restored-runs"
-        directory.mkdir(parents=True, exist_ok=True)
-        for n, f in enumerate(self.committed):
-            data = self.storage.read_bytes(f.handle, size=f.size, checksum=f.checksum)
-            path = directory / f"part-{n:05d}-restored.parquet"
-            path.write_bytes(data)
-            self.copies[f.handle] = path
+        """Continue from a checkpoint's runs (any parallelism: the rows carry their key group).
+        The job's own shared runs are referenced again; a savepoint's or another job's are
+        never claimed (Flink's no-claim restore): they are copied into this attempt's staging
+        as its first run, which its first checkpoint places in its own ``shared/chk-<id>/``. On
+        object storage each run is copied to this host (verified as it is read)."""
+        files = list(dict.fromkeys(files))
+        shared = self.storage.shared_url(self.job)
+        self.committed = [f for f in files if within(f.handle, shared)]
+        foreign = [f for f in files if not within(f.handle, shared)]
+        if not self.local:
+            directory = self.staging / "restored-runs"
+            directory.mkdir(parents=True, exist_ok=True)
+            for n, f in enumerate(self.committed):
+                self.copies[f.handle] = self._copy_here(f, directory / f"part-{n:05d}.parquet")
+        if foreign:
+            directory = self.staging / "restored"
+            directory.mkdir(parents=True, exist_ok=True)
+            for n, f in enumerate(foreign):
+                self._copy_here(f, directory / f"part-{n:05d}-restored.parquet")
+            self._stage_done(-1, "the restored state", directory)
+
+    def _copy_here(self, f: ChainedFile, path: Path) -> Path:
+        """A run of the storage at ``path`` on this host: hard-linked on local storage (runs are
+        never written again), downloaded and verified from object storage."""
+        if isinstance(self.storage, FileSystemCheckpointStorage):
+            _link_or_copy(self.storage.path_of(f.handle), path)
+        else:
+            path.write_bytes(self.storage.read_bytes(f.handle, size=f.size, checksum=f.checksum))
+        return path
+
+    def _stage_done(self, epoch: int, describe: str, directory: Path) -> None:
+        done: Future[None] = Future()
+        done.set_result(None)
+        self.staged.insert(0, _Epoch(epoch, done, describe, directory))
 
     def add_base(self, state: DataFrame) -> None:
         """Continue from a state restored in another format (Arrow snapshots): written once as
@@ -359,9 +382,7 @@ class KeyedRuns:
         state.select(*columns).sortWithinPartitions(KEY_GROUP).write.mode("overwrite").parquet(
             directory.as_uri()
         )
-        done: Future[None] = Future()
-        done.set_result(None)
-        self.staged.insert(0, _Epoch(-1, done, "the restored state", directory))
+        self._stage_done(-1, "the restored state", directory)
 
     def final_state(self, empty: DataFrame) -> DataFrame:
         """The state merged, one row per key (no subtask column): the final table's input."""

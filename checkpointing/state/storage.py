@@ -10,15 +10,18 @@ MinIO or any S3-compatible endpoint). Layout under the base URL::
     <base>/<job>/shared/                    room for shared (incremental) state
 
 Every write is published atomically (temp file + rename; one S3 PUT or a completed multipart
-upload) and returns a SHA-256 checksum that reads verify. Every URL handed to a delete or read is
-checked to lie under the base (or an explicit savepoint target), so ids from shared storage or
-task processes cannot reach outside it.
+upload) and returns a SHA-256 checksum that reads verify. Every URL handed to a read is checked
+to lie under the base (or an explicit savepoint target), so ids from shared storage or task
+processes cannot reach outside it. A checkpoint's or savepoint's directory is deleted only by
+:meth:`CheckpointStorage.discard_directory`, which derives it from ids (never from a metastore
+row, which any driver can write) and refuses anything not strictly below the job's directory.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
 import shutil
 import stat
@@ -38,6 +41,8 @@ from checkpointing.errors import (
     StorageError,
 )
 from checkpointing.ids import validate_checkpoint_id, validate_id
+
+log = logging.getLogger(__name__)
 
 CHECKSUM_ALGO = "sha256"
 METADATA_FILE = "_metadata"
@@ -144,10 +149,67 @@ class CheckpointStorage(ABC):
         return other.base_url  # a plain absolute path becomes a file:// URL
 
     def location_for(self, url: str) -> StorageLocation:
-        """The location of an existing checkpoint or savepoint directory."""
+        """The location of an existing checkpoint or savepoint directory (for reads and writes;
+        deletes go through :meth:`discard_directory`). Never the base itself or a directory
+        above it."""
         url = url.rstrip("/")
         _check_normalised(url)
+        if url == self.base_url or self.base_url.startswith(url + "/"):
+            raise InvalidIdError(f"{url!r} is checkpoint storage {self.base_url!r} or above it")
         return StorageLocation(self, url, extra_root=None if self.contains(url) else url)
+
+    def owned_directory(self, job_id: str, checkpoint_id: int, kind: str) -> str:
+        """The directory of ``job_id``'s checkpoint ``checkpoint_id`` of ``kind``
+        (``checkpoint``: ``chk-<id>``, ``savepoint``: ``savepoints/savepoint-<id>``,
+        ``shared``: ``shared/chk-<id>``), from ids and this storage's own layout only;
+        :class:`RefusedDeleteError` unless it lies strictly below the job's directory."""
+        layouts = {
+            "checkpoint": self.checkpoint_url,
+            "savepoint": self.savepoint_url,
+            "shared": self.shared_checkpoint_url,
+        }
+        if kind not in layouts:
+            raise ValueError(f"unknown directory kind {kind!r}")
+        url = layouts[kind](job_id, checkpoint_id)
+        job = self.job_url(job_id)
+        if url == job or not url.startswith(job + "/") or not self.contains(url, job):
+            raise RefusedDeleteError(f"{url!r} is not strictly below the job's directory {job!r}")
+        return url
+
+    def deletable_directory(
+        self, job_id: str, checkpoint_id: int, kind: str, *, recorded: str | None = None
+    ) -> str:
+        """:meth:`owned_directory`, once ``recorded`` (a location read from a metastore row,
+        which any driver can write) is the same: when they differ (a forged row, or a
+        savepoint written to a target directory of its own) or the ids give nothing strictly
+        below the job's directory, one line is logged and :class:`RefusedDeleteError` raised."""
+        try:
+            url = self.owned_directory(job_id, checkpoint_id, kind)
+            if recorded is not None and recorded.rstrip("/") != url:
+                raise RefusedDeleteError(
+                    f"the metastore records {recorded!r}, not {url!r} as the ids give it"
+                )
+        except (RefusedDeleteError, InvalidIdError) as exc:
+            log.error(
+                "job %s: not deleting the %s directory of checkpoint %s: %s",
+                job_id,
+                kind,
+                checkpoint_id,
+                exc,
+            )
+            if isinstance(exc, RefusedDeleteError):
+                raise
+            raise RefusedDeleteError(str(exc)) from None
+        return url
+
+    def discard_directory(
+        self, job_id: str, checkpoint_id: int, kind: str, *, recorded: str | None = None
+    ) -> str:
+        """Delete the directory the ids give (:meth:`deletable_directory`; ``recorded`` is
+        compared with it, never deleted) and return it; refused: nothing deleted."""
+        url = self.deletable_directory(job_id, checkpoint_id, kind, recorded=recorded)
+        self.delete_tree(url)
+        return url
 
     def contains(self, url: str, root: str | None = None) -> bool:
         root = (root or self.base_url).rstrip("/")
@@ -278,6 +340,11 @@ def max_metadata_bytes(*, external: bool = False) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(f"{env}={text!r}: expected a positive number of bytes")
     return int(text)
+
+
+class RefusedDeleteError(StorageError):
+    """A delete whose target is not what the ids derive, or not strictly below the job's
+    directory: nothing was deleted."""
 
 
 class TooBigError(CorruptSnapshotError):

@@ -36,7 +36,6 @@ import os
 import subprocess
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from checkpointing.coordination.drivers import (
@@ -55,6 +54,7 @@ from checkpointing_airflow.detached_driver import (
     await_exit,
     await_first_beat,
     driver_log_path,
+    read_log_tail,
     stop_driver,
 )
 from checkpointing_airflow.hooks import open_metastore
@@ -299,7 +299,7 @@ class DeferredSubmit:
         if driver is not None and driver.attempt == verdict.attempt:
             if verdict.outcome is Outcome.FAILED:
                 await_exit(driver)  # it is exiting: its error comes last in its log
-            self._log_tail(driver)
+            self._log_tail(spec.job, driver)
             if verdict.outcome is not Outcome.SUPERSEDED and stop_driver(driver):
                 op.log.warning("job %s: stopped the %s", spec.job, driver.describe())
         error = AirflowException(verdict.message)
@@ -308,12 +308,16 @@ class DeferredSubmit:
             raise AirflowFailException(verdict.message)
         raise error
 
-    def _log_tail(self, driver: DriverIdentity) -> None:
-        """The end of a failed driver's log, when it is on this host (Spark's own lines)."""
-        if not driver.log or driver.host != this_host():
+    def _log_tail(self, job_id: str, driver: DriverIdentity) -> None:
+        """The end of a failed driver's log, when it is on this host (Spark's own lines): its
+        path recomputed from the ids (the row's ``driver_log`` is not read), a regular file
+        only, at most :data:`~checkpointing_airflow.detached_driver.LOG_TAIL_BYTES` read."""
+        if driver.host != this_host():
             return
+        path = driver_log_path(job_id, driver.attempt)
         try:
-            lines = Path(driver.log).read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
-        except OSError:
+            tail = read_log_tail(job_id, driver.attempt, LOG_TAIL_LINES)
+        except (OSError, ValueError) as exc:
+            self.op.log.warning("the driver's log %s is not shown: %s", path, exc)
             return
-        self.op.log.error("the driver's log %s ends:\n%s", driver.log, "\n".join(lines))
+        self.op.log.error("the driver's log %s ends:\n%s", path, tail)

@@ -4,15 +4,21 @@ it is stopped (the trigger's ``on_kill``, a retry that cannot re-attach)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
+import stat
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from checkpointing.coordination.drivers import Outcome, judge, process_alive, read_state
+from checkpointing.coordination.drivers import (
+    Outcome,
+    judge,
+    process_alive,
+    read_state,
+    signal_driver,
+)
 
 if TYPE_CHECKING:
     from checkpointing.coordination.drivers import AttemptVerdict, DriverIdentity
@@ -33,16 +39,55 @@ def driver_log_path(job_id: str, attempt: str) -> Path:
     return ckpt_home() / "logs" / "drivers" / job_id / f"{attempt}.log"
 
 
+#: bytes read from the end of a driver's log for the task log: a bound whatever the file is
+LOG_TAIL_BYTES = 64 << 10
+
+
+def read_log_tail(job_id: str, attempt: str, lines: int, max_bytes: int = LOG_TAIL_BYTES) -> str:
+    """The last ``lines`` lines of ``attempt``'s driver log, at most ``max_bytes`` read from its
+    end. The path is :func:`driver_log_path`'s, from the ids (never the job row's, which any
+    driver can write); a symlink anywhere below ``CKPT_HOME/logs/drivers``, a device, a FIFO
+    or any other non-regular file is refused (:class:`OSError`), unread."""
+    from checkpointing.ids import validate_id
+
+    path = driver_log_path(validate_id(job_id, "job id"), validate_id(attempt, "attempt id"))
+    root = path.parents[1]  # CKPT_HOME/logs/drivers (CKPT_HOME itself may be a link)
+    expected = os.path.join(os.path.realpath(root), job_id, path.name)
+    if os.path.realpath(path) != expected:
+        raise OSError(f"{path} resolves elsewhere (a symlink): refused")
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file: refused")
+        start = max(0, info.st_size - max_bytes)
+        os.lseek(fd, start, os.SEEK_SET)
+        chunks, left = [], min(info.st_size, max_bytes)
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    text = b"".join(chunks).decode(errors="replace").splitlines()
+    if start > 0 and text:
+        text = text[1:]  # the first line read is cut
+    return "\n".join(text[-lines:])
+
+
 def stop_driver(driver: DriverIdentity, grace: float = STOP_GRACE_S) -> bool:
     """SIGTERM the driver's session (spark-submit leads it; the Python driver is in it), SIGKILL
-    after ``grace`` s. Only on its own host; True when it was running here and is now gone."""
+    after ``grace`` s. Only on its own host, and only a process that
+    :func:`~checkpointing.coordination.drivers.owned_process` takes for the driver (checked
+    before each signal); True when it was running here and is now gone."""
     if process_alive(driver) is not True:
         return False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(driver.pid, signal.SIGTERM)
+    signal_driver(driver, signal.SIGTERM)
     if not await_exit(driver, grace):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(driver.pid, signal.SIGKILL)
+        signal_driver(driver, signal.SIGKILL)
     return True
 
 

@@ -156,7 +156,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         await asyncio.to_thread(self._stop_driver, await self.metastore_url())
 
     def _stop_driver(self, url: str) -> None:
-        from checkpointing.coordination.drivers import read_state
+        from checkpointing.coordination.drivers import owned_process, read_state
         from checkpointing_airflow.detached_driver import stop_driver
         from checkpointing_airflow.hooks import open_metastore
 
@@ -168,6 +168,8 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         driver = state.driver
         if driver is None or driver.attempt != self.attempt:
             return
+        if not owned_process(driver.pid, driver.attempt):  # pid 0, 1, another group, reused
+            return  # not ours: never signalled (stop_driver checks again before each signal)
         if state.watcher in (None, self.watcher) and stop_driver(driver):
             self.log.warning("job %s: stopped the %s", self.job_id, driver.describe())
 
