@@ -116,7 +116,7 @@ job: {job}
 source: {{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 1}}
 key: user
 aggregations: {{{aggs}}}
-sink: {{path: "{out}"}}
+sink: {{path: "{out}", changelog: true}}
 parallelism: 2
 max_parallelism: 16
 checkpoint: {checkpoint}

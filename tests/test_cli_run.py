@@ -34,7 +34,7 @@ job: {JOB}
 source: {{format: parquet, path: "DATA/*.parquet", splits_per_epoch: 1}}
 key: user
 aggregations: {{n: count(), total: sum(amount), avg_amount: avg(amount)}}
-sink: {{path: out}}
+sink: {{path: out, changelog: true}}
 parallelism: 2
 max_parallelism: 8
 checkpoint: {{every_epochs: 1, retained: 2, retention: retain_on_cancellation}}
@@ -78,10 +78,12 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def _write_spec(workdir: Path, data: Path) -> Path:
+def _write_spec(workdir: Path, data: Path, *, changelog: bool = True) -> Path:
+    """``changelog``: false is the default sink (the final table; the state as Parquet runs)."""
     workdir.mkdir(parents=True, exist_ok=True)
     spec = workdir / "pipeline.yaml"
-    spec.write_text(SPEC.replace("DATA", str(data)))
+    text = SPEC.replace("DATA", str(data))
+    spec.write_text(text if changelog else text.replace(", changelog: true}", "}"))
     return spec
 
 
@@ -194,15 +196,20 @@ class _Job:
 # tests/test_spark_transform.py), so it is left out here for the suite's time (seeds 0 and 3 ran
 # the same points in two tests). About 1 min on an idle 2-core machine (3 JVM starts).
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("seed", [16])
+@pytest.mark.parametrize(
+    ("seed", "changelog"),
+    [(16, True), (39, False)],  # fixed seeds; the default sink (runs) and the changelog
+    ids=["changelog-16", "runs-39"],
+)
 def test_kill_9_at_random_points_and_rerun_until_done(
     tmp_path: Path,
     seed: int,
+    changelog: bool,
     events: Path,
     reference: tuple[pd.DataFrame, dict[int, pd.DataFrame]],
 ) -> None:
     plan = kill_plan(seed)
-    spec = _write_spec(tmp_path, events)
+    spec = _write_spec(tmp_path, events, changelog=changelog)
     home = tmp_path / "home"
     env = _env(home)
     _upgrade(env)
@@ -232,12 +239,12 @@ def test_kill_9_at_random_points_and_rerun_until_done(
     finally:
         store.dispose()
 
-    final, changelog = _read_sink(tmp_path / "out")
+    final, epochs = _read_sink(tmp_path / "out")
     ref_final, ref_changelog = reference
     columns = ref_final.columns.tolist()
     pd.testing.assert_frame_equal(final[columns], ref_final, check_dtype=False)
-    assert sorted(changelog) == list(range(FILES)), plan
-    for epoch, rows in changelog.items():
+    assert sorted(epochs) == (list(range(FILES)) if changelog else []), plan
+    for epoch, rows in epochs.items():
         want = ref_changelog[epoch]
         pd.testing.assert_frame_equal(
             rows[columns], want, check_dtype=False, obj=f"changelog epoch {epoch}"

@@ -192,7 +192,7 @@ def test_three_daily_intervals_each_its_own_job_one_crashed_and_resumed(
         for f in files[2 * d : 2 * d + 2]:
             shutil.copy(f, folder / f.name)
     source = f'{{format: parquet, path: "{tmp_path}/in/date=${{DS}}/*.parquet"}}'
-    sink = f'{{path: "{tmp_path}/out/date=${{DS}}"}}'
+    sink = f'{{path: "{tmp_path}/out/date=${{DS}}", changelog: true}}'
     metastore = Metastore(metastore_url)
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
 
@@ -277,7 +277,7 @@ def test_a_full_refresh_resets_a_delta_table_and_an_s3_parquet_prefix(
         request.getfixturevalue("executors_see_s3")
         bucket = request.getfixturevalue("s3_bucket")
         url = f"s3://{bucket}/out/date=${{DS}}"
-        sink = f'{{path: "{url}"}}'
+        sink = f'{{path: "{url}", changelog: true}}'
     url = url.replace("${DS}", "2026-11-25")
     source = f'{{format: parquet, path: "{tmp_path}/in/date=${{DS}}/*.parquet"}}'
     spec = make_spec(tmp_path, "daily", source, sink=sink, interval=day(25), scope="interval")

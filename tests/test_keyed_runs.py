@@ -17,6 +17,7 @@ from checkpointing.metastore.engine import Metastore
 from checkpointing.restore import lookup
 from checkpointing.restore.state_reader import inspect_state
 from checkpointing.spark import keyed_runs
+from checkpointing.spark.state import through_epoch
 from checkpointing.state.keygroups import key_group_range
 from checkpointing.state.metadata import PARQUET, CheckpointMetadata
 from checkpointing.state.storage import FileSystemCheckpointStorage
@@ -150,7 +151,8 @@ def test_runs_are_the_state_across_crashes_rescale_merges_and_savepoints(
         spark, fresh, metastore, storage, restore=sp_dir, allow_other_job=True, parallelism=3
     )
     assert restored.restored_from == sp_meta.checkpoint_id
-    assert restored.epochs_run == list(range(4, EPOCHS)) and restored.checkpoints
+    covered = through_epoch(sp_meta, EPOCHS)  # the boundary after the request
+    assert restored.epochs_run == list(range(covered + 1, EPOCHS)) and restored.checkpoints
     # never claimed: the fresh job's checkpoints hold copies in its own shared/, not the
     # savepoint's files (which stay the savepoint owner's to discard)
     fresh_last = lookup.load_checkpoint(metastore, storage, "fresh", restored.checkpoints[-1])

@@ -11,6 +11,7 @@ message: those cases are the messages Spark writes (one captured on the standalo
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -70,7 +71,8 @@ def test_a_driver_out_of_memory_is_one_line_naming_the_jvm_epoch_and_setting(
     assert "Terminating due to java.lang.OutOfMemoryError" in run.stdout  # the JVM's own line
     assert last.startswith(f"error: job {JOB}: the Spark driver JVM ran out of memory ("), last
     assert "java.lang.OutOfMemoryError" in last
-    assert "in epoch 1 while merging the state of stage 'aggregate'" in last
+    # epoch 1's job died (epoch 0's may have been written at the same time: both are named)
+    assert re.search(r"in epochs? (0 and )?1 .*while merging the state of stage 'aggregate'", last)
     assert "raise spark.driver.memory (now 512m)" in last
     assert "Connection refused" not in last
     assert took < 120, f"{took:.0f} s"

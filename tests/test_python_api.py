@@ -111,7 +111,7 @@ def api_pipeline(workdir: Path, events: Path, name: str, **stages: Any) -> Pipel
         job=name,
         source={"format": "parquet", "path": f"{events}/*.parquet"},
         key="user",
-        sink=str(workdir / f"{name}-out"),
+        sink={"path": str(workdir / f"{name}-out"), "changelog": True},  # its epochs read
         parallelism=3,
         max_parallelism=MAX_PARALLELISM,
         checkpoint={"every_epochs": 1, "retained": 2},

@@ -291,7 +291,7 @@ def test_keyed_job_final_table_read_through_the_pointer(
 
     events = write_events(tmp_path / "events")
     url = f"s3://{s3_bucket}/routes"
-    spec = events_spec(tmp_path, events, "routes-s3", sink=f"{{path: {url}}}")
+    spec = events_spec(tmp_path, events, "routes-s3", sink=f"{{path: {url}, changelog: true}}")
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
     with pytest.raises(SimulatedCrash):
         run(spark, spec, metastore, storage, crash_after_epochs=2)

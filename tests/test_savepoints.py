@@ -156,7 +156,7 @@ job: served
 source: {{format: parquet, path: "{data}/*.parquet", splits_per_epoch: 1}}
 key: user
 aggregations: {{n: count(), total: sum(amount)}}
-sink: {{path: out}}
+sink: {{path: out, changelog: true}}
 parallelism: 2
 max_parallelism: 8
 checkpoint: {{every_epochs: 2}}

@@ -91,7 +91,7 @@ transform: |
 key: [{", ".join(KEY)}]
 aggregations:
 {aggs}
-sink: {{path: {tmp_path / "out"}}}
+sink: {{path: {tmp_path / "out"}, changelog: true}}
 storage: file://{tmp_path / "ckpt"}
 parallelism: 3
 max_parallelism: 16
@@ -248,7 +248,7 @@ tables:
 transform: SELECT u.segment, e.amount FROM input e LEFT JOIN users u USING (user)
 key: segment
 aggregations: {{n: count(), total: sum(amount)}}
-sink: {{path: out}}
+sink: {{path: out, changelog: true}}
 parallelism: 2
 max_parallelism: 8
 checkpoint: {{every_epochs: 1}}
@@ -354,7 +354,7 @@ job: bad
 source: {{format: parquet, path: "{events}/*.parquet", splits_per_epoch: 3}}
 key: user
 aggregations: {{n: count(), total: sum(amount)}}
-sink: {{path: out}}
+sink: {{path: out, changelog: true}}
 parallelism: 2
 max_parallelism: 8
 checkpoint: {{every_epochs: 1}}

@@ -202,6 +202,12 @@ class KeyedRuns:
         except Exception as exc:
             raise EpochWriteError(e.epoch, self.stage_run.operator_id, e.describe, exc) from exc
 
+    def failed_epochs(self, first: int) -> list[int]:
+        """The epochs whose writes failed (``first`` among them), for the message of a JVM
+        that died under them."""
+        failed = {e.epoch for e in self.staged if e.future.done() and e.future.exception()}
+        return sorted(failed | {first})
+
     def drain(self) -> None:
         """Wait for every epoch in flight (an error raises)."""
         for e in self.staged:

@@ -337,8 +337,11 @@ class PipelineRun:
         where, in_epoch = self.doing
         chain = exception_chain(exc)
         if (late := next((e for e in chain if isinstance(e, EpochWriteError)), None)) is not None:
-            where = f"in epoch {late.epoch} while merging the state of stage {late.operator_id!r}"
-            return self.jvm.failure(exc, where, in_epoch=True)  # its job ran in the background
+            runs = next(s.runs for s in self.stages if s.runs is not None)  # its job ran behind
+            epochs = " and ".join(str(e) for e in runs.failed_epochs(late.epoch))
+            at_once = " (their Spark jobs ran at once)" if " and " in epochs else ""
+            where = f"in epoch{'s' if at_once else ''} {epochs}{at_once} while merging the state"
+            return self.jvm.failure(exc, f"{where} of stage {late.operator_id!r}", in_epoch=True)
         if (inflight := self.snapshots.inflight) is not None:  # its Spark job ran alongside
             where += f" (checkpoint {inflight.checkpoint_id}'s snapshot being written meanwhile)"
         return self.jvm.failure(exc, where, in_epoch=in_epoch)
