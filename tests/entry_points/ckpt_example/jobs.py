@@ -55,7 +55,7 @@ def _events(**fields: object) -> Pipeline:
         key="user",
         transform=customers,
         stage=AggregationStage(AggregationPlan(["user"], AGGREGATIONS)),
-        sink="out",
+        sink={"path": "out", "changelog": True},  # every epoch's rows too: checked exactly once
         parallelism=2,
         max_parallelism=16,
         checkpoint={"every_epochs": 1, "retained": 2},
