@@ -309,18 +309,7 @@ class CheckpointReader:
         first = guess or min(non_empty, key=lambda h: h.size)
         files = [first.files()[0].handle]
         schema = self._snapshot_info(op, first).schema
-        keys = _key_columns(schema, key_columns)
-        if len(key) != len(keys):
-            raise StateReadError(
-                f"operator {op.operator_id!r} is keyed by {len(keys)} column(s) "
-                f"({', '.join(keys)}); give one key value per column, in that order "
-                f"(got {len(key)})"
-            )
-        values = [_cast(v, schema.field(c)) for v, c in zip(key, keys, strict=True)]
-        try:
-            group = key_group_for(values, op.max_parallelism)
-        except TypeError as exc:
-            raise StateReadError(f"key {key!r}: {exc}") from None
+        keys, values, group = _typed_key(op, schema, key, key_columns)
         columns = _ordered_columns(schema, keys)
         rows: list[dict[str, Any]] = []
         holder = holder_of(group)
@@ -361,18 +350,7 @@ class CheckpointReader:
         the subtask, whose runs are read filtered to that one group."""
         first = handles[0].files()[0]
         schema = run_schema(self._bytes(first), path=first.handle)
-        keys = _key_columns(schema, key_columns)
-        if len(key) != len(keys):
-            raise StateReadError(
-                f"operator {op.operator_id!r} is keyed by {len(keys)} column(s) "
-                f"({', '.join(keys)}); give one key value per column, in that order "
-                f"(got {len(key)})"
-            )
-        values = [_cast(v, schema.field(c)) for v, c in zip(key, keys, strict=True)]
-        try:
-            group = key_group_for(values, op.max_parallelism)
-        except TypeError as exc:
-            raise StateReadError(f"key {key!r}: {exc}") from None
+        keys, values, group = _typed_key(op, schema, key, key_columns)
         holder = next(h for h in handles if group in KeyGroupRange(*(h.key_groups or (0, -1))))
         table = self._keyed_table(op, holder, KeyGroupRange(group, group))
         columns = _ordered_columns(schema, keys)
@@ -469,6 +447,24 @@ def _kind(op: OperatorState) -> StateKind:
     if any(s.list_state is not None or s.handle for s in op.subtasks):
         return "list"
     return "empty"
+
+
+def _typed_key(
+    op: OperatorState, schema: pa.Schema, key: list[KeyValue], key_columns: Sequence[str] | None
+) -> tuple[list[str], list[KeyValue], int]:
+    """The key columns, ``key``'s values typed as the state stores them, and their key group."""
+    keys = _key_columns(schema, key_columns)
+    if len(key) != len(keys):
+        raise StateReadError(
+            f"operator {op.operator_id!r} is keyed by {len(keys)} column(s) "
+            f"({', '.join(keys)}); give one key value per column, in that order "
+            f"(got {len(key)})"
+        )
+    values = [_cast(v, schema.field(c)) for v, c in zip(key, keys, strict=True)]
+    try:
+        return keys, values, key_group_for(values, op.max_parallelism)
+    except TypeError as exc:
+        raise StateReadError(f"key {key!r}: {exc}") from None
 
 
 def _keyed_handles(op: OperatorState) -> list[SubtaskStateHandle]:
