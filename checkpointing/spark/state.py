@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -39,9 +39,6 @@ from checkpointing.state.incremental import CHAIN_AGGREGATE, CHAIN_REPLACE, need
 from checkpointing.state.keygroups import KeyGroupRange, key_group_range
 from checkpointing.state.metadata import PARQUET, ChainedFile, CheckpointMetadata
 from checkpointing.state.storage import CheckpointStorage
-
-if TYPE_CHECKING:
-    from checkpointing.spark.keyed_runs import KeyedRuns
 
 #: epochs of changed rows (or a lazy state's deltas) kept for the next incremental snapshot
 #: before they are dropped and the next snapshot is full: each holds its epoch's rows alive
@@ -80,7 +77,7 @@ class StageRun:
     deltas: list[DataFrame] = field(default_factory=list)
     #: a lazily merged state kept as the checkpoints' own Parquet runs instead
     #: (:class:`~checkpointing.spark.keyed_runs.KeyedRuns`): nothing held between epochs
-    runs: KeyedRuns | None = None
+    runs: Any = None
 
     def track_changes(self, epoch: int, changed: DataFrame, limit: int, *, reset: bool) -> None:
         """Keep the epoch's changed state rows (its step's ``changed_state``) for the next
