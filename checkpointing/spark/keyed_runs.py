@@ -36,7 +36,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -204,8 +204,10 @@ class KeyedRuns:
 
     def failed_epochs(self, first: int) -> list[int]:
         """The epochs whose writes failed (``first`` among them), for the message of a JVM
-        that died under them."""
-        failed = {e.epoch for e in self.staged if e.future.done() and e.future.exception()}
+        that died under them: a write still running then dies with it (its call may not have
+        returned yet, so it is waited for a little, and named either way)."""
+        wait([e.future for e in self.staged], timeout=10)
+        failed = {e.epoch for e in self.staged if not e.future.done() or e.future.exception()}
         return sorted(failed | {first})
 
     def drain(self) -> None:
