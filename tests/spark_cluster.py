@@ -33,7 +33,8 @@ from typing import Any
 
 import pyspark
 
-from checkpointing.state.storage import FileInfo, S3CheckpointStorage
+from checkpointing.state.s3_storage import S3CheckpointStorage
+from checkpointing.state.storage import FileInfo
 
 PYSPARK_HOME = Path(pyspark.__file__).resolve().parent
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -25,6 +25,7 @@ import pytest
 from checkpointing.errors import ConfigError, CorruptSnapshotError
 from checkpointing.state.keygroups import KeyGroupRange
 from checkpointing.state.metadata import read_metadata
+from checkpointing.state.s3_storage import S3CheckpointStorage
 from checkpointing.state.snapshot import (
     read_keyed_snapshot,
     read_list_state,
@@ -38,7 +39,6 @@ from checkpointing.state.storage import (
     METADATA_FILE,
     CheckpointStorage,
     FileSystemCheckpointStorage,
-    S3CheckpointStorage,
 )
 
 JOB = "job-1"

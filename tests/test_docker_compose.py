@@ -30,7 +30,8 @@ from sqlalchemy.engine import make_url
 from checkpointing.config import ENV_HOME, ENV_METASTORE_URL, ENV_STORAGE_URL
 from checkpointing.pipeline.spec import PipelineSpec, load_spec
 from checkpointing.state.object_store import is_object_url, split_url
-from checkpointing.state.storage import CheckpointStorage, S3CheckpointStorage
+from checkpointing.state.s3_storage import S3CheckpointStorage
+from checkpointing.state.storage import CheckpointStorage
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -26,7 +26,8 @@ from checkpointing.metastore import jobs
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import CheckpointAck, CheckpointTask
 from checkpointing.restore.lookup import find_latest_valid, record_restore
-from checkpointing.state.storage import CheckpointStorage, S3CheckpointStorage
+from checkpointing.state.s3_storage import S3CheckpointStorage
+from checkpointing.state.storage import CheckpointStorage
 from checkpointing.status import CheckpointStatus as S
 from checkpointing.status import CheckpointType, JobStatus
 from tests.helpers import (

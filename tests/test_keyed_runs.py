@@ -171,7 +171,7 @@ def test_runs_on_s3_are_written_here_and_uploaded_across_a_crash_and_rescale(
     import boto3
 
     from checkpointing.spark.runtime import SimulatedCrash
-    from checkpointing.state.storage import S3CheckpointStorage
+    from checkpointing.state.s3_storage import S3CheckpointStorage
 
     events = write_events(tmp_path / "events")
     frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]

@@ -23,10 +23,10 @@ from checkpointing.state.metadata import (
     read_metadata,
     verify_handles,
 )
+from checkpointing.state.s3_storage import S3CheckpointStorage
 from checkpointing.state.storage import (
     CheckpointStorage,
     FileSystemCheckpointStorage,
-    S3CheckpointStorage,
     StorageLocation,
 )
 

@@ -20,12 +20,12 @@ import pytest
 
 from checkpointing.errors import ConfigError, CorruptSnapshotError, InvalidIdError, StorageError
 from checkpointing.ids import validate_checkpoint_id, validate_id
+from checkpointing.state.s3_storage import S3CheckpointStorage
 from checkpointing.state.storage import (
     METADATA_FILE,
     CheckpointStorage,
     FileInfo,
     FileSystemCheckpointStorage,
-    S3CheckpointStorage,
     StorageLocation,
 )
 

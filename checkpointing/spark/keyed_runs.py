@@ -54,11 +54,8 @@ from checkpointing.spark.state import StageRun
 from checkpointing.state.incremental import CHAIN_AGGREGATE
 from checkpointing.state.keygroups import key_group_range
 from checkpointing.state.metadata import MAX_CHAIN, PARQUET, ChainedFile
-from checkpointing.state.storage import (
-    CheckpointStorage,
-    FileSystemCheckpointStorage,
-    S3CheckpointStorage,
-)
+from checkpointing.state.s3_storage import S3CheckpointStorage
+from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from checkpointing.state.storage import (
-    CheckpointStorage,
-    FileSystemCheckpointStorage,
-    S3CheckpointStorage,
-    _s3_errors,
-)
+from checkpointing.state.s3_storage import S3CheckpointStorage, s3_errors
+from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
 
 
 @dataclass(frozen=True)
@@ -44,7 +40,7 @@ def list_stored(storage: CheckpointStorage, url: str) -> list[StoredFile]:
     if isinstance(storage, S3CheckpointStorage):
         bucket, prefix = storage.split(url.rstrip("/") + "/")
         found = []
-        with _s3_errors("list", url):
+        with s3_errors("list", url):
             paginator = storage.client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
                 for obj in page.get("Contents", []):

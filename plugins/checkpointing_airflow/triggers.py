@@ -180,7 +180,8 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         from checkpointing.coordination.detached import DetachedAttempt
         from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
         from checkpointing.restore.recovery import pipeline_plan
-        from checkpointing.state.storage import CheckpointStorage, S3CheckpointStorage
+        from checkpointing.state.s3_storage import S3CheckpointStorage
+        from checkpointing.state.storage import CheckpointStorage
         from checkpointing_airflow.aws_credentials import s3_client
         from checkpointing_airflow.metrics import CheckpointMetrics
 
