@@ -1,8 +1,9 @@
 """Checkpoint storage: where snapshots and ``_metadata`` files live (Flink's ``CheckpointStorage``).
 
 Two backends behind one interface: the local filesystem (``file:///…``, here) and S3 through boto3
-
-
+(``s3://bucket/prefix``, :mod:`checkpointing.state.s3_storage`: boto3's standard credential
+chain; ``AWS_ENDPOINT_URL`` points it at MinIO or any S3-compatible endpoint). Layout under the
+base URL::
 
     <base>/<job>/chk-<id>/_metadata        completed checkpoint's metadata
     <base>/<job>/chk-<id>/<files>           task-owned (exclusive) state of that checkpoint
