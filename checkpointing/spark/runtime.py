@@ -49,7 +49,6 @@ from checkpointing.pipeline.splits import Consumed, InputSplit, parquet_rows, so
 from checkpointing.restore.recovery import pipeline_plan
 from checkpointing.sinks.guard import check_pipeline_sink
 from checkpointing.spark import keyed_runs
-from checkpointing.spark.aggregations import AggregationPlan
 from checkpointing.spark.async_snapshot import AsyncSnapshots, StageWrite
 from checkpointing.spark.input_reader import InputError, InputReader, spark_reason
 from checkpointing.spark.jvm_failure import JvmWatch, exception_chain
@@ -75,7 +74,7 @@ from checkpointing.spark.preflight import (
 from checkpointing.spark.run_restore import RunRestore
 from checkpointing.spark.session import session_settings
 from checkpointing.spark.sinks import open_sink
-from checkpointing.spark.stages import AggregationStage, Stage
+from checkpointing.spark.stages import Stage, stage_chain
 from checkpointing.spark.state import (
     MAX_DIRTY_EPOCHS,
     StageRun,
@@ -92,17 +91,10 @@ from checkpointing.state.incremental import CHAIN_AGGREGATE, CHAIN_REPLACE
 from checkpointing.state.storage import CheckpointStorage
 from checkpointing.status import CheckpointType, JobStatus
 
-#: re-exported from preflight (not spark_session: a test patching it in session must not leave a
-#: stale copy here)
-__all__ = [
-    "InputError",
-    "PipelineRun",
-    "RestoreSourceError",
-    "RunOptions",
-    "RunResult",
-    "SimulatedCrash",
-    "check_run",
-]
+#: re-exported from preflight and input_reader (not spark_session: a test patching it in session
+#: must not leave a stale copy here)
+__all__ = ["InputError", "PipelineRun", "RestoreSourceError", "RunOptions", "RunResult"]
+__all__ += ["SimulatedCrash", "check_run"]
 
 log = logging.getLogger(__name__)
 
@@ -174,19 +166,7 @@ class PipelineRun:
         self.read_by: dict[int, str] = {}
         #: the files read before this run, compacted (None: every processed split an item)
         self.consumed: Consumed | None = None
-        if stage is not None and stages:
-            raise ValueError("give either stage or stages, not both")
-        if stages:
-            chain = list(stages)
-        elif stage is not None:
-            chain = [stage]
-        elif spec.aggregations:
-            chain = [AggregationStage(AggregationPlan(spec.key, spec.aggregations))]
-        elif spec.stateless:  # the epochs' rows go to the sink as they are
-            chain = []
-        else:
-            raise SpecError("aggregations: needs at least one aggregation (or a stage)")
-        self.stages = chained_stages(chain, spec.key)
+        self.stages = chained_stages(stage_chain(spec, stage, stages), spec.key)
         if (lazy := lazy_stage(spec, self.stages)) is not None:  # only the final table is read
             lazy.lazy = True
         for s in self.stages:  # a stage that tells its changed rows can snapshot just those

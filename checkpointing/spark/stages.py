@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 
+from checkpointing.pipeline.spec import PipelineSpec, SpecError
 from checkpointing.spark.aggregations import AggregationPlan
 from checkpointing.spark.keys import KEY_GROUP, SUBTASK
 
@@ -432,3 +433,19 @@ def _update_subtask(
         kept = left.filter(pc.invert(done))
         add(0, kept, kept.column(SUBTASK), kept.column(KEY_GROUP), state_fields)
     return pa.concat_tables(parts) if parts else tagged.empty_table()
+
+
+def stage_chain(spec: PipelineSpec, stage: Stage | None, stages: Sequence[Stage]) -> list[Stage]:
+    """A run's stateful stages: ``stages`` (a chain), else ``stage``, else the spec's
+    aggregations; none for a stateless spec (its epochs' rows go to the sink as they are)."""
+    if stage is not None and stages:
+        raise ValueError("give either stage or stages, not both")
+    if stages:
+        return list(stages)
+    if stage is not None:
+        return [stage]
+    if spec.aggregations:
+        return [AggregationStage(AggregationPlan(spec.key, spec.aggregations))]
+    if spec.stateless:
+        return []
+    raise SpecError("aggregations: needs at least one aggregation (or a stage)")
