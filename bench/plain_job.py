@@ -103,10 +103,22 @@ def timed(spark: Any, t0: float, result_json: Path | None, job: Any) -> None:
         result_json.write_text(json.dumps(result))
 
 
+def w_aggregates() -> list[Any]:
+    """W's aggregates (the benchmark's query; Structured Streaming's peer runs them too)."""
+    from pyspark.sql import functions as F
+
+    return [
+        F.count(F.lit(1)).alias("n"),
+        F.sum("amount").alias("total"),
+        F.avg("amount").alias("avg_amount"),
+        F.min("quantity").alias("min_q"),
+        F.max("quantity").alias("max_q"),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = arguments("The plain Spark batch job (the benchmark's W)").parse_args(argv)
     t0 = time.time()
-    from pyspark.sql import functions as F
 
     spark = session("plain-job", args.master, args.shuffle_partitions)
 
@@ -114,13 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         (
             spark.read.parquet(f"file://{Path(args.input).resolve()}/*.parquet")
             .groupBy("user")
-            .agg(
-                F.count(F.lit(1)).alias("n"),
-                F.sum("amount").alias("total"),
-                F.avg("amount").alias("avg_amount"),
-                F.min("quantity").alias("min_q"),
-                F.max("quantity").alias("max_q"),
-            )
+            .agg(*w_aggregates())
             .write.mode("errorifexists")
             .parquet(f"file://{Path(args.output).resolve()}")
         )

@@ -30,7 +30,7 @@ from typing import Any
 
 import sink_cost
 from machine import tree_cpu_seconds
-from plain_job import session_conf
+from plain_job import session_conf, w_aggregates
 from spark_workload import AGGREGATIONS, BENCH, JOB, ROOT
 
 ENTRY = BENCH / "spark_bench.py"
@@ -431,13 +431,7 @@ def work_peer(spark: Any, task: dict[str, Any]) -> dict[str, Any]:
             .option("maxFilesPerTrigger", task["files_per_epoch"])
             .parquet(f"file://{task['data']}/*.parquet")
             .groupBy("user")
-            .agg(
-                F.count(F.lit(1)).alias("n"),
-                F.sum("amount").alias("total"),
-                F.avg("amount").alias("avg_amount"),
-                F.min("quantity").alias("min_q"),
-                F.max("quantity").alias("max_q"),
-            )
+            .agg(*w_aggregates())
             .writeStream.outputMode("update")
             .foreachBatch(write_batch)
             .option("checkpointLocation", f"file://{checkpoint_dir}")

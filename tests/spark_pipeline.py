@@ -12,6 +12,8 @@ from checkpointing.metastore import views
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline import datasets
 from checkpointing.pipeline.spec import PipelineSpec, load_spec
+from checkpointing.restore import lookup
+from checkpointing.state.metadata import CheckpointMetadata
 
 AGGS = {
     "n": ("count", None),
@@ -137,3 +139,12 @@ def reference_run(
     assert_matches_pandas(final, [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))])
     assert sorted(changelog.epoch.unique()) == list(range(EPOCHS))
     return final, changelog
+
+
+def checkpoint_metadata(
+    metastore: Metastore, storage: Any, job: str, checkpoint_id: int
+) -> CheckpointMetadata:
+    """The ``_metadata`` of ``job``'s checkpoint ``checkpoint_id``, loaded as a restore does."""
+    decision = lookup.load_checkpoint(metastore, storage, job, checkpoint_id)
+    assert decision.metadata is not None
+    return decision.metadata

@@ -25,6 +25,7 @@ from checkpointing.status import CheckpointType
 from tests.spark_pipeline import (
     EPOCHS,
     assert_matches_pandas,
+    checkpoint_metadata,
     completed_ids,
     make_spec,
     run,
@@ -33,21 +34,13 @@ from tests.spark_pipeline import (
 
 
 @pytest.fixture
-def metastore(tmp_path: Path) -> Metastore:
-    url = f"sqlite:///{tmp_path / 'metastore.db'}"
-    Metastore(url, check_schema=False).upgrade()
-    return Metastore(url)
+def metastore(sqlite_metastore: Metastore) -> Metastore:
+    return sqlite_metastore
 
 
 def final_of(spark: Any, out: Path) -> pd.DataFrame:
     [final] = sorted(out.glob("final-*"))  # read with Spark's plain reader, not the sink's
     return spark.read.parquet(str(final)).toPandas().sort_values("user").reset_index(drop=True)
-
-
-def checkpoint_of(metastore: Metastore, storage: Any, checkpoint_id: int) -> CheckpointMetadata:
-    decision = lookup.load_checkpoint(metastore, storage, "runs", checkpoint_id)
-    assert decision.metadata is not None
-    return decision.metadata
 
 
 def aggregate_of(metadata: CheckpointMetadata) -> Any:
@@ -77,7 +70,7 @@ def test_runs_are_the_state_across_crashes_rescale_merges_and_savepoints(
     with pytest.raises(SimulatedCrash):
         run(spark, spec, metastore, storage, crash_after_epochs=2)
     assert not (out / "changelog").exists()
-    first = checkpoint_of(metastore, storage, 2)
+    first = checkpoint_metadata(metastore, storage, "runs", 2)
     op = aggregate_of(first)
     handles = [s for s in op.subtasks if s.handle]
     assert handles and all(h.file_format == PARQUET for h in handles)
@@ -109,7 +102,7 @@ def test_runs_are_the_state_across_crashes_rescale_merges_and_savepoints(
     # checkpoint references them beside the new epoch's
     with pytest.raises(SimulatedCrash):
         run(spark, spec, metastore, storage, crash_after_epochs=1, parallelism=2)
-    second = checkpoint_of(metastore, storage, 3)
+    second = checkpoint_metadata(metastore, storage, "runs", 3)
     assert run_files(first) < run_files(second)
     assert aggregate_of(second).parallelism == 2
 
@@ -126,13 +119,13 @@ def test_runs_are_the_state_across_crashes_rescale_merges_and_savepoints(
     assert result.epochs_run == list(range(3, EPOCHS))
     final = final_of(spark, out)
     assert_matches_pandas(final, frames)
-    last = checkpoint_of(metastore, storage, max(result.checkpoints))
+    last = checkpoint_metadata(metastore, storage, "runs", max(result.checkpoints))
     assert all("/aggregate-merged/" in f for f in run_files(last))
 
     # the savepoint: self-contained, one file per subtask holding exactly its key groups
     assert savepoints
     [sp] = completed_ids(metastore, "runs", "SAVEPOINT")
-    sp_meta = checkpoint_of(metastore, storage, sp)
+    sp_meta = checkpoint_metadata(metastore, storage, "runs", sp)
     assert sp_meta.checkpoint_type == "SAVEPOINT"
     sp_dir = storage.savepoint_url("runs", sp_meta.checkpoint_id)
     sp_op = aggregate_of(sp_meta)
@@ -181,7 +174,7 @@ def test_runs_on_s3_are_written_here_and_uploaded_across_a_crash_and_rescale(
     storage = S3CheckpointStorage(f"s3://{s3_bucket}/ck")
     with pytest.raises(SimulatedCrash):
         run(spark, spec, metastore, storage, crash_after_epochs=3)
-    first = checkpoint_of(metastore, storage, 3)
+    first = checkpoint_metadata(metastore, storage, "runs", 3)
     assert all(f.startswith(f"s3://{s3_bucket}/ck/runs/shared/chk-") for f in run_files(first))
     listed = boto3.client("s3").list_objects_v2(Bucket=s3_bucket, Prefix="ck/runs/shared/")
     assert {f"s3://{s3_bucket}/{o['Key']}" for o in listed["Contents"]} >= run_files(first)
@@ -195,49 +188,19 @@ def test_every_aggregation_kind_survives_runs_a_crash_and_a_rescale(
 ) -> None:
     """Sets, HLL sketches, max_by pairs and moments are written as Parquet runs and merged at
     the end exactly as in the changelog path: the oracle is pandas over all the input."""
-    import math
-
-    from checkpointing.pipeline import datasets
-    from checkpointing.pipeline.spec import load_spec
+    from checkpointing.spark.partials import HLL_RELATIVE_STANDARD_ERROR
     from checkpointing.spark.runtime import SimulatedCrash
-    from tests.test_spark_aggregates_more import SPEC_AGGS, _expected_events, plain
+    from tests.test_spark_aggregates_more import assert_kinds_exact, kinds_spec
 
-    events = tmp_path / "events"
-    datasets.generate_events(events, events=4_000, keys=60, files=4, seed=11)
-    aggs = "\n".join(f"  {k}: {v}" for k, v in SPEC_AGGS.items())
-    path = tmp_path / "kinds.yaml"
-    path.write_text(
-        f"""
-job: runs
-source: {{format: parquet, path: "{events}/*.parquet"}}
-key: user
-aggregations:
-{aggs}
-sink: {{path: {tmp_path / "out"}}}
-parallelism: 3
-max_parallelism: 16
-"""
-    )
-    spec = load_spec(path)
+    spec, events = kinds_spec(tmp_path, "runs", sink=f"{{path: {tmp_path / 'out'}}}")
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
     with pytest.raises(SimulatedCrash):  # the default: a checkpoint after every epoch here
         run(spark, spec, metastore, storage, crash_after_epochs=2)
     assert completed_ids(metastore, "runs")[-1] == 2  # (the default retains one)
     resumed = run(spark, spec, metastore, storage, parallelism=2)
     assert resumed.restored_from == 2 and resumed.epochs_run == [2, 3]
-    frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
-    want = _expected_events(pd.concat(frames))
     got = {r["user"]: r for r in final_of(spark, tmp_path / "out").to_dict("records")}
-    assert set(got) == set(want)
-    for user, row in want.items():
-        for name, value in row.items():
-            if name == "approx_amount":  # an estimate: within the sketch's bound
-                assert abs(got[user][name] - row["distinct_amount"]) <= max(
-                    1, 0.1 * row["distinct_amount"]
-                )
-                continue
-            actual = plain(got[user][name])
-            if isinstance(value, float) and name.startswith(("sd_", "var_")):
-                assert math.isclose(actual, value, rel_tol=1e-9), (user, name, actual, value)
-            else:
-                assert actual == plain(value), (user, name, actual, value)
+    want = assert_kinds_exact(got, events)
+    for user, row in want.items():  # an estimate: within four standard errors of the truth
+        bound = 4 * HLL_RELATIVE_STANDARD_ERROR * row["distinct_amount"]
+        assert abs(got[user]["approx_amount"] - row["distinct_amount"]) <= max(1, bound), user

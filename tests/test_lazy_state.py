@@ -16,7 +16,6 @@ import pytest
 
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.spec import SpecError, load_spec
-from checkpointing.restore import lookup
 from checkpointing.restore.state_reader import inspect_state
 from checkpointing.state import incremental
 from checkpointing.state.incremental import CHAIN_AGGREGATE, merge_chain
@@ -25,6 +24,7 @@ from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.spark_pipeline import (
     EPOCHS,
     assert_matches_pandas,
+    checkpoint_metadata,
     make_spec,
     run,
     sink_of,
@@ -33,20 +33,12 @@ from tests.spark_pipeline import (
 
 
 @pytest.fixture
-def metastore(tmp_path: Path) -> Metastore:
-    url = f"sqlite:///{tmp_path / 'metastore.db'}"
-    Metastore(url, check_schema=False).upgrade()
-    return Metastore(url)
+def metastore(sqlite_metastore: Metastore) -> Metastore:
+    return sqlite_metastore
 
 
 def final_of(spark: Any, spec: Any) -> pd.DataFrame:
     return sink_of(spec).read_final(spark).toPandas().sort_values("user").reset_index(drop=True)
-
-
-def checkpoint_of(metastore: Metastore, storage: Any, checkpoint_id: int) -> CheckpointMetadata:
-    decision = lookup.load_checkpoint(metastore, storage, "lazy", checkpoint_id)
-    assert decision.metadata is not None
-    return decision.metadata
 
 
 def aggregate_handles(metadata: CheckpointMetadata) -> list[Any]:
@@ -82,7 +74,7 @@ def test_partial_aggregate_chains_are_exact_across_crashes_restores_and_rescale(
         run(spark, spec, metastore, storage, crash_after_epochs=2)
     assert not (tmp_path / "lazy-out" / "changelog").exists()  # nothing staged per epoch
     assert not list((tmp_path / "lazy-out").glob("_staging/epoch-*"))
-    first = checkpoint_of(metastore, storage, 2)
+    first = checkpoint_metadata(metastore, storage, "lazy", 2)
     chained = [h for h in aggregate_handles(first) if h.chain]
     assert chained and all(h.chain_merge == CHAIN_AGGREGATE for h in chained)
     # inspect merges the chain's partials: the state after epoch 1 is pandas' over 2 files
@@ -101,9 +93,9 @@ def test_partial_aggregate_chains_are_exact_across_crashes_restores_and_rescale(
     with pytest.raises(SimulatedCrash):
         run(spark, spec, metastore, storage, crash_after_epochs=2)
     bases = {h.files()[0].handle for h in aggregate_handles(first)}
-    continued = checkpoint_of(metastore, storage, 3)
+    continued = checkpoint_metadata(metastore, storage, "lazy", 3)
     assert bases == {h.files()[0].handle for h in aggregate_handles(continued)}
-    cut = checkpoint_of(metastore, storage, 4)
+    cut = checkpoint_metadata(metastore, storage, "lazy", 4)
     assert all(not h.chain for h in aggregate_handles(cut))
 
     # rescaled 3 -> 4: every new subtask merges its key groups of the old partials

@@ -364,6 +364,47 @@ def _expected_events(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
     return out
 
 
+def kinds_spec(tmp_path: Path, job: str, sink: str, checkpoint: str = "") -> tuple[Any, Path]:
+    """A spec of every aggregation kind over 4 files of generated events, and their folder."""
+    from checkpointing.pipeline import datasets
+    from checkpointing.pipeline.spec import load_spec
+
+    events = tmp_path / "events"
+    datasets.generate_events(events, events=4_000, keys=60, files=4, seed=11)
+    aggs = "\n".join(f"  {k}: {v}" for k, v in SPEC_AGGS.items())
+    path = tmp_path / f"{job}.yaml"
+    path.write_text(
+        f"""
+job: {job}
+source: {{format: parquet, path: "{events}/*.parquet"}}
+key: user
+aggregations:
+{aggs}
+sink: {sink}
+parallelism: 3
+max_parallelism: 16
+{checkpoint}
+"""
+    )
+    return load_spec(path), events
+
+
+def assert_kinds_exact(got: dict[str, dict[str, Any]], events: Path) -> dict[str, dict[str, Any]]:
+    """Every exact kind of ``got`` (rows by user) equals pandas' over all ``events``; the
+    oracle's rows are returned."""
+    frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
+    want = _expected_events(pd.concat(frames))
+    assert set(got) == set(want)
+    for user, row in want.items():
+        for name, value in row.items():
+            actual = plain(got[user][name])
+            if isinstance(value, float) and name.startswith(("sd_", "var_")):
+                assert math.isclose(actual, value, rel_tol=1e-9), (user, name, actual, value)
+            else:
+                assert actual == plain(value), (user, name, actual, value)
+    return want
+
+
 def test_a_crash_and_a_rescaled_restore_give_the_result_over_all_rows(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -371,8 +412,6 @@ def test_a_crash_and_a_rescaled_restore_give_the_result_over_all_rows(
 
     from checkpointing.cli import app
     from checkpointing.metastore.engine import Metastore
-    from checkpointing.pipeline import datasets
-    from checkpointing.pipeline.spec import load_spec
     from checkpointing.restore.state_reader import SHOWN_SET_VALUES, describe_value, inspect_state
     from checkpointing.spark.aggregations import AggregationPlan
     from checkpointing.spark.partials import HLL_RELATIVE_STANDARD_ERROR
@@ -380,24 +419,12 @@ def test_a_crash_and_a_rescaled_restore_give_the_result_over_all_rows(
     from checkpointing.state.storage import FileSystemCheckpointStorage
     from tests.spark_pipeline import completed_ids, run, tables
 
-    events = tmp_path / "events"
-    datasets.generate_events(events, events=4_000, keys=60, files=4, seed=11)
-    aggs = "\n".join(f"  {k}: {v}" for k, v in SPEC_AGGS.items())
-    path = tmp_path / "more.yaml"
-    path.write_text(
-        f"""
-job: more
-source: {{format: parquet, path: "{events}/*.parquet"}}
-key: user
-aggregations:
-{aggs}
-sink: {{path: {tmp_path / "out"}, changelog: true}}
-parallelism: 3
-max_parallelism: 16
-checkpoint: {{every_epochs: 1, retained: 2}}
-"""
+    spec, events = kinds_spec(
+        tmp_path,
+        "more",
+        sink=f"{{path: {tmp_path / 'out'}, changelog: true}}",
+        checkpoint="checkpoint: {every_epochs: 1, retained: 2}",
     )
-    spec = load_spec(path)
     url = f"sqlite:///{tmp_path / 'metastore.db'}"
     Metastore(url, check_schema=False).upgrade()
     metastore = Metastore(url)
@@ -408,17 +435,8 @@ checkpoint: {{every_epochs: 1, retained: 2}}
     assert resumed.restored_from is not None and resumed.epochs_run == [2, 3]
 
     final, changelog = tables(spark, spec)
-    frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
-    want = _expected_events(pd.concat(frames))
     got = {r["user"]: r for r in final.to_dict("records")}
-    assert set(got) == set(want)
-    for user, row in want.items():
-        for name, value in row.items():
-            actual = plain(got[user][name])
-            if isinstance(value, float) and name.startswith(("sd_", "var_")):
-                assert math.isclose(actual, value, rel_tol=1e-9), (user, name, actual, value)
-            else:
-                assert actual == plain(value), (user, name, actual, value)
+    want = assert_kinds_exact(got, events)
     # the HLL estimate: that of the input files' sketches merged in one go, in another order
     # than the run's (any order gives the same estimate), within the bound of the exact count
     plan = AggregationPlan(["user"], {"a": SPEC_AGGS["approx_amount"]})
@@ -441,7 +459,9 @@ checkpoint: {{every_epochs: 1, retained: 2}}
     user = max(want, key=lambda u: want[u]["n"])
     view = inspect_state(metastore, storage, "more", checkpoint, "aggregate", key=[user])
     (row,) = view.rows
-    g = pd.concat(frames).query("user == @user")
+    g = pd.concat(pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))).query(
+        "user == @user"
+    )
     quantities = sorted(g.quantity.unique().tolist())
     assert row["__set_distinct_q"] == quantities
     shown = ", ".join(str(q) for q in quantities[:SHOWN_SET_VALUES])
