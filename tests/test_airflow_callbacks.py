@@ -106,3 +106,18 @@ def test_a_late_retry_callback_leaves_the_try_that_took_over_alone(
         assert job.status == "FAILED"
         assert (pending.status, pending.failure_reason) == ("ABORTED", "JOB_FAILOVER")
     assert [r["attempt"] for r in list_restores(metastore, JOB)] == [attempt_id(DAG, RUN, 3)]
+
+
+def test_a_callback_reads_the_runs_rendered_fields_not_the_dag_files_templates(
+    task: CheckpointedSparkSubmitOperator,
+) -> None:
+    """Issue 38: the dag-processor hands the callback the task as the DAG file built it
+    (``parallelism="{{ params.parallelism }}"``, as the pipeline DAGs pass the trigger form's
+    value); the callback plans the retry at the run's value, and leaves the parsed task as is."""
+    task.parallelism, task.restore = "{{ params.parallelism }}", "{{ params.restore }}"
+    metastore, _ = running_try(task, 1)
+    params = {"parallelism": 3, "restore": "latest"}
+    restore_from_latest({"task": task, "ti": TaskInstance(DAG, RUN, 1), "params": params})
+    (planned,) = list_restores(metastore, JOB)
+    assert (planned["attempt"], planned["parallelism"]) == (attempt_id(DAG, RUN, 2), 3)
+    assert task.parallelism == "{{ params.parallelism }}"  # another run's callback renders anew

@@ -246,16 +246,19 @@ def test_a_pipeline_dags_chosen_restore_needs_the_edit_right_as_in_the_api(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue 28: the pipeline DAG's **Restore from** was gated by the trigger right alone, while
-    the API's "Restore from here" needs edit. The first try (what ``execute`` asks before any
+    the API's "Restore from here" needs edit. A try (what ``execute`` asks before any
     coordinator or spark-submit) now asks the auth manager for edit when the restore is chosen
-    (not ``latest``); a viewer's run is refused, an editor's goes ahead."""
+    (not ``latest``); a viewer's run is refused, an editor's goes ahead. Issue 38: so does every
+    retry, and so do the other edits (parallelism, allow_changed_tables, full refresh)."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from checkpointing.pipeline.spec import load_spec
     from checkpointing_airflow.pipeline_dag import build_pipeline_dag
 
     storage, _ = two_jobs
-    spec = load_spec(write_spec(tmp_path / "pipelines", "mine", storage=storage.base_url))
+    spec = load_spec(
+        write_spec(tmp_path / "pipelines", "mine", storage=storage.base_url, parallelism=1)
+    )
     monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "uma:user,vic:viewer")
     (run,) = build_pipeline_dag(spec).tasks
     assert run.authorize_restore is True
@@ -282,6 +285,29 @@ def test_a_pipeline_dags_chosen_restore_needs_the_edit_right_as_in_the_api(
         run.plan_try(context, spec, metastore, storage.base_url)
     DagRun.triggering_user_name = "uma"
     assert run.plan_try(context, spec, metastore, storage.base_url) == ("1", 1)
+    # issue 38: every try asks again, and every edit the API keeps for editors is one here too
+    DagRun.triggering_user_name = "vic"
+    Ti.try_number = 2  # a retry (or a cleared task): its plan would fall back to restore "1"
+    with pytest.raises(AirflowFailException, match=r"^restore '1': user 'vic' may not edit"):
+        run.plan_try(context, spec, metastore, storage.base_url)
+    run.restore = "latest"
+    for field, value, said in (
+        ("parallelism", 3, r"parallelism 3 \(the spec's: 1\)"),
+        ("allow_changed_tables", "True", "allow_changed_tables"),
+        ("full_refresh", "true", "full refresh"),
+    ):
+        before = getattr(run, field)
+        setattr(run, field, value)
+        for try_number in (1, 2):
+            Ti.try_number = try_number
+            with pytest.raises(AirflowFailException, match=rf"^{said}: user 'vic' may not edit"):
+                run.plan_try(context, spec, metastore, storage.base_url)
+        setattr(run, field, before)
+    assert restore_rows(metastore, "mine") == []  # refused before any restore was planned
+    Ti.try_number = 2  # the run's own choices (latest, the spec's parallelism) need no edit:
+    # the retry restores the job's latest checkpoint
+    assert run.plan_try(context, spec, metastore, storage.base_url) == ("1", 1)
+    Ti.try_number = 1
     # a deployment whose auth manager a task cannot ask turns the check off explicitly
     (unchecked,) = build_pipeline_dag(spec, operator_args={"authorize_restore": False}).tasks
     unchecked.restore, unchecked.parallelism = "1", 1
@@ -565,17 +591,18 @@ def test_a_pipeline_dag_restores_another_jobs_savepoint_only_when_allowed(
     from airflow.sdk.exceptions import AirflowFailException
 
     from checkpointing.pipeline.spec import load_spec
+    from checkpointing_airflow import try_plan
     from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
 
     storage, theirs = two_jobs
     spec = load_spec(write_spec(tmp_path / "pipelines", "mine"))
     refusing = CheckpointedSparkSubmitOperator(task_id="run", pipeline=str(spec.spec_path))
     with pytest.raises(AirflowFailException, match="of job theirs, not of job mine"):
-        refusing._refuse_other_jobs_state(spec, storage.base_url, theirs)
-    refusing._refuse_other_jobs_state(spec, storage.base_url, "latest")  # not a path
+        try_plan.refuse_other_jobs_state(refusing, spec, storage.base_url, theirs)
+    try_plan.refuse_other_jobs_state(refusing, spec, storage.base_url, "latest")  # not a path
     allowing = CheckpointedSparkSubmitOperator(
         task_id="run",
         pipeline=str(spec.spec_path),
         allow_other_job="True",  # a rendered template
     )
-    allowing._refuse_other_jobs_state(spec, storage.base_url, theirs)
+    try_plan.refuse_other_jobs_state(allowing, spec, storage.base_url, theirs)

@@ -35,7 +35,7 @@ def restore_from_latest(context: Any) -> None:
     from checkpointing.state.storage import CheckpointStorage
     from checkpointing_airflow.attempts import attempt_id, run_started
 
-    task, ti = context["task"], context["ti"]
+    task, ti = _rendered_task(context), context["ti"]
     spec = task.load_spec()
     metastore = _metastore(task)
     failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
@@ -72,7 +72,7 @@ def job_failed(context: Any) -> None:
     from checkpointing.restore.recovery import fail_attempt
     from checkpointing_airflow.attempts import attempt_id
 
-    task, ti = context["task"], context["ti"]
+    task, ti = _rendered_task(context), context["ti"]
     spec = task.load_spec()
     metastore = _metastore(task)
     failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
@@ -166,6 +166,15 @@ def _acting_as(task: Any, metastore: Any, job_id: str, failed: str) -> str:
     from checkpointing_airflow.detached_driver import acting_coordinator
 
     return acting_coordinator(metastore, job_id, failed)
+
+
+def _rendered_task(context: Any) -> Any:
+    """The task with its templated fields rendered for this run: the dag-processor hands a
+    callback the task as the DAG file built it (``parallelism="{{ params.parallelism }}"``).
+    Rendered on a copy, so the DAG bag's task stays as parsed for other runs' callbacks."""
+    task = context["task"].prepare_for_execution()
+    task.render_template_fields(context)
+    return task
 
 
 def _metastore(task: Any) -> Any:

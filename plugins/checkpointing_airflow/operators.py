@@ -16,7 +16,8 @@ from airflow.sdk.configuration import conf
 
 from checkpointing.coordination.heartbeat import HEARTBEAT_TIMEOUT
 from checkpointing.metastore.jobs import storage_url_for_run
-from checkpointing_airflow.attempts import attempt_id, failed_try_line, refresh_token, run_started
+from checkpointing_airflow import try_plan
+from checkpointing_airflow.attempts import attempt_id, failed_try_line
 from checkpointing_airflow.aws_credentials import storage_environment
 from checkpointing_airflow.deferred import DeferredSubmit
 from checkpointing_airflow.driver_secrets import (
@@ -27,6 +28,7 @@ from checkpointing_airflow.driver_secrets import (
 from checkpointing_airflow.hooks import CheckpointMetastoreHook, open_metastore
 from checkpointing_airflow.links import CheckpointsLink
 from checkpointing_airflow.spark_submit_internals import submit_target
+from checkpointing_airflow.try_plan import truthy
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
     from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
     from checkpointing.metastore.engine import Metastore
     from checkpointing.pipeline.spec import PipelineSpec
-    from checkpointing.restore.recovery import RecoveryPlan
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +99,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         without it such a path fails the task before anything is submitted. (templated)
     :param allow_changed_tables: restore even though a static table (``tables:``) changed
         since the checkpoint; the change is recorded with the restore. (templated)
-    :param authorize_restore: a first try whose ``restore`` is not ``latest`` (a checkpoint id,
-        ``none``, a path) needs its run's triggering user to be allowed to edit the pipeline's
-        DAG, as the API's "Restore from here" does, not only to trigger it
+    :param authorize_restore: every try whose run chose an edit (:meth:`edits`: a ``restore``
+        other than ``latest``, a full refresh, ``allow_changed_tables``, another parallelism)
+        needs its run's triggering user to be allowed to edit the pipeline's DAG, as the API's
+        "Restore from here" does, not only to trigger it
         (:func:`~checkpointing_airflow.permissions.authorize_trigger`). The pipeline DAGs of
         specs set it; a deployment whose auth manager a task cannot ask turns it off in the
         spec DAGs' ``operator_args``.
@@ -230,35 +232,6 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         if chosen in (None, ""):
             chosen = self.parallelism
         return int(chosen) if chosen not in (None, "") else spec.parallelism
-
-    def recovery_for(
-        self, context: Context, spec: PipelineSpec, metastore: Metastore, storage_url: str
-    ) -> RecoveryPlan | None:
-        """A retry's restore: the plan the failure callback recorded, else the same computed
-        now (Airflow runs callbacks best-effort). None on the first try."""
-        from checkpointing.restore.recovery import plan_recovery, planned_recovery
-        from checkpointing.state.storage import CheckpointStorage
-
-        ti = context["ti"]
-        if ti.try_number <= 1:
-            return None
-        attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
-        plan = planned_recovery(metastore, spec.job, attempt)
-        if plan is not None:
-            self.log.info("restore plan recorded by the failure callback: %s", plan.describe())
-            return plan
-        plan = plan_recovery(
-            metastore,
-            CheckpointStorage.from_url(storage_url),
-            spec.job,
-            attempt=attempt,
-            parallelism=self.parallelism_for(spec, ti.try_number),
-            max_parallelism=spec.max_parallelism,
-            completed_after=run_started(context),
-            otherwise=str(self.restore),
-        )
-        self.log.info("no restore plan recorded (callback skipped?); computed: %s", plan.describe())
-        return plan
 
     # ------------------------------------------------------------------ execute
 
@@ -404,41 +377,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def plan_try(
         self, context: Context, spec: PipelineSpec, metastore: Metastore, storage_url: str
     ) -> tuple[str, int]:
-        """What this try restores (``ckpt run --restore``'s value) and its parallelism: a
-        retry's recovery plan, else the first try's ``restore``, refused before anything runs
-        when it is another job's checkpoint or savepoint and that is not allowed."""
-        recovery = self.recovery_for(context, spec, metastore, storage_url)
-        if _truthy(self.full_refresh):  # every try: the driver resumes or redoes the refresh
-            self._refresh_token = refresh_token(context)
-            if self.authorize_restore and recovery is None:  # it replaces output: an edit
-                self._authorize_restore(context, spec, "full refresh")
-            parallelism = recovery.parallelism if recovery else self.parallelism_for(spec, 1)
-            return "latest", parallelism
-        if recovery is not None:
-            return recovery.restore, recovery.parallelism
-        restore = str(self.restore)
-        if self.authorize_restore and restore != "latest":
-            self._authorize_restore(context, spec, restore)
-        self._refuse_other_jobs_state(spec, storage_url, restore)
-        return restore, self.parallelism_for(spec, 1)
-
-    def _authorize_restore(self, context: Context, spec: PipelineSpec, restore: str) -> None:
-        """Choosing what a pipeline restores is an edit of it (the API asks the same): the
-        run's triggering user must be allowed to edit the pipeline's DAG, else the task fails
-        for good before anything is submitted."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from checkpointing_airflow.permissions import PermissionRefused, authorize_trigger
-
-        dag_run = context["dag_run"]
-        try:
-            authorize_trigger(
-                getattr(dag_run, "triggering_user_name", None),
-                spec.job,
-                team_name=getattr(dag_run, "team_name", None),
-            )
-        except PermissionRefused as exc:
-            raise AirflowFailException(f"restore {restore!r}: {exc}") from None
+        """What this try restores and its parallelism, once its run may choose them
+        (:func:`checkpointing_airflow.try_plan.plan_try`)."""
+        return try_plan.plan_try(self, context, spec, metastore, storage_url)
 
     def submit(
         self, context: Context, spec: PipelineSpec, metastore: Metastore, secrets: Mapping[str, str]
@@ -469,14 +410,14 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             "--coordinator-id",
             attempt,
         ]
-        if _truthy(self.allow_other_job):
+        if truthy(self.allow_other_job):
             args.append("--allow-other-job")
-        if _truthy(self.allow_changed_tables):
+        if truthy(self.allow_changed_tables):
             args.append("--allow-changed-tables")
         if spec.interval is not None:
             args += ["--interval-start", spec.interval.start.isoformat()]
             args += ["--interval-end", spec.interval.end.isoformat()]
-        if _truthy(self.full_refresh):  # the token plan_try took: the same on every try
+        if truthy(self.full_refresh):  # the token plan_try took: the same on every try
             args += ["--full-refresh", "--refresh-token", self._refresh_token]
         if self.fail_first_try_after_epochs and try_number == 1:
             args += ["--fail-after-epochs", str(self.fail_first_try_after_epochs)]
@@ -510,33 +451,6 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
                 "UI; refused: use deploy mode client"
             )
         return secrets
-
-    def _refuse_other_jobs_state(self, spec: PipelineSpec, storage_url: str, source: str) -> None:
-        """A restore path of another job's checkpoint or savepoint fails the task unless
-        ``allow_other_job``; anything else wrong with the path is left to the run to report."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from checkpointing.errors import CheckpointingError
-        from checkpointing.restore.lookup import ForeignSnapshotError, load_external
-        from checkpointing.state.storage import CheckpointStorage
-
-        if "/" not in source:
-            return
-        allowed = _truthy(self.allow_other_job)
-        try:
-            decision = load_external(
-                CheckpointStorage.from_url(storage_url),
-                source,
-                deep=False,
-                job_id=spec.job,
-                allow_other_job=allowed,
-            )
-        except ForeignSnapshotError as exc:
-            raise AirflowFailException(str(exc)) from None
-        except CheckpointingError:
-            return
-        if decision.from_job_id is not None:
-            self.log.warning("%s", decision.describe())
 
     def _driver_env(self, metastore_url: str, storage_url: str) -> dict[str, str]:
         """The driver's configuration goes by environment, never on the command line (which
@@ -593,8 +507,3 @@ def _with_py_files(given: str | None, spec_files: Sequence[str]) -> str | None:
     files = [f for f in (given or "").split(",") if f.strip()]
     files += [f for f in spec_files if f not in files]
     return ",".join(files) or None
-
-
-def _truthy(value: bool | str) -> bool:
-    """A templated boolean: rendered Jinja arrives as text."""
-    return str(value).strip().lower() in ("true", "1", "yes", "on")
