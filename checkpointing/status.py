@@ -46,6 +46,20 @@ class JobStatus(StrEnum):
         return self in (JobStatus.FINISHED, JobStatus.CANCELED, JobStatus.FAILED)
 
 
+class StatusWriter(StrEnum):
+    """Who wrote a job row's status (its ``status_by``: ``<writer>:<coordinator id>``). A
+    detached driver's watcher ends on a terminal status only when the driver's own run wrote
+    it: a failure callback that runs late writes FAILED too, under the same coordinator id."""
+
+    #: the job's own run (``ckpt run``: a Spark driver, detached or not)
+    RUN = "run"
+    #: a failed try's failover (the operator or its failure callback)
+    FAILOVER = "failover"
+
+    def of(self, coordinator_id: str) -> str:
+        return f"{self.value}:{coordinator_id}"
+
+
 @dataclass(frozen=True)
 class CheckpointProperties:
     """Flink's presets: savepoints are forced and never discarded by the system."""

@@ -1,4 +1,4 @@
--- Reference DDL of the checkpoint metastore for postgresql, revision 0006.
+-- Reference DDL of the checkpoint metastore for postgresql, revision 0007.
 -- Generated from checkpointing/metastore/models.py by `make ddl`; `ckpt db upgrade`
 -- (Alembic) is the supported way to create or migrate a metastore. A test fails when
 -- they drift.
@@ -34,6 +34,7 @@ CREATE TABLE ckpt_jobs (
 	driver_submitted_at TIMESTAMP WITH TIME ZONE,
 	driver_watcher VARCHAR(64),
 	failure_cause TEXT,
+	status_by VARCHAR(80),
 	created_at TIMESTAMP WITH TIME ZONE NOT NULL,
 	updated_at TIMESTAMP WITH TIME ZONE NOT NULL,
 	PRIMARY KEY (job_id)
@@ -157,4 +158,4 @@ CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL,
 	CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
 );
-INSERT INTO alembic_version (version_num) VALUES ('0006');
+INSERT INTO alembic_version (version_num) VALUES ('0007');

@@ -56,6 +56,7 @@ def state(**fields: Any) -> AttemptState:
         "heartbeat_at": T0 + timedelta(seconds=5),
         "failure_cause": None,
         "driver": DriverIdentity(ATTEMPT, "other-host", 4242, "/logs/a.log", T0),
+        "status_by": f"run:{ATTEMPT}",  # the driver's own run wrote it
     }
     return AttemptState(**{**values, **fields})
 
@@ -68,18 +69,23 @@ def outcome(s: AttemptState, *, at: float = 10, alive: bool | None = None) -> Ou
 
 
 def test_the_job_row_judges_the_deferred_attempt() -> None:
-    """The outcome is the job row's, written after the driver's submission; a driver whose
+    """The outcome is the job row's status written by the driver's own run; a driver whose
     process is gone, or silent past the timeout, is lost; a newer coordinator supersedes."""
     assert outcome(state()) is None  # running, beating
     assert outcome(state(status="FINISHED")) is Outcome.FINISHED
     assert outcome(state(status="FAILED")) is Outcome.FAILED
     assert outcome(state(status="CANCELED")) is Outcome.FAILED
-    # the previous try's FAILED (the failure callback's) is older than this driver: not its own
-    before = T0 - timedelta(seconds=1)
-    assert outcome(state(status="FAILED", updated_at=before, heartbeat_at=None)) is None
-    assert outcome(state(status="FAILED", updated_at=before, heartbeat_at=None), at=31) is (
-        Outcome.DRIVER_LOST  # … and it never beat: lost after the timeout from its submission
-    )
+    # a failure callback's FAILED (the previous try's, or a late one of the driver's own try,
+    # under the driver's coordinator id; issue 38) is not the driver's: it runs on
+    for callback in (f"failover:{ATTEMPT}", "failover:a-t0", None):
+        failed = state(status="FAILED", status_by=callback)
+        assert outcome(failed) is None, callback
+        assert outcome(state(status="FINISHED", status_by=callback)) is None, callback
+        assert outcome(failed, alive=False) is Outcome.DRIVER_LOST  # … until it is gone
+    # the previous driver's FAILED (its own run's, of another attempt) is not this one's
+    unbeaten = state(status="FAILED", status_by="run:a-t0", heartbeat_at=None)
+    assert outcome(unbeaten) is None
+    assert outcome(unbeaten, at=31) is Outcome.DRIVER_LOST  # never beat: lost after the timeout
     assert outcome(state(coordinator_id="a-t2")) is Outcome.SUPERSEDED
     assert outcome(state(status="FINISHED", coordinator_id="a-t2")) is Outcome.SUPERSEDED
     assert outcome(state(), alive=False) is Outcome.DRIVER_LOST  # its process is gone here
@@ -467,6 +473,7 @@ def test_a_retry_re_attaches_to_the_live_driver_of_the_try_before_it(
     restoring; it coordinates under the driver's attempt id as the new watcher, which
     supersedes try 1's trigger; the outcome is the driver's, nothing restored."""
     from checkpointing.metastore.views import list_restores
+    from checkpointing.restore.recovery import fail_attempt
     from checkpointing_airflow.attempts import attempt_id
     from checkpointing_airflow.callbacks import restore_from_latest
 
@@ -489,6 +496,25 @@ def test_a_retry_re_attaches_to_the_live_driver_of_the_try_before_it(
 
     event = asyncio.run(first_event(one.trigger))  # try 1's trigger, if it still ran: fenced
     assert event["outcome"] == "superseded" and f"re-attached to by {second}" in event["message"]
+
+    # issue 38: try 1's retry callback runs again, late (after the re-attach, as the
+    # dag-processor did under a real scheduler): it leaves the watched driver's job alone …
+    restore_from_latest({**one.context, "task": one.op})
+    assert job_row(one.metastore).status == "RUNNING" and list_restores(one.metastore, JOB) == []
+    # … also when its check raced the re-attach: its failover, under the driver's coordinator
+    # id for try 1, is fenced by the row's watcher in the transaction that would fail the job
+    fenced = fail_attempt(
+        one.metastore, JOB, "late", final=False, coordinator_id=first, watcher=first
+    )
+    assert fenced["superseded"] == second and fenced["aborted"] == []
+    assert job_row(one.metastore).status == "RUNNING"
+    # … and a FAILED a failover did write is not the driver's: try 2's watcher runs on
+    fail_attempt(one.metastore, JOB, "a failover's", final=False, coordinator_id=first)
+    assert (job_row(one.metastore).status, job_row(one.metastore).status_by) == (
+        "FAILED",
+        f"failover:{first}",
+    )
+    asyncio.run(run_for(two.trigger, 2.0))  # no event: the driver still beats
     two.go.touch()
     event = asyncio.run(first_event(two.trigger))
     assert event["outcome"] == "finished", event

@@ -62,6 +62,7 @@ from checkpointing.status import (
     CheckpointType,
     JobStatus,
     RequestStatus,
+    StatusWriter,
 )
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,12 @@ class CheckpointCoordinator:
         completion_listeners: Sequence[CompletionListener] = (),
         on_job_failure: Callable[[TolerableFailuresExceeded], None] | None = None,
         scheduler_rng: Any = None,
+        writer: StatusWriter = StatusWriter.RUN,
+        watcher: str | None = None,
     ) -> None:
+        """``writer``: who this coordinator's job status changes are recorded as written by (the
+        job's own run, or a failed try's failover); ``watcher``: a failed try acting under its
+        detached driver's coordinator id, fenced once another try re-attached to the driver."""
         self.job_id = job_id = validate_id(job_id, "job id")
         self.metastore = metastore
         self.clock = clock = clock or SystemClock()
@@ -104,7 +110,8 @@ class CheckpointCoordinator:
         config, storage_url = self._register(config, storage)
         self.config = config
         self.storage = storage = storage or CheckpointStorage.from_url(storage_url)
-        self.fencing = CoordinatorFencing(job_id, self.coordinator_id)
+        self.fencing = CoordinatorFencing(job_id, self.coordinator_id, watcher)
+        self.status_by = writer.of(self.coordinator_id)
         self.failure_manager = CheckpointFailureManager(
             job_id, config.tolerable_failures, metastore, on_job_failure
         )
@@ -190,7 +197,13 @@ class CheckpointCoordinator:
         with self.metastore.transaction() as s:
             fenced = self.fencing.fenced(s, f"job status {status.value}")
             if not fenced:
-                jobs.update_job(s, self.job_id, status=status, updated_at=self.clock.now())
+                jobs.update_job(
+                    s,
+                    self.job_id,
+                    status=status,
+                    status_by=self.status_by,
+                    updated_at=self.clock.now(),
+                )
         if fenced:
             if self.scheduler is not None and status is not JobStatus.RUNNING:
                 self.scheduler.stop()
@@ -285,7 +298,12 @@ class CheckpointCoordinator:
                 request_queue.drop_queued(s, self.job_id, f"job {job_status.value.lower()}", now)
                 disposals = store.shutdown(s, self.job_id, job_status, now)
                 jobs.update_job(
-                    s, self.job_id, status=job_status, periodic_scheduling=False, updated_at=now
+                    s,
+                    self.job_id,
+                    status=job_status,
+                    status_by=self.status_by,
+                    periodic_scheduling=False,
+                    updated_at=now,
                 )
         self.cleaner.dispose(disposals, aborted)
         return [d.checkpoint_id for d in disposals]

@@ -26,7 +26,7 @@ from sqlalchemy import update
 from checkpointing.coordination.heartbeat import HEARTBEAT_TIMEOUT, driver_alive
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Job
-from checkpointing.status import JobStatus
+from checkpointing.status import JobStatus, StatusWriter
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def record_driver(metastore: Metastore, job_id: str, driver: DriverIdentity) -> 
     the job (the row names it as coordinator); False when a newer attempt took over meanwhile
     (the driver is superseded). The row's status goes back to CREATED: a FAILED or FINISHED
     read after this is the new driver's own, whatever else touches the row meanwhile (the
-    driver's registration moves ``updated_at`` before it reports RUNNING)."""
+    driver's registration moves ``updated_at`` before it reports RUNNING), and names no writer."""
     with metastore.transaction() as s:
         result = s.execute(
             update(Job)
@@ -71,6 +71,7 @@ def record_driver(metastore: Metastore, job_id: str, driver: DriverIdentity) -> 
                 driver_submitted_at=driver.submitted_at,
                 driver_watcher=driver.attempt,
                 status=JobStatus.CREATED,
+                status_by=None,
                 failure_cause=None,
             )
         )
@@ -90,6 +91,8 @@ class AttemptState:
     driver: DriverIdentity | None
     #: the attempt that coordinates the driver now: its own, or a retry that re-attached
     watcher: str | None = None
+    #: who wrote ``status`` (:class:`~checkpointing.status.StatusWriter`)
+    status_by: str | None = None
 
 
 def read_state(metastore: Metastore, job_id: str) -> AttemptState:
@@ -97,7 +100,7 @@ def read_state(metastore: Metastore, job_id: str) -> AttemptState:
     with metastore.reading() as s:
         job = s.get(Job, job_id)
         if job is None:
-            return AttemptState(job_id, None, None, None, None, None, None, None)
+            return AttemptState(job_id, None, None, None, None, None, None)
         driver = None
         if job.driver_attempt and job.driver_pid is not None and job.driver_submitted_at:
             driver = DriverIdentity(
@@ -117,6 +120,7 @@ def read_state(metastore: Metastore, job_id: str) -> AttemptState:
             job.failure_cause,
             driver,
             job.driver_watcher,
+            job.status_by,
         )
 
 
@@ -215,11 +219,12 @@ def judge(
 
     ``alive``: whether the driver's process runs (:func:`process_alive`, read *before* the row,
     so that a driver that recorded FINISHED and exited is judged by the row). A terminal status
-    or a heartbeat counts only when written after the driver was submitted (and
-    :func:`record_driver` resets the status, which timestamps alone cannot tell apart). A
-    driver that never beat is given ``heartbeat_timeout`` from its submission to start.
-    ``watcher``: the attempt that coordinates (``attempt`` itself, or a retry re-attached to its
-    driver); once the row names another watcher, this one is superseded."""
+    counts only when the driver's own run wrote it (``status_by``: a failure callback that runs
+    late writes FAILED under the same coordinator id; :func:`record_driver` clears the writer),
+    a heartbeat only when written after the driver was submitted. A driver that never beat is
+    given ``heartbeat_timeout`` from its submission to start. ``watcher``: the attempt that
+    coordinates (``attempt`` itself, or a retry re-attached to its driver); once the row names
+    another watcher, this one is superseded."""
     job = state.job_id
     if state.status is None:
         return AttemptVerdict(Outcome.ERROR, attempt, f"job {job} is not in the metastore")
@@ -237,11 +242,11 @@ def judge(
         )
     driver = state.driver if state.driver and state.driver.attempt == attempt else None
     since = driver.submitted_at if driver is not None else None
-    fresh = since is None or (state.updated_at is not None and state.updated_at >= since)
+    own = state.status_by == StatusWriter.RUN.of(attempt)  # not a late callback's FAILED
     status = JobStatus(state.status)
-    if status is JobStatus.FINISHED and fresh:
+    if status is JobStatus.FINISHED and own:
         return AttemptVerdict(Outcome.FINISHED, attempt, f"job {job}: the driver finished")
-    if status in (JobStatus.FAILED, JobStatus.CANCELED) and fresh:
+    if status in (JobStatus.FAILED, JobStatus.CANCELED) and own:
         cause = f": {state.failure_cause}" if state.failure_cause else ""
         return AttemptVerdict(
             Outcome.FAILED, attempt, f"job {job}: the driver recorded {status.value}{cause}"
@@ -300,8 +305,8 @@ def reattach(
         since, beat = job.driver_submitted_at, job.heartbeat_at
         if since is None:
             return None
-        updated = job.updated_at
-        finished = job.status == JobStatus.FINISHED and updated is not None and updated >= since
+        own = job.status_by == StatusWriter.RUN.of(driver_attempt)
+        finished = job.status == JobStatus.FINISHED and own
         if not finished:
             if alive is False or job.status != JobStatus.RUNNING or beat is None or beat < since:
                 return None

@@ -26,9 +26,12 @@ log = logging.getLogger(__name__)
 class CoordinatorFencing:
     """One coordinator's view of who leads its job; ``active`` once it activated (or joined)."""
 
-    def __init__(self, job_id: str, coordinator_id: str) -> None:
+    def __init__(self, job_id: str, coordinator_id: str, watcher: str | None = None) -> None:
         self.job_id = job_id
         self.coordinator_id = coordinator_id
+        #: a try acting under its detached driver's coordinator id (its failover): superseded
+        #: too once another try re-attached to the driver (the row's ``driver_watcher``)
+        self.watcher = watcher
         self.active = False
 
     def lock_job(self, s: Session) -> Job | None:
@@ -41,7 +44,12 @@ class CoordinatorFencing:
         its task, e.g. a Spark driver orphaned by a killed Airflow worker, was superseded by
         it), else None. A job that never had a coordinator fences nobody."""
         current = job.coordinator_id if job is not None else None
-        return current if current is not None and current != self.coordinator_id else None
+        if current is not None and current != self.coordinator_id:
+            return current
+        watcher = job.driver_watcher if job is not None else None
+        if self.watcher is not None and watcher not in (None, self.watcher):
+            return watcher
+        return None
 
     def superseded(self, s: Session) -> CoordinatorSuperseded | None:
         """Lock the job row; the refusal to raise when another coordinator leads."""

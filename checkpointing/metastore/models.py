@@ -106,6 +106,9 @@ class Job(Base):
     driver_submitted_at: Mapped[datetime | None]
     driver_watcher: Mapped[str | None] = mapped_column(String(64))
     failure_cause: Mapped[str | None] = mapped_column(Text)
+    #: who wrote ``status``: ``<writer>:<coordinator id>``
+    #: (:class:`~checkpointing.status.StatusWriter`)
+    status_by: Mapped[str | None] = mapped_column(String(80))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 

@@ -23,12 +23,12 @@ from checkpointing.coordination.pending import TaskSpec
 from checkpointing.ids import validate_id
 from checkpointing.metastore import jobs
 from checkpointing.metastore.engine import Metastore
-from checkpointing.metastore.models import RestoreEvent
+from checkpointing.metastore.models import Job, RestoreEvent
 from checkpointing.pipeline.operator_ids import PIPELINE_OPERATORS
 from checkpointing.restore import lookup as restore
 from checkpointing.restore.assignment import plan_restore, snapshots_from_metadata
 from checkpointing.state.storage import CheckpointStorage
-from checkpointing.status import JobStatus, RestoreStatus
+from checkpointing.status import JobStatus, RestoreStatus, StatusWriter
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,7 @@ def fail_attempt(
     *,
     final: bool,
     coordinator_id: str | None = None,
+    watcher: str | None = None,
 ) -> dict[str, Any]:
     """A task attempt failed: abort its pending checkpoints as job failover (not counted as
     checkpoint failures). On the final failure the job is FAILED and the retention policy is
@@ -173,10 +174,19 @@ def fail_attempt(
 
     ``coordinator_id``: the failed attempt's coordinator, acted for. Once another coordinator
     leads the job (a later try took over), nothing is changed, checked in each transaction that
-    would change something; ``superseded`` then names that coordinator."""
+    would change something; ``superseded`` then names that coordinator. ``watcher``: the failed
+    try, when it acted under its detached driver's coordinator id: nothing is changed either
+    once another try re-attached to that driver. The job's status is recorded as a failover's
+    (:class:`~checkpointing.status.StatusWriter`), which never ends a driver's watcher."""
     if not jobs.job_exists(metastore, job_id):
         return {"job_id": job_id, "aborted": [], "resume_from": None, "superseded": None}
-    coordinator = CheckpointCoordinator(job_id, metastore, coordinator_id=coordinator_id)
+    coordinator = CheckpointCoordinator(
+        job_id,
+        metastore,
+        coordinator_id=coordinator_id,
+        writer=StatusWriter.FAILOVER,
+        watcher=watcher,
+    )
     aborted = coordinator.failover(reason)
     latest = restore.find_latest_valid(metastore, coordinator.storage, job_id, deep=False)
     discarded: list[int] = []
@@ -184,8 +194,8 @@ def fail_attempt(
         discarded = coordinator.shutdown(JobStatus.FAILED)  # the retention policy applies
     else:
         coordinator.job_status_changed(JobStatus.FAILED)
-    info = jobs.get_job(metastore, job_id)
-    current = info.coordinator_id if info is not None else None
+    with metastore.reading() as s:
+        successor = coordinator.fencing.successor(s.get(Job, job_id))
     kept = latest.checkpoint_id is not None and latest.checkpoint_id not in discarded
     return {
         "job_id": job_id,
@@ -193,5 +203,5 @@ def fail_attempt(
         "discarded": discarded,
         "resume_from": latest.checkpoint_id if kept else None,
         "resume_path": latest.metadata_path if kept else None,
-        "superseded": current if coordinator_id and current not in (None, coordinator_id) else None,
+        "superseded": successor if coordinator_id else None,
     }

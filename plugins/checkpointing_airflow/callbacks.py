@@ -43,12 +43,14 @@ def restore_from_latest(context: Any) -> None:
         return
     if _driver_lives(task, metastore, spec.job, failed):
         return
+    acting = _acting_as(task, metastore, spec.job, failed)
     fail_attempt(
         metastore,
         spec.job,
         f"try {ti.try_number} ({failed}) failed",
         final=False,
-        coordinator_id=_acting_as(task, metastore, spec.job, failed),
+        coordinator_id=acting,
+        watcher=failed if acting != failed else None,  # fenced once a retry re-attached
     )
     if _superseded(metastore, spec.job, failed, ti.try_number):  # took over meanwhile
         return
@@ -109,13 +111,16 @@ def job_failed(context: Any) -> None:
 
 
 def newer_coordinator(metastore: Any, job_id: str, failed: str, try_number: int) -> str | None:
-    """The coordinator id of a later try of the same DAG run that already coordinates the job
-    (``failed`` is the failed try's attempt id, ``<run>-<hash>-t<try>``), else None."""
-    from checkpointing.metastore.jobs import get_job
+    """The attempt id of a later try of the same DAG run that already coordinates the job, or
+    watches its detached driver (re-attached: it acts under the driver's coordinator id),
+    else None (``failed`` is the failed try's attempt id, ``<run>-<hash>-t<try>``)."""
+    from checkpointing.coordination.drivers import read_state
     from checkpointing_airflow.attempts import later_try
 
-    job = get_job(metastore, job_id)
-    return later_try(job.coordinator_id if job is not None else None, failed, try_number)
+    state = read_state(metastore, job_id)
+    return later_try(state.coordinator_id, failed, try_number) or later_try(
+        state.watcher, failed, try_number
+    )
 
 
 def _superseded(metastore: Any, job_id: str, failed: str, try_number: int) -> bool:
