@@ -427,3 +427,36 @@ def test_vacuum_sink_deletes_only_the_sinks_files_no_retained_checkpoint_can_res
     # another job's table is refused, naming it, before anything is deleted
     with pytest.raises(ConfigError, match="not of job 'job-b'"):
         plan_vacuum(metastore, "job-b", url)
+
+
+def test_a_starting_detached_driver_and_the_savepoint_it_restores_are_left_alone(
+    metastore: Metastore, storage: CheckpointStorage
+) -> None:
+    """Issue 38: a deploy from savepoint 1 recorded its restore decision and submitted a
+    detached driver, which is still starting (status CREATED, no heartbeat): gc refuses the
+    job as active, and even forced it keeps savepoint 1, which the driver is about to read."""
+    from checkpointing.coordination.drivers import DriverIdentity, record_driver
+    from checkpointing.restore.lookup import load_checkpoint
+
+    clock, gc_clock = _clocks()
+    coord = new_coordinator(metastore, storage, clock)
+    complete(coord, savepoint=True)  # 1
+    complete(coord, savepoint=True)  # 2
+    complete(coord)  # 3: what a restore of the latest would pick
+    record_restore(
+        metastore, load_checkpoint(metastore, storage, JOB, 1), attempt="a", parallelism=1
+    )
+    coord.activate()  # the deploy's try leads the job, and records its driver
+    driver = DriverIdentity(coord.coordinator_id, "elsewhere", 4242, None, gc_clock.now())
+    assert record_driver(metastore, JOB, driver)
+    with pytest.raises(JobActiveError, match="starting a detached driver"):
+        run_gc(metastore, storage, JOB, GcOptions(keep_savepoints=0), clock=gc_clock)
+    assert statuses(metastore)[1] == statuses(metastore)[2] == S.COMPLETED
+    forced = GcOptions(keep_savepoints=0, force=True)
+    assert [
+        s.checkpoint_id for s in run_gc(metastore, storage, JOB, forced, clock=gc_clock).savepoints
+    ] == [2]
+    assert statuses(metastore)[1] == S.COMPLETED and statuses(metastore)[2] == S.DISCARDED
+    # a driver that never beat within the heartbeat timeout of its submission is not starting
+    later = ManualClock(gc_clock.now() + timedelta(minutes=6))
+    assert run_gc(metastore, storage, JOB, GcOptions(), clock=later) is not None

@@ -23,8 +23,10 @@ A plan is made first (:func:`plan_gc`) and is all a dry run does; :func:`run_gc`
 history rows under the job's row lock with the plan's conditions repeated in the ``DELETE``, so a
 row that changed meanwhile is kept. A job whose coordinator is active (RUNNING, with a driver
 heart-beating within :data:`~checkpointing.coordination.heartbeat.HEARTBEAT_TIMEOUT`, or one
-that never beat) is refused unless forced: its checkpoints change under the plan. A RUNNING job
-whose driver stopped beating is dead (a SIGKILLed driver leaves the status) and is collected.
+that never beat; or a detached driver still starting) is refused unless forced: its
+checkpoints change under the plan. A RUNNING job whose driver stopped beating is dead (a
+SIGKILLed driver leaves the status) and is collected. The savepoint the job's latest restore
+decision names is never expired (a driver told to restore it may not have read it yet).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from sqlalchemy.orm import Session
 
 from checkpointing.clock import Clock, SystemClock
 from checkpointing.coordination import orphans, savepoints, sink_vacuum, store
-from checkpointing.coordination.heartbeat import driver_alive
+from checkpointing.coordination.heartbeat import HEARTBEAT_TIMEOUT, driver_alive
 from checkpointing.coordination.orphans import OrphanFile
 from checkpointing.coordination.sink_vacuum import SinkFile
 from checkpointing.errors import CheckpointingError, ConfigError
@@ -210,10 +212,12 @@ def plan_gc(
     with metastore.transaction() as s:
         job = jobs.job_row(s, job_id)
         alive = driver_alive(job.heartbeat_at, now)
-        if JobStatus(job.status) is JobStatus.RUNNING and alive is not False and not options.force:
+        running = JobStatus(job.status) is JobStatus.RUNNING and alive is not False
+        if (running or _starting(job, now)) and not options.force:
             beat = "" if job.heartbeat_at is None else f", last heartbeat {job.heartbeat_at:%c} UTC"
+            state = "RUNNING" if running else "starting a detached driver"
             raise JobActiveError(
-                f"job {job_id!r} is RUNNING (coordinator {job.coordinator_id or 'unknown'}"
+                f"job {job_id!r} is {state} (coordinator {job.coordinator_id or 'unknown'}"
                 f"{beat}): its checkpoints change under gc; run it when the job is not running, "
                 "or --force if its coordinator is known dead"
             )
@@ -404,14 +408,33 @@ def _expired_savepoints(
     if keep is None and max_age is None:
         return []
     candidates = store.restore_candidates(s, job.job_id, job.prefer_checkpoint_for_recovery)
-    restoring = candidates[0].checkpoint_id if candidates else None
+    restoring = {candidates[0].checkpoint_id} if candidates else set()
+    # and the one the job's latest restore decision names: a driver told to restore it may
+    # not have read it yet
+    latest = s.scalars(
+        select(RestoreEvent.checkpoint_id)
+        .where(RestoreEvent.job_id == job.job_id)
+        .order_by(RestoreEvent.restore_id.desc())
+        .limit(1)
+    ).first()
+    restoring |= {latest} if latest is not None else set()
     expired = []
     for rank, sp in enumerate(_savepoints(s, job.job_id, now)):
         beyond = keep is not None and rank >= keep
         old = max_age is not None and sp.age > max_age
-        if (beyond or old) and sp.checkpoint_id != restoring:
+        if (beyond or old) and sp.checkpoint_id not in restoring:
             expired.append(sp)
     return expired
+
+
+def _starting(job: Job, now: datetime) -> bool:
+    """A detached driver recorded (status CREATED until it reports RUNNING) that has not beaten
+    yet and was submitted within the heartbeat timeout: it is starting, and about to restore."""
+    submitted = job.driver_submitted_at
+    if JobStatus(job.status) is not JobStatus.CREATED or submitted is None:
+        return False
+    beat_since = job.heartbeat_at is not None and job.heartbeat_at >= submitted
+    return not beat_since and now - submitted <= HEARTBEAT_TIMEOUT
 
 
 def _chunks(items: Sequence[int]) -> Any:
