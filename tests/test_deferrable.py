@@ -168,7 +168,8 @@ def test_the_trigger_reaches_s3_storage_with_the_tasks_connection(
 ) -> None:
     """The triggerer serves many tasks: it cannot hold one task's credentials in its
     environment. The trigger's coordination writes to S3 with a client of the task's AWS
-    connection (session token, endpoint) though the triggerer's environment has no AWS_*."""
+    connection (session token, endpoint) though the triggerer's environment has no AWS_*; and
+    never with the triggerer's own credentials when the task's connection is missing."""
     import boto3
 
     from checkpointing_airflow.triggers import CheckpointCoordinatorTrigger
@@ -203,6 +204,19 @@ def test_the_trigger_reaches_s3_storage_with_the_tasks_connection(
         )
         storage = trigger.coordination(metastore).storage
         storage.write_bytes(storage.job_url(JOB) + "/probe", b"x")
+        # issue 38: a task whose connection the triggerer lacks is not served with the
+        # triggerer's own credentials (here in its environment): the trigger ends in an error
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
+        monkeypatch.setenv("CKPT_METASTORE_URL", url)  # no checkpoint_metastore connection
+        for missing in ("no_such_conn", None):
+            lost = CheckpointCoordinatorTrigger(
+                **{**trigger.serialize()[1], "aws_conn_id": missing}
+            )
+            event = asyncio.run(first_event(lost))
+            assert event["outcome"] == "error", event
+            assert f"AWS connection {missing or '(none)'!r} not found here" in event["message"]
         metastore.dispose()
         puts = [r for r in moto.requests() if r["method"] == "PUT" and "/probe" in r["url"]]
         assert puts and {r["headers"].get("X-Amz-Security-Token") for r in puts} == {token}

@@ -67,16 +67,32 @@ def storage_environment(aws_conn_id: str | None, storage_url: str) -> dict[str, 
     return env
 
 
-def s3_client(aws_conn_id: str | None, storage_url: str) -> Any:
+def s3_client(aws_conn_id: str | None, storage_url: str, *, fallback: bool = True) -> Any:
     """A boto3 S3 client of the connection ``aws_conn_id`` (its keys, token or role, endpoint
     and region), for a process that serves many tasks and so cannot put one task's credentials
-    in its environment (the triggerer); None for non-S3 storage or a missing connection (then
-    boto3's own chain applies)."""
+    in its environment (the triggerer); None for non-S3 storage. A missing or unusable
+    connection gives None (boto3's own chain of this process then applies) only with
+    ``fallback``; without it (the triggerer: its own credentials are not the task's) it raises
+    :class:`~checkpointing.errors.ConfigError` naming the connection."""
+    from checkpointing.errors import ConfigError
+
     try:
         hook = _s3_hook(aws_conn_id, storage_url)
+        if hook is None and not fallback and storage_url.startswith(("s3://", "s3a://")):
+            raise ConfigError(
+                f"AWS connection {aws_conn_id or '(none)'!r} not found here: the storage "
+                f"{storage_url} is not read with this process's own credentials for a task; "
+                "create the connection (an empty one uses boto3's chain explicitly)"
+            )
         return None if hook is None else hook.get_conn()
-    except Exception as exc:  # the lookup itself failed: the process's own chain, said once
-        log.warning(
+    except ConfigError:
+        raise
+    except Exception as exc:  # the lookup itself failed
+        if not fallback:
+            raise ConfigError(
+                f"AWS connection {aws_conn_id!r} not usable here ({type(exc).__name__})"
+            ) from None
+        log.warning(  # the process's own chain, said once
             "AWS connection %s not usable here (%s): S3 through boto3's own credential chain",
             aws_conn_id,
             type(exc).__name__,

@@ -23,6 +23,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from checkpointing.coordination.drivers import AttemptVerdict, Outcome
 from checkpointing.coordination.heartbeat import HEARTBEAT_TIMEOUT
+from checkpointing.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,11 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         )
         failing_since: float | None = None
         try:
-            attempt = await asyncio.to_thread(self.coordination, metastore)  # off the loop
+            try:
+                attempt = await asyncio.to_thread(self.coordination, metastore)  # off the loop
+            except ConfigError as exc:
+                yield self._error(f"job {self.job_id}: {exc}")
+                return
             while True:
                 try:
                     verdict = await asyncio.to_thread(attempt.poll)
@@ -189,8 +194,9 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
             self.job_id, metastore, self.attempt, [CheckpointMetrics(self.job_id)]
         )
         storage = CheckpointStorage.from_url(self.storage_url)
-        client = s3_client(self.aws_conn_id, self.storage_url)
-        if client is not None:  # the task's connection, not the triggerer's environment
+        # the task's connection, never the triggerer's own credentials (it serves every task)
+        client = s3_client(self.aws_conn_id, self.storage_url, fallback=False)
+        if client is not None:
             storage = S3CheckpointStorage(self.storage_url, client=client)
         return DetachedAttempt(
             self.job_id,
