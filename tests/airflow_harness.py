@@ -32,8 +32,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-from checkpointing.pipeline import datasets
 from demo.airflow_env import REPO, airflow_command, airflow_env, migrate
+from tests import oracle
 from tests.helpers import free_port
 
 __all__ = [
@@ -182,7 +182,7 @@ def assert_exactly_once(
     and nothing is left in progress."""
     frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
     final = pd.read_parquet(out / "final").sort_values("user").reset_index(drop=True)
-    expected = datasets.expected_aggregates(pd.concat(frames), ["user"], aggregations)
+    expected = oracle.expected_aggregates(pd.concat(frames), ["user"], aggregations)
     pd.testing.assert_frame_equal(
         final[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
     )

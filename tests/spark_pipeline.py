@@ -14,6 +14,7 @@ from checkpointing.pipeline import datasets
 from checkpointing.pipeline.spec import PipelineSpec, load_spec
 from checkpointing.restore import lookup
 from checkpointing.state.metadata import CheckpointMetadata
+from tests import oracle
 
 AGGS = {
     "n": ("count", None),
@@ -99,7 +100,7 @@ def tables(spark: Any, spec: PipelineSpec) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def assert_matches_pandas(final: pd.DataFrame, frames: list[pd.DataFrame]) -> None:
-    expected = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
+    expected = oracle.expected_aggregates(pd.concat(frames), ["user"], AGGS)
     pd.testing.assert_frame_equal(
         final[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
     )

@@ -24,6 +24,7 @@ import pytest
 from checkpointing.metastore import views
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline import datasets
+from tests import oracle
 
 CKPT = str(Path(sys.executable).with_name("ckpt"))
 AGGS = {"n": ("count", None), "total": ("sum", "amount"), "avg_amount": ("avg", "amount")}
@@ -118,12 +119,12 @@ def reference(events: Path) -> tuple[pd.DataFrame, dict[int, pd.DataFrame]]:
     """What a crash-free run writes, by pandas: the final table, and each epoch's changelog (the
     keys the epoch touched, aggregated over every epoch up to it); the killed runs must equal it."""
     frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
-    final = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
+    final = oracle.expected_aggregates(pd.concat(frames), ["user"], AGGS)
     changelog = {}
     for epoch, frame in enumerate(frames):
         upto = pd.concat(frames[: epoch + 1])
         touched = upto[upto.user.isin(set(frame.user))]
-        changelog[epoch] = datasets.expected_aggregates(touched, ["user"], AGGS)
+        changelog[epoch] = oracle.expected_aggregates(touched, ["user"], AGGS)
     return final, changelog
 
 

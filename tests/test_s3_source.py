@@ -19,12 +19,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from checkpointing.metastore.engine import Metastore
-from checkpointing.pipeline import datasets
 from checkpointing.pipeline.spec import SpecError
 from checkpointing.pipeline.splits import Consumed
 from checkpointing.spark.preflight import RunOptions, check_run, input_files
 from checkpointing.state.object_store import list_objects
 from checkpointing.state.storage import FileSystemCheckpointStorage
+from tests import oracle
 from tests.spark_pipeline import AGGS, assert_matches_pandas, make_spec, run, tables
 
 ROW_GROUP = 500
@@ -101,7 +101,7 @@ def test_s3_parquet_crash_rescaled_restore_and_replaced_object(
     epoch_rows = [frames["in/a.parquet"][:1000], frames["in/a.parquet"][1000:], *ordered[1:]]
     for epoch, rows in enumerate(epoch_rows):
         seen = pd.concat(epoch_rows[: epoch + 1])
-        expected = datasets.expected_aggregates(seen, ["user"], AGGS)
+        expected = oracle.expected_aggregates(seen, ["user"], AGGS)
         expected = expected[expected.user.isin(set(rows.user))].reset_index(drop=True)
         got = changelog[changelog.epoch == epoch].reset_index(drop=True)
         pd.testing.assert_frame_equal(

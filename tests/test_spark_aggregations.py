@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from checkpointing.pipeline import datasets
+from tests import oracle
 
 KEY = ["carrier", "origin", "month"]
 SCHEMA_DDL = "carrier string, origin string, month int, dep_delay double, distance int"
@@ -93,8 +93,6 @@ def _sort_key(row: Sequence[Any], width: int) -> tuple[Any, ...]:
 
 
 def _expected(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    from checkpointing.pipeline.spec import Aggregation
-
     frame = pd.DataFrame(
         {
             "carrier": pd.Series([r[0] for r in rows], dtype=object),
@@ -104,11 +102,7 @@ def _expected(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
             "distance": pd.Series([r[4] for r in rows], dtype="Int64"),
         }
     )
-    aggs = {}
-    for name, text in AGGREGATIONS.items():
-        agg = Aggregation.parse(text)
-        aggs[name] = (agg.function, agg.column)
-    got = datasets.expected_aggregates(frame, KEY, aggs)
+    got = oracle.expected_sql(frame, KEY, AGGREGATIONS)  # the spec's texts, read by DuckDB
     out = [tuple(_plain(v) for v in row) for row in got[[*KEY, *AGGREGATIONS]].to_numpy()]
     return sorted(out, key=lambda r: _sort_key(r, len(KEY)))
 

@@ -26,6 +26,7 @@ from checkpointing.pipeline.operator_ids import SOURCE
 from checkpointing.pipeline.spec import SpecError, load_spec
 from checkpointing.restore import lookup as restore
 from checkpointing.state.storage import FileSystemCheckpointStorage
+from tests import oracle
 from tests.aggregate_expectations import (
     approx_within_bound,
     best,
@@ -420,7 +421,7 @@ def test_python_api_transform_function_over_a_table(
     frame = pd.concat(pd.read_parquet(p) for p in sorted(events.glob("*.parquet")))
     frame = frame.assign(vip=frame.user.isin({f"u{i}" for i in range(0, 300, 3)}))
     frame = frame.assign(spend=frame.amount * frame.quantity)
-    want = datasets.expected_aggregates(
+    want = oracle.expected_aggregates(
         frame, ["vip"], {"n": ("count", None), "spend": ("sum", "spend")}
     )
     pd.testing.assert_frame_equal(
