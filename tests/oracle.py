@@ -1,11 +1,13 @@
 """The tests' independent oracle: the expected per-key aggregates computed by DuckDB's SQL over
 the input rows, never by the product's code (a second engine with SQL's own null semantics:
 ``count(*)`` counts rows, ``count(c)`` non-null values, ``sum/min/max/avg`` skip nulls and are
-NULL for a key with none)."""
+NULL for a key with none); and a sink's output read by pyarrow from its documented layout,
+never by the sink's own reader."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import duckdb
 import pandas as pd
@@ -49,3 +51,25 @@ def expected_sql(
         return con.execute(
             f"SELECT {keys}, {', '.join(columns)} FROM input_rows GROUP BY {keys} ORDER BY {order}"
         ).df()
+
+
+def read_parquet_sink(
+    path: Path, key: Sequence[str] = ("user",)
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A local Parquet sink's final table and changelog, read by pyarrow from the layout the
+    sink documents (``<path>/final`` links the current table; ``<path>/changelog/epoch=<e>/``
+    holds committed epochs, Hive-partitioned), never through the sink's own reader. Sorted by
+    key (the changelog by epoch, then key); the changelog's ``epoch`` is a BIGINT."""
+    import pyarrow.dataset as ds
+
+    final = ds.dataset(path / "final", format="parquet").to_table().to_pandas()
+    changelog_dir = path / "changelog"
+    epochs = sorted(changelog_dir.glob("epoch=*"), key=lambda p: int(p.name.split("=")[1]))
+    assert epochs, f"no committed epoch under {changelog_dir}"
+    changelog = (
+        ds.dataset(changelog_dir, format="parquet", partitioning="hive").to_table().to_pandas()
+    )
+    changelog["epoch"] = changelog["epoch"].astype("int64")
+    final = final.sort_values(list(key)).reset_index(drop=True)
+    changelog = changelog.sort_values(["epoch", *key]).reset_index(drop=True)
+    return final, changelog
