@@ -227,6 +227,17 @@ def test_the_attempt_reports_its_last_checkpoints_when_it_ends_and_a_failing_wat
     broken = CheckpointStatsTracker(
         JOB, Metastore(f"sqlite:///{tmp_path}/nowhere/x.db", check_schema=False), "t1", []
     )
+    failed_polls: list[BaseException] = []
+    poll = broken.poll
+
+    def counted_poll() -> Any:
+        try:
+            return poll()
+        except Exception as exc:
+            failed_polls.append(exc)
+            raise
+
+    broken.poll = counted_poll  # type: ignore[method-assign]
     tasks = make_plan(attempt="t1")
     with coordinate_attempt(
         JOB,
@@ -253,7 +264,10 @@ def test_the_attempt_reports_its_last_checkpoints_when_it_ends_and_a_failing_wat
         failover_reason="t2 failed",
         stats_tracker=broken,  # its metastore does not exist: every poll fails
     ) as coord:
-        time.sleep(0.2)  # passes of the loop, each followed by a failing poll
+        deadline = time.monotonic() + 30  # passes of the loop, each followed by a failing poll
+        while len(failed_polls) < 3:
+            assert time.monotonic() < deadline, "the loop never polled the broken tracker"
+            time.sleep(0.01)
         pending = coord.trigger_checkpoint()
         ack_all(coord, pending)  # completed by the ack or by the loop, whichever comes first
     assert statuses(metastore)[pending.checkpoint_id] == "COMPLETED"

@@ -279,17 +279,18 @@ def test_a_driver_heartbeats_while_it_runs_and_a_metastore_outage_does_not_stop_
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(heartbeat, "beat", flaky)
-        with heartbeat.Heartbeat(
+        beating = heartbeat.Heartbeat(
             metastore, JOB, coord.coordinator_id, interval=timedelta(milliseconds=20)
-        ):
+        )
+        with beating:
             deadline = time.monotonic() + 10
             while len(stamps) < 4 and time.monotonic() < deadline:
                 time.sleep(0.01)
         after = len(stamps)
     assert after >= 4 and stamps == sorted(stamps)
     assert jobs.get_job(metastore, JOB).heartbeat_at == stamps[-1]  # type: ignore[union-attr]
-    time.sleep(0.1)
-    assert len(stamps) == after  # stopped with the block
+    # stopped with the block: its thread has ended, so no beat can follow (no sleep to wait out)
+    assert not beating._thread.is_alive() and len(stamps) == after
 
 
 def test_an_active_job_unknown_job_and_bad_options_are_refused_before_deleting(
