@@ -3,6 +3,7 @@ real HTTP S3 endpoint (moto's server, started here on loopback)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -21,6 +22,11 @@ from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Base
 from checkpointing.state.storage import FileSystemCheckpointStorage
 from tests.helpers import free_port
+
+# py4j says "Closing down clientserver connection" (INFO) from a finalizer at interpreter exit,
+# when pytest has closed the stream logging writes to: a "--- Logging error ---" traceback after
+# the summary, which reads as a failure
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 #: set by ``make test``: what the suite needs must be there, so a missing one fails the run
 #: (as a missing PostgreSQL does) instead of quietly skipping the tests that need it
