@@ -1,7 +1,15 @@
--- Reference DDL of the checkpoint metastore for postgresql, revision 0007.
+-- Reference DDL of the checkpoint metastore for postgresql, revision 0008.
 -- Generated from checkpointing/metastore/models.py by `make ddl`; `ckpt db upgrade`
 -- (Alembic) is the supported way to create or migrate a metastore. A test fails when
 -- they drift.
+
+CREATE TABLE ckpt_driver_grants (
+	role_name VARCHAR(63) NOT NULL,
+	job_id VARCHAR(128) NOT NULL,
+	attempt VARCHAR(64) NOT NULL,
+	expires_at TIMESTAMP WITH TIME ZONE NOT NULL,
+	PRIMARY KEY (role_name)
+);
 
 CREATE TABLE ckpt_jobs (
 	job_id VARCHAR(128) NOT NULL,
@@ -158,4 +166,4 @@ CREATE TABLE alembic_version (
 	version_num VARCHAR(32) NOT NULL,
 	CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
 );
-INSERT INTO alembic_version (version_num) VALUES ('0007');
+INSERT INTO alembic_version (version_num) VALUES ('0008');

@@ -267,3 +267,18 @@ class RestoreEvent(Base):
     status: Mapped[str] = mapped_column(String(16))
     message: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
+
+
+class DriverGrant(Base):
+    """A Spark driver's own PostgreSQL login role and the one job it may read and write
+    (:mod:`checkpointing.metastore.driver_roles`): the row-level security policies look the
+    connected role up here, so a driver can touch no other job's rows."""
+
+    __tablename__ = "ckpt_driver_grants"
+
+    role_name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ID)
+    attempt: Mapped[str] = mapped_column(String(64))
+    #: the role's ``VALID UNTIL``; past it the role sees no row and ``expire_driver_roles``
+    #: drops it
+    expires_at: Mapped[datetime]
