@@ -121,3 +121,31 @@ def test_a_callback_reads_the_runs_rendered_fields_not_the_dag_files_templates(
     (planned,) = list_restores(metastore, JOB)
     assert (planned["attempt"], planned["parallelism"]) == (attempt_id(DAG, RUN, 2), 3)
     assert task.parallelism == "{{ params.parallelism }}"  # another run's callback renders anew
+
+
+def test_a_callbacks_failover_discards_in_the_tasks_storage_not_the_rows(
+    task: CheckpointedSparkSubmitOperator, tmp_path: Path
+) -> None:
+    """Issue 38: any driver can write its job row's ``storage_url``; the failover of a failed
+    try aborts its pending checkpoint and discards its directory in the storage the *task* is
+    configured with, never under a base the row names."""
+    from sqlalchemy import update
+
+    metastore, pending = running_try(task, 1)
+    mine = tmp_path / "checkpoints" / JOB / f"chk-{pending}"
+    theirs = tmp_path / "elsewhere" / JOB / f"chk-{pending}"
+    for directory in (mine, theirs):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "state").write_bytes(b"x")
+    with metastore.transaction() as s:  # what a driver could write
+        s.execute(
+            update(Job)
+            .where(Job.job_id == JOB)
+            .values(storage_url=(tmp_path / "elsewhere").as_uri())
+        )
+    restore_from_latest({"task": task, "ti": TaskInstance(DAG, RUN, 1)})
+    with metastore.transaction() as s:
+        row = s.get(Checkpoint, (JOB, pending))
+        assert row is not None and (row.status, row.failure_reason) == ("ABORTED", "JOB_FAILOVER")
+    assert not mine.exists()  # the aborted checkpoint's own directory, in the task's storage
+    assert (theirs / "state").read_bytes() == b"x"  # the row's base: untouched

@@ -29,8 +29,9 @@ class CoordinatorFencing:
     def __init__(self, job_id: str, coordinator_id: str, watcher: str | None = None) -> None:
         self.job_id = job_id
         self.coordinator_id = coordinator_id
-        #: a try acting under its detached driver's coordinator id (its failover): superseded
-        #: too once another try re-attached to the driver (the row's ``driver_watcher``)
+        #: a try failing over for the detached driver recorded under ``coordinator_id`` (its
+        #: own, or the one it re-attached to): superseded too once another try re-attached to
+        #: that driver (the row's ``driver_watcher``)
         self.watcher = watcher
         self.active = False
 
@@ -46,10 +47,10 @@ class CoordinatorFencing:
         current = job.coordinator_id if job is not None else None
         if current is not None and current != self.coordinator_id:
             return current
-        watcher = job.driver_watcher if job is not None else None
-        if self.watcher is not None and watcher not in (None, self.watcher):
-            return watcher
-        return None
+        if job is None or self.watcher is None or job.driver_attempt != self.coordinator_id:
+            return None  # no detached driver of this coordinator's recorded: no watcher to ask
+        watcher = job.driver_watcher
+        return watcher if watcher not in (None, self.watcher) else None
 
     def superseded(self, s: Session) -> CoordinatorSuperseded | None:
         """Lock the job row; the refusal to raise when another coordinator leads."""

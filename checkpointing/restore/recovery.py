@@ -167,6 +167,7 @@ def fail_attempt(
     final: bool,
     coordinator_id: str | None = None,
     watcher: str | None = None,
+    storage: CheckpointStorage | None = None,
 ) -> dict[str, Any]:
     """A task attempt failed: abort its pending checkpoints as job failover (not counted as
     checkpoint failures). On the final failure the job is FAILED and the retention policy is
@@ -177,12 +178,15 @@ def fail_attempt(
     would change something; ``superseded`` then names that coordinator. ``watcher``: the failed
     try, when it acted under its detached driver's coordinator id: nothing is changed either
     once another try re-attached to that driver. The job's status is recorded as a failover's
-    (:class:`~checkpointing.status.StatusWriter`), which never ends a driver's watcher."""
+    (:class:`~checkpointing.status.StatusWriter`), which never ends a driver's watcher.
+    ``storage``: the job's checkpoint storage as the caller's configuration says (the task's);
+    else the job row's, which any driver can write, so callers that can should pass it."""
     if not jobs.job_exists(metastore, job_id):
         return {"job_id": job_id, "aborted": [], "resume_from": None, "superseded": None}
     coordinator = CheckpointCoordinator(
         job_id,
         metastore,
+        storage,
         coordinator_id=coordinator_id,
         writer=StatusWriter.FAILOVER,
         watcher=watcher,

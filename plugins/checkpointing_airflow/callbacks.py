@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 def restore_from_latest(context: Any) -> None:
     """``on_retry_callback``: plan the next try's restore."""
     from checkpointing.restore.recovery import fail_attempt, plan_recovery
-    from checkpointing.state.storage import CheckpointStorage
     from checkpointing_airflow.attempts import attempt_id, run_started
 
     task, ti = _rendered_task(context), context["ti"]
@@ -44,21 +43,24 @@ def restore_from_latest(context: Any) -> None:
     if _driver_lives(task, metastore, spec.job, failed):
         return
     acting = _acting_as(task, metastore, spec.job, failed)
-    fail_attempt(
-        metastore,
-        spec.job,
-        f"try {ti.try_number} ({failed}) failed",
-        final=False,
-        coordinator_id=acting,
-        watcher=failed if acting != failed else None,  # fenced once a retry re-attached
-    )
+    with _storage_access(task, spec):  # the failover discards aborted checkpoints' files
+        fail_attempt(
+            metastore,
+            spec.job,
+            f"try {ti.try_number} ({failed}) failed",
+            final=False,
+            coordinator_id=acting,
+            # fenced, in the transaction, once a later try re-attached to this try's driver
+            watcher=failed if getattr(task, "deferrable", False) else None,
+            storage=_storage(task, spec),  # the task's, never the row's
+        )
     if _superseded(metastore, spec.job, failed, ti.try_number):  # took over meanwhile
         return
     next_try = ti.try_number + 1
     with _storage_access(task, spec):
         plan = plan_recovery(
             metastore,
-            CheckpointStorage.from_url(task.storage_for(spec)),
+            _storage(task, spec),
             spec.job,
             attempt=attempt_id(ti.dag_id, ti.run_id, next_try),
             parallelism=task.parallelism_for(spec, next_try),
@@ -87,6 +89,7 @@ def job_failed(context: Any) -> None:
             f"try {ti.try_number} ({failed}) failed",
             final=True,
             coordinator_id=failed,
+            storage=_storage(task, spec),
         )
     if info["resume_from"] is not None:
         log.error(
@@ -135,6 +138,14 @@ def _superseded(metastore: Any, job_id: str, failed: str, try_number: int) -> bo
             newer,
         )
     return newer is not None
+
+
+def _storage(task: Any, spec: Any) -> Any:
+    """The job's checkpoint storage as the task is configured (never the job row's URL, which
+    any driver can write): what the callbacks discard in and restore from."""
+    from checkpointing.state.storage import CheckpointStorage
+
+    return CheckpointStorage.from_url(task.storage_for(spec))
 
 
 def _storage_access(task: Any, spec: Any) -> AbstractContextManager[None]:
