@@ -489,3 +489,111 @@ def _seed_job(store: Metastore) -> None:
                 updated_at=now,
             )
         )
+
+
+# ============================================================================ the operator
+
+#: a stand-in ``spark-submit``: the "driver" connects with the metastore URL it was given and
+#: records who it is and which jobs it sees
+FAKE_SPARK_SUBMIT = """#!{python}
+import json, os
+from sqlalchemy import create_engine, text
+engine = create_engine(os.environ["CKPT_METASTORE_URL"])
+with engine.connect() as conn:
+    jobs = sorted(r[0] for r in conn.execute(text("SELECT job_id FROM ckpt_jobs")))
+    pg = engine.url.drivername.startswith("postgresql")
+    user = conn.execute(text("SELECT current_user")).scalar() if pg else None
+with open(os.environ["FAKE_SPARK_SUBMIT_OUT"], "w") as f:
+    json.dump({{"jobs": jobs, "user": user, "url": os.environ["CKPT_METASTORE_URL"]}}, f)
+"""
+
+
+def _run_operator_try(
+    store: Metastore, task_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Any]:
+    """One non-deferrable try of the operator (its plan and stats tracker stubbed) whose
+    spark-submit is the stand-in: what the "driver" got and saw."""
+    import json
+    import sys
+    from types import SimpleNamespace
+
+    import yaml
+
+    from checkpointing_airflow.attempts import attempt_id
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "spark-submit"
+    fake.write_text(FAKE_SPARK_SUBMIT.format(python=sys.executable))
+    fake.chmod(0o755)
+    out = tmp_path / "submitted.json"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SPARK_SUBMIT_OUT", str(out))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_SCOPE",
+        json.dumps({"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "client"}}),
+    )
+    spec = tmp_path / f"{JOB}.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "job": JOB,
+                "source": {"format": "parquet", "path": "data/*.parquet"},
+                "key": ["origin"],
+                "aggregations": {"flights": "count()"},
+                "sink": {"path": f"out/{JOB}"},
+                "max_parallelism": 16,
+            }
+        )
+    )
+    op = CheckpointedSparkSubmitOperator(
+        task_id="run",
+        pipeline=str(spec),
+        conn_id="spark_scope",
+        aws_conn_id=None,
+        env_vars={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},  # the stand-in first
+    )
+    monkeypatch.setattr(op, "plan_try", lambda *args: ("latest", 1))
+    monkeypatch.setattr(op, "stats_tracker", lambda *args, **kwargs: None)
+    ti = SimpleNamespace(dag_id="scope", run_id="manual__2026-11-28", try_number=1)
+    attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+    storage_url = f"file://{tmp_path / 'checkpoints'}"
+    op._coordinate({"ti": ti}, op.load_spec(), store, task_url, storage_url, attempt)
+    return {**json.loads(out.read_text()), "attempt": attempt}
+
+
+def test_the_operators_driver_gets_its_own_role_only_when_scope_is_enabled(
+    enabled: Scope, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("airflow", reason="Apache Airflow is not installed")
+    store = enabled.owner
+    with store.engine.begin() as conn:
+        for table in TABLES:
+            conn.execute(text(f"DELETE FROM {table}"))
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'other'}")
+    _seed(store, storage, OTHER)
+    task_url = store.url.render_as_string(hide_password=False)
+
+    got = _run_operator_try(store, task_url, tmp_path, monkeypatch)
+    with store.engine.connect() as conn:
+        database = conn.execute(text("SELECT current_database()")).scalar_one()
+        role = driver_roles.driver_role_name(database, JOB, got["attempt"])
+        assert (
+            conn.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first()
+            is None
+        )
+        assert conn.execute(text("SELECT count(*) FROM ckpt_driver_grants")).scalar_one() == 0
+    assert got["user"] == role  # its own role: dropped once spark-submit ended (above)
+    assert got["url"] != task_url and f"{role}:" in got["url"]
+    assert got["jobs"] == [JOB]  # the operator registered JOB; OTHER is there, not for it
+
+    # SQLite (never scoped): the task's own URL, and every job
+    sqlite_url = f"sqlite:///{tmp_path / 'm.db'}"
+    Metastore(sqlite_url, check_schema=False).upgrade()
+    lite = Metastore(sqlite_url)
+    _seed(lite, FileSystemCheckpointStorage(f"file://{tmp_path / 'other-lite'}"), OTHER)
+    (tmp_path / "submitted.json").unlink()
+    got = _run_operator_try(lite, sqlite_url, tmp_path, monkeypatch)
+    lite.dispose()
+    assert (got["url"], got["user"], got["jobs"]) == (sqlite_url, None, [JOB, OTHER])

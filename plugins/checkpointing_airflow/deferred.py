@@ -57,6 +57,7 @@ from checkpointing_airflow.detached_driver import (
     read_log_tail,
     stop_driver,
 )
+from checkpointing_airflow.driver_scope import driver_metastore_url, release_driver
 from checkpointing_airflow.hooks import open_metastore
 from checkpointing_airflow.spark_submit_internals import submit_environment, submit_target
 
@@ -103,8 +104,11 @@ class DeferredSubmit:
             coordinator_id=attempt,
         )
         coordinator.activate()  # a dead predecessor's pending checkpoints: coordinator failover
+        # with driver scope: the driver's own role (a re-attached retry, above, needs none: the
+        # driver keeps the role it started with)
+        driver_url = driver_metastore_url(op, metastore, spec.job, attempt, url)
         secrets = op.prepare_application(
-            spec, restore, parallelism, attempt, ti.try_number, url, storage_url
+            spec, restore, parallelism, attempt, ti.try_number, driver_url, storage_url
         )
         deploy_mode, master = submit_target(op._hook)
         if deploy_mode == "cluster":
@@ -116,9 +120,11 @@ class DeferredSubmit:
             driver = self.launch(spec.job, attempt, secrets, parallelism)
         except BaseException:
             coordinator.failover(f"try {ti.try_number} ({attempt}): spark-submit did not start")
+            release_driver(metastore, spec.job, attempt)
             raise
         if not record_driver(metastore, spec.job, driver):
-            stop_driver(driver)
+            if stop_driver(driver) or process_alive(driver) is False:
+                release_driver(metastore, spec.job, attempt)
             raise AirflowFailException(
                 f"job {spec.job}: another attempt took over before the driver of {attempt} "
                 "was recorded; it was stopped"
@@ -253,6 +259,7 @@ class DeferredSubmit:
             return
         if stop_driver(driver):
             self.op.log.warning("job %s: stopped the %s", spec.job, driver.describe())
+            release_driver(metastore, spec.job, driver.attempt)
 
     def complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """The trigger's event as the try's outcome (its XCom), or the failure that retries."""
@@ -264,10 +271,23 @@ class DeferredSubmit:
         try:
             self._replay(context, spec, metastore, attempt)
             if verdict.succeeded:
-                return op._outcome(spec, metastore, attempt)
+                outcome = op._outcome(spec, metastore, attempt)
+                self._release_role(metastore, spec.job, attempt)
+                return outcome
             self._fail(context, spec, metastore, verdict)
         finally:
             metastore.dispose()
+
+    def _release_role(self, metastore: Metastore, job_id: str, attempt: str) -> None:
+        """Drop the role of ``attempt``'s driver once its outcome is read and its process is
+        known gone (it runs on this host and exited). Elsewhere, or still running, its role
+        stays until it expires: dropping it would cut a live driver off mid-write."""
+        driver = read_state(metastore, job_id).driver
+        if driver is None or driver.attempt != attempt:
+            return
+        await_exit(driver)
+        if process_alive(driver) is False:
+            release_driver(metastore, job_id, attempt)
 
     def _replay(
         self, context: Context, spec: PipelineSpec, metastore: Metastore, attempt: str
@@ -302,6 +322,8 @@ class DeferredSubmit:
             self._log_tail(spec.job, driver)
             if verdict.outcome is not Outcome.SUPERSEDED and stop_driver(driver):
                 op.log.warning("job %s: stopped the %s", spec.job, driver.describe())
+            if verdict.outcome is not Outcome.SUPERSEDED and process_alive(driver) is False:
+                release_driver(metastore, spec.job, driver.attempt)
         error = AirflowException(verdict.message)
         op.log.error("%s", failed_try_line(op, spec, metastore, context["ti"].try_number, error))
         if verdict.outcome is Outcome.SUPERSEDED:

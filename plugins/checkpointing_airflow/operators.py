@@ -20,6 +20,7 @@ from checkpointing_airflow import try_plan
 from checkpointing_airflow.attempts import attempt_id, failed_try_line
 from checkpointing_airflow.aws_credentials import storage_environment
 from checkpointing_airflow.deferred import DeferredSubmit
+from checkpointing_airflow.driver_scope import driver_metastore_url, release_driver
 from checkpointing_airflow.driver_secrets import (
     is_secret_name,
     mask_url_password,
@@ -118,6 +119,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     :param deferrable: submit a detached driver, free the worker slot while the triggerer
         coordinates (:mod:`checkpointing_airflow.deferred`); default ``default_deferrable``.
     :param driver_heartbeat_timeout: deferrable: seconds of driver silence that fail the try.
+    :param driver_role_ttl: with driver scope enabled on a PostgreSQL metastore (``ckpt db
+        driver-scope enable``, docs/cluster.md): seconds the driver's own metastore role is
+        valid; default ``execution_timeout``, else 24 hours. Set it above the longest run.
 
     :param interval_start: a ``scope: interval`` spec's data interval start (ISO 8601; the
         pipeline DAGs pass their run's ``data_interval_start``): the try runs that interval's
@@ -177,6 +181,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         alert_after_failures: int = 1,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         driver_heartbeat_timeout: float = HEARTBEAT_TIMEOUT.total_seconds(),
+        driver_role_ttl: float | None = None,
         **kwargs: Any,
     ) -> None:
         from checkpointing_airflow.alerts import normalize_alerts
@@ -207,6 +212,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.alert_after_failures = alert_after_failures
         self.deferrable = deferrable
         self.driver_heartbeat_timeout = driver_heartbeat_timeout
+        self.driver_role_ttl = driver_role_ttl
 
     # ------------------------------------------------------------------ what this try runs
 
@@ -300,10 +306,17 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
                 restore,
                 parallelism,
             )
-            secrets = self.prepare_application(
-                spec, restore, parallelism, attempt, ti.try_number, url, storage_url
-            )
-            self.submit(context, spec, metastore, secrets)
+            # with driver scope: the driver's own role, dropped once spark-submit (and with it
+            # the driver, in client mode) has ended
+            driver_url = driver_metastore_url(self, metastore, spec.job, attempt, url)
+            try:
+                secrets = self.prepare_application(
+                    spec, restore, parallelism, attempt, ti.try_number, driver_url, storage_url
+                )
+                self.submit(context, spec, metastore, secrets)
+            finally:
+                if driver_url != url:
+                    release_driver(metastore, spec.job, attempt)
 
     def prepare_application(
         self,

@@ -1,0 +1,76 @@
+"""The Spark driver's own metastore credentials: with driver scope enabled on a PostgreSQL
+metastore (``ckpt db driver-scope enable``), each try's driver gets a per-attempt role that can
+read and write only its own job's rows (:mod:`checkpointing.metastore.driver_roles`) instead of
+the task's own URL. SQLite, or PostgreSQL without it: the task's URL, as before."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from checkpointing.metastore.driver_roles import (
+    DEFAULT_TTL,
+    driver_scope,
+    grant_driver,
+    revoke_driver,
+)
+
+if TYPE_CHECKING:
+    from checkpointing.metastore.engine import Metastore
+
+log = logging.getLogger(__name__)
+
+
+def role_ttl(op: Any) -> timedelta:
+    """How long the driver's role is valid: the operator's ``driver_role_ttl`` (seconds), else
+    its ``execution_timeout``, else :data:`~checkpointing.metastore.driver_roles.DEFAULT_TTL`."""
+    ttl = getattr(op, "driver_role_ttl", None)
+    if ttl not in (None, ""):
+        return timedelta(seconds=float(ttl))
+    timeout = getattr(op, "execution_timeout", None)
+    return timeout if isinstance(timeout, timedelta) and timeout > timedelta(0) else DEFAULT_TTL
+
+
+def driver_metastore_url(
+    op: Any, metastore: Metastore, job_id: str, attempt: str, task_url: str
+) -> str:
+    """The metastore URL the driver of ``attempt`` gets: its own role's when driver scope is
+    enabled (the password masked in the task log at once), else ``task_url``. A scope that is
+    enabled but incomplete, or a role the task cannot create, fails the try: falling back to
+    the task's URL would quietly give the driver every job's rows."""
+    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.sdk.log import mask_secret
+
+    from checkpointing.metastore.driver_roles import DriverScopeError
+
+    scope = driver_scope(metastore)
+    if scope.group is None:
+        return task_url
+    ttl = role_ttl(op)
+    try:
+        url = grant_driver(metastore, job_id, attempt, ttl)
+    except DriverScopeError as exc:
+        raise AirflowFailException(f"job {job_id}: driver scope: {exc}") from None
+    assert url.password is not None
+    mask_secret(url.password)
+    rendered = url.render_as_string(hide_password=False)
+    mask_secret(rendered)
+    op.log.info(
+        "job %s: the driver connects to the metastore as %s, its own job's rows only, for %s",
+        job_id,
+        url.username,
+        ttl,
+    )
+    return rendered
+
+
+def release_driver(metastore: Metastore, job_id: str, attempt: str) -> None:
+    """Drop the role of ``attempt``'s driver, once that driver is gone. A failure is only
+    logged: the role expires and the next grant (or ``ckpt db driver-scope expire``) drops
+    it."""
+    try:
+        if revoke_driver(metastore, job_id, attempt):
+            log.info("job %s: the driver role of %s is dropped", job_id, attempt)
+    except Exception as exc:  # the try's outcome matters more
+        log.warning("job %s: the driver role of %s is not dropped: %s", job_id, attempt, exc)
