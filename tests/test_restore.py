@@ -296,3 +296,36 @@ def test_a_metadata_handle_outside_its_checkpoint_is_refused(
 
     with pytest.raises(CorruptSnapshotError, match="outside the checkpoint's directory"):
         load_external(storage, second.location)
+
+
+def test_a_rows_metadata_path_is_read_only_where_the_ids_say_it_lives(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
+) -> None:
+    """Issue 38: a row is anyone's to write (any driver has the metastore URL). A checkpoint
+    row pointed at a copy of its own, valid ``_metadata`` elsewhere (checksum and all) is not
+    restored from that place; nor is a row without the checksum completion records."""
+    from sqlalchemy import update
+
+    from checkpointing.metastore.models import Checkpoint
+
+    coord = new_coordinator(metastore, storage, clock, retained=3)
+    first, second, third = complete(coord), complete(coord), complete(coord)
+    elsewhere = f"{storage.base_url}/planted/chk-{second.checkpoint_id}/_metadata"
+    copied = storage.write_bytes(elsewhere, storage.read_bytes(second.metadata_path))
+    with metastore.transaction() as s:
+        for c, values in (
+            (third, {"metadata_checksum": None}),
+            (second, {"metadata_path": elsewhere, "metadata_checksum": copied.checksum}),
+        ):
+            s.execute(
+                update(Checkpoint)
+                .where(Checkpoint.job_id == JOB, Checkpoint.checkpoint_id == c.checkpoint_id)
+                .values(**values)
+            )
+    decision = find_latest_valid(metastore, storage, JOB)
+    assert decision.checkpoint_id == first.checkpoint_id
+    no_checksum, moved = decision.skipped
+    assert "no metadata checksum recorded" in no_checksum.reason
+    assert elsewhere in moved.reason and "not where checkpoint 2 of job" in moved.reason
+    with pytest.raises(CorruptSnapshotError, match="not where checkpoint 2"):
+        load_checkpoint(metastore, storage, JOB, second.checkpoint_id)

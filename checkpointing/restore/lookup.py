@@ -32,7 +32,7 @@ from checkpointing.metastore.models import Checkpoint, RestoreEvent
 from checkpointing.restore.assignment import StateAssignment, plan_restore, snapshots_from_metadata
 from checkpointing.state.metadata import CheckpointMetadata, read_metadata, verify_handles
 from checkpointing.state.storage import METADATA_FILE, CheckpointStorage
-from checkpointing.status import CheckpointStatus, RestoreStatus
+from checkpointing.status import CheckpointStatus, CheckpointType, RestoreStatus
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def find_latest_valid(
     bad: dict[str, str] = {}
     for checkpoint_id, ctype, path, checksum in candidates:
         try:
-            metadata = _verified(storage, job_id, checkpoint_id, path, checksum, deep, bad)
+            metadata = _verified(storage, job_id, checkpoint_id, ctype, path, checksum, deep, bad)
         except (StorageError, ValueError) as exc:
             reason = exc.reason if isinstance(exc, CorruptSnapshotError) else str(exc)
             where = exc.path if isinstance(exc, CorruptSnapshotError) else path
@@ -170,7 +170,7 @@ def load_checkpoint(
                 f"checkpoint {checkpoint_id} of job {job_id} is {row.status}, not COMPLETED"
             )
         ctype, path, checksum = row.checkpoint_type, row.metadata_path, row.metadata_checksum
-    metadata = _verified(storage, job_id, checkpoint_id, path, checksum, deep)
+    metadata = _verified(storage, job_id, checkpoint_id, ctype, path, checksum, deep)
     return RestoreDecision(job_id, checkpoint_id, ctype, path, metadata)
 
 
@@ -222,13 +222,31 @@ def _verified(
     storage: CheckpointStorage,
     job_id: str,
     checkpoint_id: int,
+    checkpoint_type: str | None,
     path: str | None,
     checksum: str | None,
     deep: bool,
     known_bad: Mapping[str, str] = MappingProxyType({}),
 ) -> CheckpointMetadata:
+    """The row's ``_metadata``, read only where the ids say it lives (a row is anyone's to
+    write): a checkpoint's under ``chk-<id>/``, a savepoint's under the job's
+    ``savepoints/savepoint-<id>/`` or a target's ``savepoint-<id>/``; with the checksum
+    completion recorded (none: not a completion's row)."""
     if not path:
         raise CorruptSnapshotError(f"checkpoint {checkpoint_id}", "no metadata path recorded")
+    derived = {
+        f"{storage.checkpoint_url(job_id, checkpoint_id)}/{METADATA_FILE}",
+        f"{storage.savepoint_url(job_id, checkpoint_id)}/{METADATA_FILE}",
+    }
+    targeted = checkpoint_type == CheckpointType.SAVEPOINT and path.endswith(
+        f"/savepoint-{checkpoint_id}/{METADATA_FILE}"
+    )
+    if path not in derived and not targeted:
+        raise CorruptSnapshotError(
+            path, f"not where checkpoint {checkpoint_id} of job {job_id} lives: not read"
+        )
+    if not checksum:
+        raise CorruptSnapshotError(path, "no metadata checksum recorded: not read")
     metadata = read_metadata(storage, path, checksum)
     if metadata.job_id != job_id or metadata.checkpoint_id != checkpoint_id:
         raise CorruptSnapshotError(
