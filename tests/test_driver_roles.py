@@ -597,3 +597,40 @@ def test_the_operators_driver_gets_its_own_role_only_when_scope_is_enabled(
     got = _run_operator_try(lite, sqlite_url, tmp_path, monkeypatch)
     lite.dispose()
     assert (got["url"], got["user"], got["jobs"]) == (sqlite_url, None, [JOB, OTHER])
+
+
+# ============================================================================ the CLI
+
+
+def test_ckpt_db_driver_scope_says_what_a_driver_reaches(
+    enabled: Scope, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from checkpointing.cli import app
+
+    runner = CliRunner()
+    pg_url = enabled.owner.url.render_as_string(hide_password=False)
+    monkeypatch.setenv("CKPT_METASTORE_URL", pg_url)
+    url = grant_driver(enabled.owner, JOB, "manual__cli-t1", timedelta(hours=1))
+    try:
+        status = runner.invoke(app, ["db", "driver-scope", "status"])
+        assert status.exit_code == 0, status.output
+        assert f"driver scope is on (group {enabled.group})" in status.output
+        assert "only its own job's rows" in status.output
+        assert f"{url.username}  job {JOB}  attempt manual__cli-t1" in status.output
+        again = runner.invoke(app, ["db", "driver-scope", "enable", "--group", enabled.group])
+        assert again.exit_code == 0 and "driver scope enabled" in again.output, again.output
+        expired = runner.invoke(app, ["db", "driver-scope", "expire"])
+        assert expired.exit_code == 0 and "dropped 0 expired" in expired.output, expired.output
+    finally:
+        assert revoke_driver(enabled.owner, JOB, "manual__cli-t1")
+
+    lite = f"sqlite:///{tmp_path / 'm.db'}"
+    Metastore(lite, check_schema=False).upgrade()
+    monkeypatch.setenv("CKPT_METASTORE_URL", lite)
+    off = runner.invoke(app, ["db", "driver-scope", "status"])
+    assert off.exit_code == 0 and "driver scope is off" in off.output, off.output
+    assert "every job's rows" in off.output
+    refused = runner.invoke(app, ["db", "driver-scope", "enable"])
+    assert refused.exit_code != 0 and "needs PostgreSQL" in refused.output, refused.output

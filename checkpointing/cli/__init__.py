@@ -37,6 +37,14 @@ db_app = typer.Typer(help="Create, migrate and inspect the metastore schema.", n
 db_app.command("upgrade")(db.upgrade)
 db_app.command("current")(db.current)
 db_app.command("ddl")(db.ddl)
+driver_scope_app = typer.Typer(
+    help="Narrow what each Spark driver can write (PostgreSQL roles, docs/cluster.md).",
+    no_args_is_help=True,
+)
+driver_scope_app.command("enable")(db.driver_scope_enable)
+driver_scope_app.command("status")(db.driver_scope_status)
+driver_scope_app.command("expire")(db.driver_scope_expire)
+db_app.add_typer(driver_scope_app, name="driver-scope")
 app.add_typer(db_app, name="db")
 
 # in this order in `ckpt --help`
