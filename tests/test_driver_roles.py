@@ -634,3 +634,61 @@ def test_ckpt_db_driver_scope_says_what_a_driver_reaches(
     assert "every job's rows" in off.output
     refused = runner.invoke(app, ["db", "driver-scope", "enable"])
     assert refused.exit_code != 0 and "needs PostgreSQL" in refused.output, refused.output
+
+
+# ============================================================================ the migration
+
+
+def test_the_downgrade_leaves_the_drivers_group_no_privilege(tmp_path: Path) -> None:
+    """Revision 0008's downgrade removes the row security: the drivers' group must lose its
+    privileges with it, or a driver role left over would reach every job's rows."""
+    from alembic import command
+
+    from checkpointing.metastore.engine import _alembic_config
+
+    group = f"ckpt_t_drivers_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    roles: list[str] = []
+    with fresh_pg_database("ckpt_driver_downgrade") as url:
+        Metastore(url, check_schema=False).upgrade()
+        store = Metastore(url)
+        try:
+            enable_driver_scope(store, group=group)
+            _seed_job(store)
+            driver = grant_driver(store, JOB, ATTEMPT)
+            roles.append(str(driver.username))
+            with store.engine.begin() as conn:
+                command.downgrade(_alembic_config(conn), "0007")
+            with store.engine.connect() as conn:
+                assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == (
+                    "0007"
+                )
+                for table in TABLES:
+                    privileges = conn.execute(
+                        text(
+                            "SELECT has_table_privilege(:g, :t, 'SELECT, INSERT, UPDATE, DELETE'),"
+                            " relrowsecurity FROM pg_class WHERE relname = :t"
+                        ),
+                        {"g": group, "t": table},
+                    ).one()
+                    assert tuple(privileges) == (False, False), table
+            leftover = Metastore(driver, check_schema=False)
+            with pytest.raises(DBAPIError, match="permission denied"), leftover.reading() as s:
+                s.execute(select(Job.job_id))
+            leftover.dispose()
+        finally:
+            store.dispose()
+            admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+            with admin.connect() as conn:
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = :d AND pid <> pg_backend_pid()"
+                    ),
+                    {"d": url.database},
+                )
+            admin.dispose()
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        for role in [*roles, group]:
+            conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+    admin.dispose()

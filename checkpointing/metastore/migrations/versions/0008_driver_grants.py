@@ -43,11 +43,30 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     if op.get_context().dialect.name == "postgresql":
-        # what `ckpt db driver-scope enable` added depends on the table: remove it first (the
-        # roles themselves are cluster-wide; `ckpt db driver-scope expire` drops them before)
-        for table in _SCOPED:
-            op.execute(f"DROP POLICY IF EXISTS ckpt_driver_own_job ON {table}")
-            op.execute(f"DROP POLICY IF EXISTS ckpt_all_rows ON {table}")
-            op.execute(f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY")
-        op.execute("DROP FUNCTION IF EXISTS ckpt_driver_job()")
+        _disable_driver_scope()
     op.drop_table("ckpt_driver_grants")
+
+
+def _disable_driver_scope() -> None:
+    """Undo ``ckpt db driver-scope enable``, which depends on the table: without row security
+    the drivers' group must lose its privileges too, or its roles would reach every job's rows.
+    The roles themselves are cluster-wide and stay (``ckpt db driver-scope expire`` drops them
+    before a downgrade); without privileges they reach nothing here."""
+    bind = op.get_bind()
+    group = bind.execute(
+        sa.text(
+            "SELECT roles[1] FROM pg_policies WHERE schemaname = current_schema() "
+            "AND tablename = 'ckpt_jobs' AND policyname = 'ckpt_driver_own_job'"
+        )
+    ).scalar()
+    quote = bind.dialect.identifier_preparer.quote
+    schema = quote(bind.execute(sa.text("SELECT current_schema()")).scalar_one())
+    if group is not None:
+        op.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA {schema} FROM {quote(group)}")
+        op.execute(f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA {schema} FROM {quote(group)}")
+        op.execute(f"REVOKE ALL ON SCHEMA {schema} FROM {quote(group)}")
+    for table in _SCOPED:
+        op.execute(f"DROP POLICY IF EXISTS ckpt_driver_own_job ON {table}")
+        op.execute(f"DROP POLICY IF EXISTS ckpt_all_rows ON {table}")
+        op.execute(f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY")
+    op.execute("DROP FUNCTION IF EXISTS ckpt_driver_job()")
