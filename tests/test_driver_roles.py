@@ -14,7 +14,6 @@ keeps it out) and an expired role's open session sees nothing.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from checkpointing.metastore.models import (
     CheckpointAck,
     CheckpointRequest,
     CheckpointTask,
+    DriverGrant,
     Job,
     RestoreEvent,
     SharedStateRef,
@@ -83,10 +83,6 @@ class Scope:
     owner: Metastore  # the tables' owner, with CREATEROLE: runs `enable` and the grants
     api: Metastore  # another role with plain table privileges: the API server, the CLI
     group: str
-
-
-def _admin() -> object:
-    return create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
 
 
 @pytest.fixture(scope="module")
@@ -367,7 +363,22 @@ def test_a_driver_can_neither_read_nor_change_another_jobs_rows(
             s.execute(update(Checkpoint).where(Checkpoint.job_id == JOB).values(job_id=OTHER))
     assert _counts(store, OTHER) == theirs
 
-    inserts = {  # Scenario A of issue 38: a PENDING row for another team's job, and the like
+    # each would be a valid row without driver scope: the other job's pending checkpoint 2
+    # (its agg-1 not acked yet), a new plan entry of it, and (Scenario A of issue 38) a PENDING
+    # row for another team's job pointing at a whole bucket, and the like
+    inserts = {
+        "ckpt_checkpoint_acks": insert(CheckpointAck).values(
+            job_id=OTHER, checkpoint_id=2, attempt_id="agg-1-a0", acked_at=now
+        ),
+        "ckpt_checkpoint_tasks": insert(CheckpointTask).values(
+            job_id=OTHER,
+            checkpoint_id=2,
+            attempt_id="extra-0-a0",
+            operator_id="extra",
+            subtask_index=0,
+            parallelism=1,
+            max_parallelism=16,
+        ),
         "ckpt_checkpoints": insert(Checkpoint).values(
             job_id=OTHER,
             checkpoint_id=99,
@@ -407,10 +418,19 @@ def test_a_driver_can_neither_read_nor_change_another_jobs_rows(
             updated_at=now,
         ),
     }
+    assert set(inserts) == set(TABLES)
     for statement in inserts.values():
         with pytest.raises(DBAPIError, match="row-level security"), mine.transaction() as s:
             s.execute(statement)
     assert _counts(store, OTHER) == theirs
+    with store.transaction() as s:  # the owner may: the same rows were valid ones
+        for name, statement in inserts.items():
+            if name != "ckpt_jobs":
+                s.execute(statement)
+    assert _counts(store, OTHER) == {
+        name: count + (name != "ckpt_jobs") for name, count in theirs.items()
+    }
+    theirs = _counts(store, OTHER)
     with pytest.raises(DBAPIError, match="permission denied"), mine.reading() as s:
         s.execute(text("SELECT * FROM ckpt_driver_grants"))  # nor learns who else is granted
     with pytest.raises(DBAPIError, match="permission denied"), mine.transaction() as s:
@@ -459,14 +479,18 @@ def test_a_revoked_or_expired_role_cannot_log_in(enabled: Scope) -> None:
 
     # an expired role: its open session sees no row from then on; gc drops it
     _seed_job(store)
-    short = grant_driver(store, JOB, "manual__x-t2", timedelta(seconds=2))
+    short = grant_driver(store, JOB, "manual__x-t2", timedelta(hours=1))
     kept = grant_driver(store, JOB, "manual__x-t3", timedelta(hours=1))
     held = Metastore(short)
     with held.reading() as s:
         assert s.execute(select(func.count()).select_from(Job)).scalar_one() == 1
-    later = datetime.now(UTC) + timedelta(seconds=3)
-    time.sleep(max(0.0, (later - datetime.now(UTC)).total_seconds()))
-    with held.reading() as s:
+    with store.transaction() as s:  # its hour is over (the server's clock decides, not ours)
+        s.execute(
+            update(DriverGrant)
+            .where(DriverGrant.role_name == short.username)
+            .values(expires_at=datetime.now(UTC) - timedelta(minutes=1))
+        )
+    with held.reading() as s:  # the same pooled connection, a new transaction
         assert s.execute(select(func.count()).select_from(Job)).scalar_one() == 0
     held.dispose()
     assert expire_driver_roles(store) == [short.username]

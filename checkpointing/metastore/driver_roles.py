@@ -112,12 +112,15 @@ def driver_scope(metastore: Metastore) -> DriverScope:
             )
         }
         function = conn.execute(
-            text("SELECT to_regprocedure(current_schema() || :f)"), {"f": f".{FUNCTION}()"}
+            text("SELECT to_regprocedure(quote_ident(current_schema()) || :f)"),
+            {"f": f".{FUNCTION}()"},
         ).scalar()
-    roles = policies.get(("ckpt_jobs", OWN_JOB))
-    if not roles:
+    # enabled once a table names the group (a scope missing a part is reported, not ignored:
+    # the operator then refuses rather than hand a driver the task's own URL)
+    groups = [policies[(t, OWN_JOB)] for t in tables if policies.get((t, OWN_JOB))]
+    if not groups:
         return DriverScope(None)
-    group = roles[0]
+    group = groups[0][0]
     missing = [
         t
         for t in tables

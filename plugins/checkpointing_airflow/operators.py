@@ -139,7 +139,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     :mod:`checkpointing_airflow.driver_secrets`) reach the driver through spark-submit's
     process environment only, never as ``--conf`` arguments (which the Spark provider makes of
     ``env_vars`` on YARN and Kubernetes, visible in ``ps``). A deploy mode whose driver runs
-    elsewhere (``cluster``) cannot get them that way and is refused with the reason.
+    elsewhere (``cluster``) cannot get them that way and is refused with the reason. With
+    driver scope enabled on a PostgreSQL metastore, the metastore URL the driver gets is a role
+    of its own try's, which reads and writes only this job's rows
+    (:mod:`checkpointing_airflow.driver_scope`; docs/cluster.md, "What a driver can reach").
     """
 
     template_fields: Sequence[str] = (
