@@ -489,7 +489,7 @@ def test_a_retry_re_attaches_to_the_live_driver_of_the_try_before_it(
     from checkpointing.metastore.views import list_restores
     from checkpointing.restore.recovery import fail_attempt
     from checkpointing_airflow.attempts import attempt_id
-    from checkpointing_airflow.callbacks import restore_from_latest
+    from checkpointing_airflow.callbacks import job_failed, restore_from_latest
 
     first, second = attempt_id(DAG, RUN, 1), attempt_id(DAG, RUN, 2)
     one = defer_try(airflow_in_process, tmp_path, monkeypatch, "finish")
@@ -499,6 +499,8 @@ def test_a_retry_re_attaches_to_the_live_driver_of_the_try_before_it(
     restore_from_latest({**one.context, "task": one.op})  # Airflow retries try 1
     assert job_row(one.metastore).status == "RUNNING"  # not failed: its driver lives
     assert list_restores(one.metastore, JOB) == []  # and no restore planned
+    job_failed({**one.context, "task": one.op})  # were it the last try (issue 38): no
+    assert job_row(one.metastore).status == "RUNNING"  # shutdown under the live driver
 
     one.submitted.unlink()
     two = defer_try(airflow_in_process, tmp_path, monkeypatch, "finish", try_number=2)

@@ -384,6 +384,10 @@ def test_the_deploy_check_refuses_another_jobs_savepoint_unless_allowed(
     dag = dag_factory.build_deploy_dag(tmp_path / "pipelines")
     assert dag.params["allow_other_job"] is False
     assert dag.get_task("run").allow_other_job.key == "allow_other_job"  # what check decided
+    # issue 38: a cleared or retried deploy acts on the same restore: every try asks again
+    assert dag.get_task("run").authorize_restore is True
+    unchecked = dag_factory.build_deploy_dag(tmp_path / "pipelines", check_permissions=False)
+    assert unchecked.get_task("run").authorize_restore is False
 
 
 @needs_airflow

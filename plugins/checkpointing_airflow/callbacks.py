@@ -82,6 +82,8 @@ def job_failed(context: Any) -> None:
     failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
     if _superseded(metastore, spec.job, failed, ti.try_number):
         return
+    if _driver_lives(task, metastore, spec.job, failed):  # its own outcome is the job's: no
+        return  # shutdown (retention) under it; a clear of the task re-attaches to it
     with _storage_access(task, spec):  # retention discards checkpoints in the storage
         info = fail_attempt(
             metastore,
@@ -158,8 +160,9 @@ def _storage_access(task: Any, spec: Any) -> AbstractContextManager[None]:
 
 
 def _driver_lives(task: Any, metastore: Any, job_id: str, failed: str) -> bool:
-    """A deferrable try whose detached driver still runs: the retry re-attaches to it
-    (:mod:`checkpointing_airflow.deferred`), so nothing is failed and no restore is planned."""
+    """A deferrable try whose detached driver still runs: a retry (or a clear of the last try)
+    re-attaches to it (:mod:`checkpointing_airflow.deferred`), so nothing is failed, shut down
+    or restored under it."""
     if not getattr(task, "deferrable", False):
         return False
     from checkpointing_airflow.detached_driver import live_driver
@@ -167,8 +170,9 @@ def _driver_lives(task: Any, metastore: Any, job_id: str, failed: str) -> bool:
     if not live_driver(metastore, job_id, failed, task.driver_heartbeat_timeout):
         return False
     log.warning(
-        "job %s: try %s failed but its Spark driver is still running (or has finished): the "
-        "retry re-attaches to it (no restore)",
+        "job %s: try %s failed but its Spark driver is still running (or has finished): "
+        "nothing is failed or restored under it (a retry, or a clear of the task, re-attaches "
+        "to it)",
         job_id,
         failed,
     )

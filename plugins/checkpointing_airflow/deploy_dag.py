@@ -163,6 +163,8 @@ def build_deploy_dag(
             restore=checked["restore"],
             parallelism=checked["parallelism"],
             allow_other_job=checked["allow_other_job"],
+            # a cleared or retried run acts on the same restore: its user is asked again
+            authorize_restore=check_permissions,
             metastore_conn_id=metastore_conn_id,
             conn_id=spark_conn_id,
             retries=defaults["retries"].default,
