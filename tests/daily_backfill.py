@@ -310,10 +310,12 @@ def run_scenario(
     *,
     task_hosts: Callable[[], list[psutil.Process]],
     kill_worker: Callable[[DriverIdentity], dict[int, str]],
+    full_refresh: bool = True,
 ) -> None:
     """The module docstring's scenario. ``task_hosts``: the processes that run task instances
     (LocalExecutor: the scheduler; Celery: the workers); ``kill_worker``: SIGKILL the worker
-    running the given driver's try, but not the driver."""
+    running the given driver's try, but not the driver; ``full_refresh``: the middle day's
+    refresh at the end (it does not depend on the executor: one module runs it)."""
     backfill = d.backfill(DAYS[0], DAYS[-1], max_active_runs=3)
 
     # --- (1) the worker of the first day to start dies while its driver starts
@@ -420,8 +422,13 @@ def run_scenario(
     for day in DAYS:
         assert_exactly_once(d.root / "out" / f"date={day}", d.root / "events" / f"date={day}", AGGS)
 
-    # --- the full refresh of the middle day: its output replaced once, the other days'
-    # untouched (a refresh's retry resuming it: test_interval_scope.py, on Spark)
+    if full_refresh:
+        refresh_middle_day(d)
+
+
+def refresh_middle_day(d: DailyBackfill) -> None:
+    """The full refresh of the middle day: its output replaced once, the other days'
+    untouched (a refresh's retry resuming it: test_interval_scope.py, on Spark)."""
     middle = DAYS[1]
     others = {day: _files(d.root / "out" / f"date={day}") for day in DAYS if day != middle}
     before = _files(d.root / "out" / f"date={middle}")

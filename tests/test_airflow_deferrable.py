@@ -1,12 +1,12 @@
 """Issue 27 under the real scheduler and triggerer with the LocalExecutor, real Spark: the
 deferrable, interval-scoped daily pipeline of :mod:`tests.daily_backfill`, backfilled over three
-days at once, with a worker, the triggerer and a driver SIGKILLed mid-run, then one day fully
-refreshed. Airflow's database SQLite (a copy of one migrated once per test process), the
+days at once, with a worker, the triggerer and a driver SIGKILLed mid-run. Airflow's database SQLite (a copy of one migrated once per test process), the
 checkpoint metastore SQLite.
 
 A LocalExecutor worker is a child of the scheduler that supervises one task at a time: killing
 the one that runs a try (and the try's task runner) is the worker dying under the detached
-driver. The in-process tests of the same code paths (serialisation, the verdicts, a lost or
+driver. The middle day's full refresh, which no executor changes, runs in the Celery module
+only. The in-process tests of the same code paths (serialisation, the verdicts, a lost or
 superseded driver) are ``test_deferrable.py``'s; the CeleryExecutor's run of the scenario is
 ``test_airflow_celery.py``'s.
 """
@@ -103,6 +103,7 @@ def test_a_deferrable_daily_backfill_survives_worker_triggerer_and_driver_kills(
             scenario.DailyBackfill(airflow, api, metastore, tmp_path),
             task_hosts=lambda: [scheduler],
             kill_worker=kill_worker,
+            full_refresh=False,  # the executor plays no part in it: the Celery module runs it
         )
     finally:
         metastore.dispose()
