@@ -19,8 +19,10 @@ false`` (the final table only, as W writes; no changelog sink), parallelism 4. E
 process tree is sampled (``machine.Watch``) for its peak resident memory; W's, the design's and
 ours' are reported, and ours / W paired per round. Every run records the machine's load before
 and after it and the JVMs that were not its own; a run is flagged (``machine.load_flags``) when
-the 1-min load average before it was above 0.5 or another JVM ran; before each run the bench
-waits up to ``--settle`` seconds (default 60) for the previous run's load to decay.
+more than 10 % of the cores' time was busy in the 3 s before it (measured from /proc/stat; the
+1-min load average, recorded too, still holds the bench's own previous run for a minute) or
+another JVM ran; before each run the bench waits up to ``--settle`` seconds (default 60) for
+the cores to be idle.
 
 ``--scale F`` runs the same sets at F times their events and keys (``--quick``: 0.04, 200 k /
 2 M events) into ``issue37-quick.json``, never ``issue37.json``.
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import spark_stats
-from machine import LOAD_LIMIT, loadavg, machine_info
+from machine import BUSY_LIMIT, BUSY_WINDOW_S, LOAD_LIMIT, loadavg, machine_info
 from spark_plan import Runner, base_task, rotated
 from spark_report import console, write_report
 from spark_workload import RESULTS_DIR, Settings, ensure_data
@@ -92,8 +94,10 @@ DEFINITIONS = {
     "(the plain job's crashed 80 % then its rerun from zero, by formula)",
     "peak_rss_bytes": "the most resident memory of the run's process tree at once (Python, "
     "driver JVM, Python workers; sampled every 0.25 s)",
-    "load_flags": f"why a run may be skewed: 1-min load average > {LOAD_LIMIT} before it (after "
-    "settling up to --settle seconds), or any JVM not the run's own before, during or after it",
+    "load_flags": f"why a run may be skewed: more than {BUSY_LIMIT:.0%} of the cores' time busy in "
+    f"the {BUSY_WINDOW_S:g} s before it (cpu_busy_before, from /proc/stat, after settling up to "
+    "--settle seconds; loadavg_1m is recorded too, but lags a minute behind the previous run), "
+    "or any JVM not the run's own before, during or after it",
     "output": "W's, the design's and ours' output tables must hold the same rows "
     "(spark_process.output_check's digest; checks.same_output)",
 }
@@ -264,6 +268,7 @@ def run(args: Any, base: Settings, data_root: Path, work_root: Path) -> int:
             "seed": s.seed,
             "settle_s": settle_s,
             "load_limit": LOAD_LIMIT,
+            "busy_limit": BUSY_LIMIT,
         },
         "machine": {
             **machine_info(),

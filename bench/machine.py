@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import time
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,32 @@ def other_spark_jvms() -> int:
 
 #: a run is flagged as taken under load when the 1-min load average before it exceeds this
 LOAD_LIMIT = 0.5
+#: the share of all cores' time busy (user, system, I/O wait, …) in the seconds before a run
+#: above which it counts as taken under load: measured, not the 1-min load average, which
+#: still holds the bench's own previous run for a minute after it ended
+BUSY_LIMIT = 0.10
+BUSY_WINDOW_S = 3.0
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat (I/O wait counts busy:
+    a disk still writing the previous run's files is load too)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3]
+    return sum(fields) - idle, sum(fields)
+
+
+def cpu_busy(window_s: float = BUSY_WINDOW_S) -> float | None:
+    """The share of all cores' time that was busy over the next ``window_s`` seconds."""
+    before = _cpu_times()
+    time.sleep(window_s)
+    after = _cpu_times()
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 3)
 
 
 def _children() -> dict[int, list[int]]:
@@ -146,11 +173,16 @@ class Watch:
 
 def load_flags(run: dict[str, Any]) -> list[str]:
     """Why a run's figures may be skewed by other work: the reasons, empty when none. Uses the
-    run's ``loadavg_1m`` (before it), ``other_spark_jvms`` and ``other_java_start`` / ``_max``
-    / ``_end`` (JVMs that were not the run's, before, during and after it)."""
+    run's ``cpu_busy_before`` (else, for older records, ``loadavg_1m``), ``other_spark_jvms``
+    and ``other_java_start`` / ``_max`` / ``_end`` (JVMs that were not the run's, before, during
+    and after it)."""
     out = []
+    busy = run.get("cpu_busy_before")
     load = run.get("loadavg_1m")
-    if load is not None and load > LOAD_LIMIT:
+    if busy is not None:  # measured just before the run (the load average lags a minute)
+        if busy > BUSY_LIMIT:
+            out.append(f"{busy:.0%} of the cores busy before the run (> {BUSY_LIMIT:.0%})")
+    elif load is not None and load > LOAD_LIMIT:  # runs recorded before the busy share was
         out.append(f"1-min load {load} > {LOAD_LIMIT} before the run")
     others = max(
         run.get(k) or 0

@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/'s modules, beside this file
 
-from machine import LOAD_LIMIT, load_flags
+from machine import BUSY_LIMIT, BUSY_WINDOW_S, LOAD_LIMIT, load_flags
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
@@ -87,19 +87,24 @@ def load_line(runs: list[dict[str, Any]]) -> str:
     java = max(
         (r.get(k) or 0 for r in runs for k in ("other_java_start", "other_java_max")), default=0
     )
+    busy = [r["cpu_busy_before"] for r in runs if r.get("cpu_busy_before") is not None]
+    idle = (
+        f"at most {BUSY_LIMIT:.0%} of the cores busy in the {BUSY_WINDOW_S:g} s before each"
+        if busy
+        else f"1-min load ≤ {LOAD_LIMIT} before each"
+    )
     if not flagged:
-        return (
-            f"Load: none of the {len(runs)} runs was flagged (1-min load ≤ {LOAD_LIMIT} before "
-            "each, no other JVM)."
-        )
-    parts = [f"1-min load {min(loads):.2f}–{max(loads):.2f} before the runs"] if loads else []
+        return f"Load: none of the {len(runs)} runs was flagged ({idle}, no other JVM)."
+    parts = [f"cores {min(busy):.0%}–{max(busy):.0%} busy before the runs"] if busy else []
+    if loads and not busy:
+        parts.append(f"1-min load {min(loads):.2f}–{max(loads):.2f} before the runs")
     if jvms:
         parts.append(f"up to {jvms} other Spark JVM(s)")
     if java:
         parts.append(f"up to {java} other JVM(s)")
     return (
         f"Load: **{len(flagged)} of {len(runs)} runs flagged** as taken under load "
-        f"(load > {LOAD_LIMIT} before the run or another JVM running; {', '.join(parts)}): the "
+        f"(not {idle}, or another JVM running; {', '.join(parts)}): the "
         "machine was not idle, so compare ratios, not seconds."
     )
 

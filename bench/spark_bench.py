@@ -184,8 +184,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     g.add_argument(
         "--settle",
         type=float,
-        help="issue 37: seconds to wait at most before each run for the 1-min load to fall to "
-        "0.5 (default 60; 0: never wait)",
+        help="issue 37: seconds to wait at most before each run for the cores to be idle (at "
+        "most 10%% busy over 3 s; default 60; 0: never wait)",
     )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)

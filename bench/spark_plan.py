@@ -57,7 +57,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from machine import LOAD_LIMIT, java_pids, load_flags, loadavg, other_spark_jvms
+from machine import (
+    BUSY_LIMIT,
+    cpu_busy,
+    java_pids,
+    load_flags,
+    loadavg,
+    other_spark_jvms,
+)
 from rich.console import Console
 from spark_process import run_process
 from spark_workers import run_worker
@@ -108,11 +115,12 @@ class Runner:
         """One run, recorded; a failed run is recorded as ``failed`` with its log's tail (a
         size may be beyond what a variant survives: the others are still measured)."""
         n = len(self.runs) + 1
-        settled = settle(self.settle_s)
+        settled, busy = settle(self.settle_s)
         load, others, java = loadavg(), other_spark_jvms(), len(java_pids())
         console.print(
             f"[{n}/{self.total}] {tag or f'round {round_no + 1}'}: [bold]{variant}[/bold] "
-            f"(load {load}, other Spark JVMs {others}, JVMs {java}) ...",
+            f"(busy {busy if busy is None else f'{busy:.0%}'}, load {load}, other Spark JVMs "
+            f"{others}, JVMs {java}) ...",
             end=" ",
         )
         log = self.work / f"{n:03d}-{variant}.log"
@@ -128,6 +136,7 @@ class Runner:
         result.update(
             round=round_no,
             variant=variant,
+            cpu_busy_before=busy,
             loadavg_1m=load,
             loadavg_1m_end=loadavg(),
             other_spark_jvms=others,
@@ -149,16 +158,15 @@ class Runner:
         return result
 
 
-def settle(max_s: float) -> float:
-    """Wait up to ``max_s`` seconds for the 1-min load average to fall to ``LOAD_LIMIT`` (the
-    previous run's own load decays over about a minute); the seconds waited."""
+def settle(max_s: float) -> tuple[float, float | None]:
+    """Wait up to ``max_s`` seconds until the cores are idle: at most ``BUSY_LIMIT`` of their
+    time busy over ``BUSY_WINDOW_S`` (the previous run's writeback, say, done). The seconds
+    waited and the last busy share measured (the run's ``cpu_busy_before``)."""
     t0 = time.monotonic()
-    while max_s > 0 and time.monotonic() - t0 < max_s:
-        load = loadavg()
-        if load is None or load <= LOAD_LIMIT:
-            break
-        time.sleep(min(5.0, max_s - (time.monotonic() - t0)))
-    return round(time.monotonic() - t0, 1)
+    busy = cpu_busy()
+    while busy is not None and busy > BUSY_LIMIT and time.monotonic() - t0 < max_s:
+        busy = cpu_busy()
+    return round(time.monotonic() - t0, 1), busy
 
 
 def failure_cause(lines: list[str]) -> str:
