@@ -1,5 +1,7 @@
-"""README's benchmark tables are generated from bench/results/*.json (issue 37), and the paired
-statistics they report are the median of per-round ratios, not a ratio of medians."""
+# ruff: noqa: RUF001  (Markdown: the multiplication sign and en dash are meant)
+"""docs/benchmarks.md's tables and README.md's headline cost are generated from
+bench/results/*.json, and the paired statistics they report are the median of per-round ratios,
+not a ratio of medians."""
 
 from __future__ import annotations
 
@@ -16,25 +18,46 @@ import spark_stats  # noqa: E402
 from machine import load_flags  # noqa: E402
 
 
-def test_readme_section_equals_the_generated_tables() -> None:
-    text = readme_tables.README.read_text()
+def test_benchmarks_page_holds_the_generated_tables() -> None:
+    text = readme_tables.BENCHMARKS.read_text()
     assert readme_tables.BEGIN in text and readme_tables.END in text
-    assert readme_tables.readme_section(text) == readme_tables.generate(), (
-        "README.md's benchmark tables differ from bench/results/*.json: run "
+    assert readme_tables.TABLES.of(text, readme_tables.BENCHMARKS) == readme_tables.generate(), (
+        "docs/benchmarks.md's tables differ from bench/results/*.json: run "
         "python bench/readme_tables.py"
     )
 
 
-def test_check_fails_on_a_changed_readme_and_the_writer_fixes_it(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    section = readme_tables.generate()
-    readme.write_text(f"# x\n\n{readme_tables.BEGIN}\n{section}{readme_tables.END}\n\nafter\n")
-    assert readme_tables.main(["--check", "--readme", str(readme)]) == 0
-    readme.write_text(readme.read_text().replace("| metric |", "| a hand-edited metric |"))
-    assert readme_tables.main(["--check", "--readme", str(readme)]) == 1
-    assert readme_tables.main(["--readme", str(readme)]) == 0
-    assert readme_tables.main(["--check", "--readme", str(readme)]) == 0
-    assert readme.read_text().endswith(f"{readme_tables.END}\n\nafter\n")
+def test_readme_first_screen_holds_the_generated_cost() -> None:
+    text = readme_tables.README.read_text()
+    assert readme_tables.COST.of(text, readme_tables.README) == readme_tables.generate_cost(), (
+        "README.md's headline cost differs from bench/results/*.json: run "
+        "python bench/readme_tables.py"
+    )
+    assert readme_tables.BEGIN not in text  # the full tables live in docs/benchmarks.md
+    first = text.splitlines().index(readme_tables.COST_BEGIN)
+    assert first < 40, f"the cost starts on README.md's line {first + 1}: not its first screen"
+
+
+def test_check_fails_on_a_changed_section_and_the_writer_fixes_it(tmp_path: Path) -> None:
+    readme, bench = tmp_path / "README.md", tmp_path / "benchmarks.md"
+    cost, tables = readme_tables.generate_cost(), readme_tables.generate()
+    readme.write_text(
+        f"# x\n\n{readme_tables.COST_BEGIN}\n{cost}{readme_tables.COST_END}\n\nafter\n"
+    )
+    bench.write_text(f"# b\n\n{readme_tables.BEGIN}\n{tables}{readme_tables.END}\n\nend\n")
+    paths = ["--readme", str(readme), "--benchmarks", str(bench)]
+    assert readme_tables.main(["--check", *paths]) == 0
+    for path, old in ((bench, "| metric |"), (readme, "| the same query")):
+        assert old in path.read_text()
+        path.write_text(path.read_text().replace(old, "| a hand-edited row |"))
+        assert readme_tables.main(["--check", *paths]) == 1
+        assert readme_tables.main(paths) == 0
+        assert readme_tables.main(["--check", *paths]) == 0
+    assert readme.read_text().endswith(f"{readme_tables.COST_END}\n\nafter\n")
+    assert bench.read_text().endswith(f"{readme_tables.END}\n\nend\n")
+    bench.write_text("# no markers\n")
+    with pytest.raises(SystemExit, match="no <!-- bench:begin -->"):
+        readme_tables.main(paths)
 
 
 def test_median_of_paired_ratios_is_not_the_ratio_of_medians() -> None:
@@ -71,23 +94,23 @@ def test_a_run_under_load_is_flagged() -> None:
     assert load_flags({"loadavg_1m": 0.1, "other_java_max": 2}) == ["2 other JVM(s) running"]
 
 
-def test_issue37_set_reports_paired_ratios_and_the_crash_total() -> None:
-    import issue37
+def issue37_run(variant: str, r: int, s: float, rss: int = 100, load: float = 0.1) -> dict:
+    return {
+        "variant": variant,
+        "round": r,
+        "process_s": s,
+        "peak_rss_bytes": rss,
+        "loadavg_1m": load,
+        "load_flags": load_flags({"loadavg_1m": load}),
+        "output_keys": 5,
+        "output_events": 50,
+        "output_digest": "same",
+    }
 
-    def run(variant: str, r: int, s: float, rss: int = 100, load: float = 0.1) -> dict:
-        return {
-            "variant": variant,
-            "round": r,
-            "process_s": s,
-            "peak_rss_bytes": rss,
-            "loadavg_1m": load,
-            "load_flags": load_flags({"loadavg_1m": load}),
-            "output_keys": 5,
-            "output_events": 50,
-            "output_digest": "same",
-        }
 
-    runs = [
+def issue37_runs() -> list[dict]:
+    run = issue37_run
+    return [
         run("plain", 0, 10.0, 100),
         run("design", 0, 15.0),
         run("ours", 0, 30.0, 300),
@@ -99,8 +122,16 @@ def test_issue37_set_reports_paired_ratios_and_the_crash_total() -> None:
         {**run("ours-crash", 1, 25.0), "output_digest": None},
         run("ours-resume", 1, 15.0),
     ]
-    data = {"events": 50, "keys_parameter": 5, "dir": "/x", "files": 20, "bytes": 1}
-    x = issue37.set_section("d", data, runs, rounds=2)
+
+
+DATA = {"events": 50, "keys_parameter": 5, "dir": "/x", "files": 20, "bytes": 1}
+
+
+def test_issue37_set_reports_paired_ratios_and_the_crash_total() -> None:
+    import issue37
+
+    runs = issue37_runs()
+    x = issue37.set_section("d", DATA, runs, rounds=2)
     assert x["ratios"]["ours_vs_w"]["per_round"] == [3.0, 1.5]
     assert x["ratios"]["ours_vs_w"]["median"] == 2.25
     assert x["ratios"]["ours_vs_design"]["per_round"] == [2.0, 1.5]
@@ -112,4 +143,44 @@ def test_issue37_set_reports_paired_ratios_and_the_crash_total() -> None:
     assert x["flagged_runs"] == 1
     assert x["checks"]["consistent"]
     runs[2]["output_digest"] = "other"  # ours wrote another table than W's
-    assert not issue37.set_section("d", data, runs, rounds=2)["checks"]["consistent"]
+    assert not issue37.set_section("d", DATA, runs, rounds=2)["checks"]["consistent"]
+
+
+def test_readme_cost_comes_from_the_four_sets_once_measured(monkeypatch) -> None:
+    """With issue37.json, the README's table is its sets' ratios; Structured Streaming's line
+    still comes from the anchor run; without it, the anchor's rows and "not measured yet"."""
+    import issue37
+
+    runs = issue37_runs()
+    report = {
+        "generated_at": "2026-11-28T19:47:00+00:00",
+        "settings": {
+            "epochs": 10,
+            "files_per_epoch": 2,
+            "master": "local[2]",
+            "rounds": 2,
+            "scale": 1.0,
+        },
+        "machine": {"cpu_count": 2},
+        "sets": {
+            "a": issue37.set_section("a", DATA, runs[:3] + runs[5:8], rounds=2),
+            "d": issue37.set_section("d", DATA, runs, rounds=2),
+        },
+        "runs": runs,
+    }
+    real = readme_tables.load
+    monkeypatch.setattr(
+        readme_tables, "load", lambda name: report if name == "issue37.json" else real(name)
+    )
+    cost = readme_tables.generate_cost()
+    assert "| a: 5 M events / ~510 k keys | 2.25× (1.50–3.00) | 1.25× (1.00–1.50) |" in cost
+    assert "| d: 50 M events / 500 k keys | 2.25× (1.50–3.00) |" in cost
+    assert "| 2.50× (2.00–3.00) (1.80×) |" in cost  # (crashed + resumed) / W, then W's rerun
+    assert "1 of 10 runs taken under load" in cost
+    assert "not measured" not in cost
+    if real("spark-anchor.json"):
+        assert "Structured Streaming (SS) `Trigger.AvailableNow`" in cost
+    monkeypatch.setattr(
+        readme_tables, "load", lambda name: None if name == "issue37.json" else real(name)
+    )
+    assert readme_tables.NOT_MEASURED in readme_tables.generate_cost()
