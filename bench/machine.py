@@ -147,6 +147,9 @@ class Watch:
         self.pid, self.interval = pid, interval
         self.peak_rss = 0
         self.other_java_max = 0
+        #: every JVM seen in the tree: the run's own still, once its Python parent has exited
+        #: and it is re-parented while it shuts down (else counted as someone else's)
+        self.own_java: set[int] = set()
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -167,7 +170,9 @@ class Watch:
     def sample(self) -> None:
         pids = tree_pids(self.pid)
         self.peak_rss = max(self.peak_rss, rss_bytes(pids))
-        self.other_java_max = max(self.other_java_max, len(java_pids() - pids))
+        java = java_pids()
+        self.own_java |= java & pids
+        self.other_java_max = max(self.other_java_max, len(java - pids - self.own_java))
         self.samples += 1
 
 

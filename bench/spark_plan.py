@@ -141,7 +141,8 @@ class Runner:
             loadavg_1m_end=loadavg(),
             other_spark_jvms=others,
             other_java_start=java,
-            other_java_end=len(java_pids()),
+            # the run's own JVM may still be exiting: not someone else's
+            other_java_end=len(java_pids() - set(result.get("own_java_pids") or ())),
             settled_s=settled,
         )
         result["load_flags"] = load_flags(result)

@@ -115,6 +115,7 @@ def run_process(
             "exit_s": round(exited - spawned, 3),
             "peak_rss_bytes": watch.peak_rss,
             "other_java_max": watch.other_java_max,
+            "own_java_pids": sorted(watch.own_java),
             "code": code,
             "command": [Path(c).name if os.sep in c else c for c in cmd],
         }
@@ -138,6 +139,7 @@ def run_process(
         exit_s=round(exited - spawned, 3),
         peak_rss_bytes=watch.peak_rss,
         other_java_max=watch.other_java_max,
+        own_java_pids=sorted(watch.own_java),
         rss_samples=watch.samples,
         **output_check(out_dir),
         code=code,
