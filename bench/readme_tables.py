@@ -443,8 +443,8 @@ def generate() -> str:
         parts.append(acks_section(acks))
     i37 = load("issue37.json")
     parts.append(
-        "**The four data sets** (W, the hand-written design and ours): "
-        + ("\n\n" + issue37_table(i37) if i37 else NOT_MEASURED)
+        "**The four data sets** (W, the hand-written design and ours):"
+        + ("\n\n" + issue37_table(i37) if i37 else " " + NOT_MEASURED)
     )
     if a := load("spark-anchor.json"):
         parts.append(anchor_table(a, "The anchor run, `bench/results/spark-anchor.json`"))

@@ -47,9 +47,9 @@ def test_check_fails_on_a_changed_section_and_the_writer_fixes_it(tmp_path: Path
     bench.write_text(f"# b\n\n{readme_tables.BEGIN}\n{tables}{readme_tables.END}\n\nend\n")
     paths = ["--readme", str(readme), "--benchmarks", str(bench)]
     assert readme_tables.main(["--check", *paths]) == 0
-    for path, old in ((bench, "| metric |"), (readme, "| the same query")):
-        assert old in path.read_text()
-        path.write_text(path.read_text().replace(old, "| a hand-edited row |"))
+    for path in (bench, readme):
+        assert "edit those or the script" in path.read_text()
+        path.write_text(path.read_text().replace("edit those or the script", "hand-edited"))
         assert readme_tables.main(["--check", *paths]) == 1
         assert readme_tables.main(paths) == 0
         assert readme_tables.main(["--check", *paths]) == 0
