@@ -1,7 +1,7 @@
 """Issue 27 under the real scheduler and triggerer with the LocalExecutor, real Spark: the
 deferrable, interval-scoped daily pipeline of :mod:`tests.daily_backfill`, backfilled over three
-days at once, with a worker, the triggerer and a driver SIGKILLed mid-run. Airflow's database SQLite (a copy of one migrated once per test process), the
-checkpoint metastore SQLite.
+days at once, with a worker, the triggerer and a driver SIGKILLed mid-run. Airflow's database
+SQLite (a copy of one migrated once per test process), the checkpoint metastore SQLite.
 
 A LocalExecutor worker is a child of the scheduler that supervises one task at a time: killing
 the one that runs a try (and the try's task runner) is the worker dying under the detached
