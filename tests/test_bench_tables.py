@@ -176,7 +176,7 @@ def test_readme_cost_comes_from_the_four_sets_once_measured(monkeypatch) -> None
     assert "| a: 5 M events / ~510 k keys | 2.25× (1.50–3.00) | 1.25× (1.00–1.50) |" in cost
     assert "| d: 50 M events / 500 k keys | 2.25× (1.50–3.00) |" in cost
     assert "| 2.50× (2.00–3.00) (1.80×) |" in cost  # (crashed + resumed) / W, then W's rerun
-    assert "1 of 10 runs taken under load" in cost
+    assert "1 of 10 runs flagged as under load" in cost
     assert "not measured" not in cost
     if real("spark-anchor.json"):
         assert "Structured Streaming (SS) `Trigger.AvailableNow`" in cost
