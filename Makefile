@@ -20,7 +20,8 @@ QUICK ?=
 ACK_BENCH_ARGS ?=
 SPARK_BENCH_ARGS ?=
 # issue 37's four data sets (W, the hand-written design, ours), e.g. ISSUE37_BENCH_ARGS="--sets a,b
-# --rounds 5"; the README's tables are then generated from bench/results/ (bench/readme_tables.py)
+# --rounds 5"; docs/benchmarks.md's tables and the README's cost are then generated from
+# bench/results/ (bench/readme_tables.py)
 ISSUE37_BENCH_ARGS ?=
 # the browser test (tests/test_checkpoints_ui.py) drives Debian's Chromium there
 CHROMIUM ?= /usr/bin/chromium
@@ -67,7 +68,7 @@ format: $(VENV)/.synced
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format checkpointing tests bench plugins dags demo
 
-bench: $(VENV)/.synced check-java ## benchmark figures, written to bench/results/, and the README's tables from them
+bench: $(VENV)/.synced check-java ## benchmark figures, written to bench/results/, and the tables of docs/benchmarks.md and the README from them
 	$(VENV)/bin/python bench/ack_bench.py $(if $(QUICK),--quick --output bench/results/acks-quick.json) $(ACK_BENCH_ARGS)
 	$(VENV)/bin/python bench/spark_bench.py $(if $(QUICK),--quick) $(SPARK_BENCH_ARGS)
 	$(VENV)/bin/python bench/spark_bench.py --issue37 $(if $(QUICK),--quick) $(ISSUE37_BENCH_ARGS)

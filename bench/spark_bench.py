@@ -13,7 +13,8 @@ Run by ``make bench`` (never by the tests); ``make bench QUICK=1`` passes ``--qu
 ``--issue37`` (``issue37``): W, the hand-written design (``design_job.py``) and ours (``ckpt
 run``, a checkpoint after each of 10 epochs) on issue 37's four data sets, every figure the median
 of paired per-round ratios with min-max, peak memory and the machine's load per run, written to
-``bench/results/issue37.json``; ``python bench/readme_tables.py`` then writes README's tables.
+``bench/results/issue37.json``; ``python bench/readme_tables.py`` then writes the tables of
+docs/benchmarks.md and the README's cost.
 
 The second anchor (issue 37): the hand-written design, ``design_job.py`` — plain PySpark that
 commits each epoch's partial aggregates and merges them at the end — runs in every round's
