@@ -41,6 +41,7 @@ from checkpointing.metastore.driver_roles import (
     enable_driver_scope,
     expire_driver_roles,
     grant_driver,
+    has_grant,
     revoke_driver,
     scoped_tables,
 )
@@ -213,6 +214,8 @@ def test_sqlite_has_no_driver_scope(tmp_path: Path) -> None:
         enable_driver_scope(store)
     with pytest.raises(DriverScopeError, match="not enabled"):
         grant_driver(store, JOB, ATTEMPT)
+    assert not has_grant(store, JOB, ATTEMPT) and not revoke_driver(store, JOB, ATTEMPT)
+    assert expire_driver_roles(store) == []
     store.dispose()
 
 
@@ -467,6 +470,7 @@ def test_a_revoked_or_expired_role_cannot_log_in(enabled: Scope) -> None:
     now = datetime.now(UTC)
     url = grant_driver(store, JOB, ATTEMPT, timedelta(hours=1), now=now)
     _login(url)  # granted: it may
+    assert has_grant(store, JOB, ATTEMPT) and not has_grant(store, OTHER, ATTEMPT)
     with store.engine.connect() as conn:
         until = conn.execute(
             text("SELECT rolvaliduntil FROM pg_roles WHERE rolname = :r"), {"r": url.username}
@@ -476,6 +480,7 @@ def test_a_revoked_or_expired_role_cannot_log_in(enabled: Scope) -> None:
     with pytest.raises(psycopg.OperationalError, match="does not exist"):
         _login(url)
     assert not revoke_driver(store, JOB, ATTEMPT)  # nothing left
+    assert not has_grant(store, JOB, ATTEMPT)
 
     # an expired role: its open session sees no row from then on; gc drops it
     _seed_job(store)
@@ -518,7 +523,7 @@ def _seed_job(store: Metastore) -> None:
 # ============================================================================ the operator
 
 #: a stand-in ``spark-submit``: the "driver" connects with the metastore URL it was given and
-#: records who it is and which jobs it sees
+#: records who it is, which jobs it sees, and whether it inherited the task's connection
 FAKE_SPARK_SUBMIT = """#!{python}
 import json, os
 from sqlalchemy import create_engine, text
@@ -527,8 +532,10 @@ with engine.connect() as conn:
     jobs = sorted(r[0] for r in conn.execute(text("SELECT job_id FROM ckpt_jobs")))
     pg = engine.url.drivername.startswith("postgresql")
     user = conn.execute(text("SELECT current_user")).scalar() if pg else None
+url = os.environ["CKPT_METASTORE_URL"]
+conn = os.environ.get("AIRFLOW_CONN_CHECKPOINT_METASTORE")  # the task's, if it inherited it
 with open(os.environ["FAKE_SPARK_SUBMIT_OUT"], "w") as f:
-    json.dump({{"jobs": jobs, "user": user, "url": os.environ["CKPT_METASTORE_URL"]}}, f)
+    json.dump({{"jobs": jobs, "user": user, "url": url, "conn": conn}}, f)
 """
 
 
@@ -554,6 +561,9 @@ def _run_operator_try(
     out = tmp_path / "submitted.json"
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SPARK_SUBMIT_OUT", str(out))
+    # the task's metastore connection, in the worker's environment
+    connection = json.dumps({"conn_type": "generic", "extra": {"sqlalchemy_url": task_url}})
+    monkeypatch.setenv("AIRFLOW_CONN_CHECKPOINT_METASTORE", connection)
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_SCOPE",
         json.dumps({"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "client"}}),
@@ -584,7 +594,8 @@ def _run_operator_try(
     attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
     storage_url = f"file://{tmp_path / 'checkpoints'}"
     op._coordinate({"ti": ti}, op.load_spec(), store, task_url, storage_url, attempt)
-    return {**json.loads(out.read_text()), "attempt": attempt}
+    assert os.environ["AIRFLOW_CONN_CHECKPOINT_METASTORE"] == connection  # the task's, back
+    return {**json.loads(out.read_text()), "attempt": attempt, "connection": connection}
 
 
 def test_the_operators_driver_gets_its_own_role_only_when_scope_is_enabled(
@@ -611,6 +622,7 @@ def test_the_operators_driver_gets_its_own_role_only_when_scope_is_enabled(
     assert got["user"] == role  # its own role: dropped once spark-submit ended (above)
     assert got["url"] != task_url and f"{role}:" in got["url"]
     assert got["jobs"] == [JOB]  # the operator registered JOB; OTHER is there, not for it
+    assert got["conn"] is None  # nor does it inherit the task's connection from the worker
 
     # SQLite (never scoped): the task's own URL, and every job
     sqlite_url = f"sqlite:///{tmp_path / 'm.db'}"
@@ -621,6 +633,7 @@ def test_the_operators_driver_gets_its_own_role_only_when_scope_is_enabled(
     got = _run_operator_try(lite, sqlite_url, tmp_path, monkeypatch)
     lite.dispose()
     assert (got["url"], got["user"], got["jobs"]) == (sqlite_url, None, [JOB, OTHER])
+    assert got["conn"] == got["connection"]  # inherited, as before
 
 
 # ============================================================================ the CLI

@@ -273,6 +273,17 @@ def revoke_driver(metastore: Metastore, job_id: str, attempt: str) -> bool:
     return bool(found)
 
 
+def has_grant(metastore: Metastore, job_id: str, attempt: str) -> bool:
+    """Whether ``attempt`` of ``job_id`` has a role of its own (never on SQLite)."""
+    if metastore.dialect != "postgresql":
+        return False
+    with metastore.engine.connect() as conn:
+        database = conn.execute(text("SELECT current_database()")).scalar_one()
+        role = driver_role_name(database, job_id, attempt)
+        found = conn.execute(select(DriverGrant.role_name).where(DriverGrant.role_name == role))
+        return found.first() is not None
+
+
 def expire_driver_roles(metastore: Metastore, now: datetime | None = None) -> list[str]:
     """Drop the roles (and grants) past their expiry; returns their names."""
     if metastore.dialect != "postgresql":

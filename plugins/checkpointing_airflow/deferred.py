@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -57,7 +57,11 @@ from checkpointing_airflow.detached_driver import (
     read_log_tail,
     stop_driver,
 )
-from checkpointing_airflow.driver_scope import driver_metastore_url, release_driver
+from checkpointing_airflow.driver_scope import (
+    driver_metastore_url,
+    release_driver,
+    withheld_variables,
+)
 from checkpointing_airflow.hooks import open_metastore
 from checkpointing_airflow.spark_submit_internals import submit_environment, submit_target
 
@@ -116,8 +120,9 @@ class DeferredSubmit:
                 f"deferrable: deploy mode cluster (master {master}) is not supported: the driver "
                 "is watched on the worker's host; use deploy mode client"
             )
+        withheld = withheld_variables(op, scoped=driver_url != url)
         try:
-            driver = self.launch(spec.job, attempt, secrets, parallelism)
+            driver = self.launch(spec.job, attempt, secrets, parallelism, withheld)
         except BaseException:
             coordinator.failover(f"try {ti.try_number} ({attempt}): spark-submit did not start")
             release_driver(metastore, spec.job, attempt)
@@ -223,15 +228,22 @@ class DeferredSubmit:
         self.defer(spec, found, attempt, storage_url)
 
     def launch(
-        self, job_id: str, attempt: str, secrets: Mapping[str, str], parallelism: int
+        self,
+        job_id: str,
+        attempt: str,
+        secrets: Mapping[str, str],
+        parallelism: int,
+        withheld: Sequence[str] = (),
     ) -> DriverIdentity:
         """``spark-submit`` in its own session (a worker restart or the task's end does not
-        stop it), its output to the driver's log file, credentials only in its environment."""
+        stop it), its output to the driver's log file, credentials only in its environment
+        (``withheld``: variables of this process's environment it does not inherit)."""
         from checkpointing.clock import SystemClock
 
         op = self.op
         command = op._hook._build_spark_submit_command(op.application)  # logs it, masked
         env = {**os.environ, **submit_environment(op._hook), **secrets}
+        env = {name: value for name, value in env.items() if name not in withheld}
         log_path = driver_log_path(job_id, attempt)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         submitted_at = SystemClock().now()
@@ -281,9 +293,12 @@ class DeferredSubmit:
     def _release_role(self, metastore: Metastore, job_id: str, attempt: str) -> None:
         """Drop the role of ``attempt``'s driver once its outcome is read and its process is
         known gone (it runs on this host and exited). Elsewhere, or still running, its role
-        stays until it expires: dropping it would cut a live driver off mid-write."""
+        stays until it expires: dropping it would cut a live driver off mid-write. Without a
+        role (no driver scope) nothing is waited for."""
+        from checkpointing.metastore.driver_roles import has_grant
+
         driver = read_state(metastore, job_id).driver
-        if driver is None or driver.attempt != attempt:
+        if driver is None or driver.attempt != attempt or not has_grant(metastore, job_id, attempt):
             return
         await_exit(driver)
         if process_alive(driver) is False:

@@ -1,11 +1,15 @@
 """The Spark driver's own metastore credentials: with driver scope enabled on a PostgreSQL
 metastore (``ckpt db driver-scope enable``), each try's driver gets a per-attempt role that can
 read and write only its own job's rows (:mod:`checkpointing.metastore.driver_roles`) instead of
-the task's own URL. SQLite, or PostgreSQL without it: the task's URL, as before."""
+the task's own URL; nor does it inherit the variable of the task's metastore connection from the
+worker's environment. SQLite, or PostgreSQL without it: the task's URL, as before."""
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +67,26 @@ def driver_metastore_url(
         ttl,
     )
     return rendered
+
+
+def withheld_variables(op: Any, scoped: bool) -> tuple[str, ...]:
+    """The variables of this worker's environment that a scoped driver must not inherit: the
+    one Airflow reads the task's metastore connection from (``AIRFLOW_CONN_<ID>``), if set
+    there. (``CKPT_METASTORE_URL`` is the driver's own already.) None without driver scope."""
+    if not scoped:
+        return ()
+    return (f"AIRFLOW_CONN_{str(op.metastore_conn_id).upper()}",)
+
+
+@contextmanager
+def withheld_environment(names: Iterable[str]) -> Iterator[None]:
+    """``names`` out of this process's environment while spark-submit starts and runs (the
+    provider's hook gives it a copy of ``os.environ``), then put back."""
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def release_driver(metastore: Metastore, job_id: str, attempt: str) -> None:

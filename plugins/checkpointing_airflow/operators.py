@@ -20,7 +20,12 @@ from checkpointing_airflow import try_plan
 from checkpointing_airflow.attempts import attempt_id, failed_try_line
 from checkpointing_airflow.aws_credentials import storage_environment
 from checkpointing_airflow.deferred import DeferredSubmit
-from checkpointing_airflow.driver_scope import driver_metastore_url, release_driver
+from checkpointing_airflow.driver_scope import (
+    driver_metastore_url,
+    release_driver,
+    withheld_environment,
+    withheld_variables,
+)
 from checkpointing_airflow.driver_secrets import (
     is_secret_name,
     mask_url_password,
@@ -312,11 +317,13 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             # with driver scope: the driver's own role, dropped once spark-submit (and with it
             # the driver, in client mode) has ended
             driver_url = driver_metastore_url(self, metastore, spec.job, attempt, url)
+            withheld = withheld_variables(self, scoped=driver_url != url)
             try:
                 secrets = self.prepare_application(
                     spec, restore, parallelism, attempt, ti.try_number, driver_url, storage_url
                 )
-                self.submit(context, spec, metastore, secrets)
+                with withheld_environment(withheld):
+                    self.submit(context, spec, metastore, secrets)
             finally:
                 if driver_url != url:
                     release_driver(metastore, spec.job, attempt)
