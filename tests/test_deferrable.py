@@ -122,7 +122,10 @@ def test_a_reused_pid_is_not_taken_for_the_driver() -> None:
         start_new_session=True,  # a driver leads its own session (test_driver_signals.py)
     )
     try:
-        assert process_alive(DriverIdentity(ATTEMPT, host, sleeper.pid, None, now)) is True
+        mine = DriverIdentity(ATTEMPT, host, sleeper.pid, None, now)
+        # Popen returns at the fork: the child names the attempt once it has exec'd
+        wait_until("the child's exec", lambda: process_alive(mine), timeout=30)
+        assert process_alive(mine) is True
         assert process_alive(DriverIdentity(ATTEMPT, "elsewhere", sleeper.pid, None, now)) is None
     finally:
         sleeper.kill()
