@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import update
 
-from checkpointing.coordination.heartbeat import HEARTBEAT_TIMEOUT, driver_alive
+from checkpointing.coordination.heartbeat import HEARTBEAT_TIMEOUT, driver_alive, driver_starting
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Job
 from checkpointing.status import JobStatus, StatusWriter
@@ -261,7 +261,9 @@ def judge(
             f"job {job}: the {where} exited without recording an outcome",
         )
     beat = state.heartbeat_at if state.heartbeat_at and state.heartbeat_at >= since else None
-    if beat is None and now - driver.submitted_at > heartbeat_timeout:
+    if beat is None and not driver_starting(
+        driver.submitted_at, state.heartbeat_at, now, heartbeat_timeout
+    ):
         return AttemptVerdict(
             Outcome.DRIVER_LOST,
             attempt,

@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session
 
 from checkpointing.clock import Clock, SystemClock
 from checkpointing.coordination import orphans, savepoints, sink_vacuum, store
-from checkpointing.coordination.heartbeat import HEARTBEAT_TIMEOUT, driver_alive
+from checkpointing.coordination.heartbeat import driver_alive, driver_starting
 from checkpointing.coordination.orphans import OrphanFile
 from checkpointing.coordination.sink_vacuum import SinkFile
 from checkpointing.errors import CheckpointingError, ConfigError
@@ -433,8 +433,7 @@ def _starting(job: Job, now: datetime) -> bool:
     submitted = job.driver_submitted_at
     if JobStatus(job.status) is not JobStatus.CREATED or submitted is None:
         return False
-    beat_since = job.heartbeat_at is not None and job.heartbeat_at >= submitted
-    return not beat_since and now - submitted <= HEARTBEAT_TIMEOUT
+    return driver_starting(submitted, job.heartbeat_at, now)
 
 
 def _chunks(items: Sequence[int]) -> Any:

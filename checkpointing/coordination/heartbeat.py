@@ -54,6 +54,18 @@ def driver_alive(
     return now - heartbeat_at <= timeout
 
 
+def driver_starting(
+    submitted_at: datetime,
+    heartbeat_at: datetime | None,
+    now: datetime,
+    timeout: timedelta = HEARTBEAT_TIMEOUT,
+) -> bool:
+    """A driver submitted at ``submitted_at`` that has not beaten since and is still within
+    ``timeout`` of its submission: it is starting (JVM, session, restore), not lost."""
+    beat_since = heartbeat_at is not None and heartbeat_at >= submitted_at
+    return not beat_since and now - submitted_at <= timeout
+
+
 class Heartbeat:
     """A daemon thread stamping the job row every ``interval`` while the ``with`` block runs
     (first beat on entry). A failed beat is logged once and retried at the next one: the job
