@@ -149,3 +149,39 @@ def test_a_callbacks_failover_discards_in_the_tasks_storage_not_the_rows(
         assert row is not None and (row.status, row.failure_reason) == ("ABORTED", "JOB_FAILOVER")
     assert not mine.exists()  # the aborted checkpoint's own directory, in the task's storage
     assert (theirs / "state").read_bytes() == b"x"  # the row's base: untouched
+
+
+def test_the_last_try_that_had_re_attached_fails_the_job_under_its_drivers_id(
+    task: CheckpointedSparkSubmitOperator,
+) -> None:
+    """Review of issue 38: try 2 re-attached to try 1's detached driver (the job row still names
+    try 1 as coordinator, try 2 as watcher), then the driver died and try 2, the last, failed.
+    Its failure callback acts under the driver's id, as the retry callback does: the job is
+    FAILED and its pending checkpoint aborted, instead of a fenced no-op leaving it RUNNING."""
+    import subprocess
+    import sys
+    from datetime import UTC, datetime
+
+    from sqlalchemy import update
+
+    from checkpointing.coordination.drivers import DriverIdentity, record_driver, this_host
+    from checkpointing_airflow.callbacks import job_failed
+
+    task.deferrable = True
+    metastore, pending = running_try(task, 1)
+    first, second = attempt_id(DAG, RUN, 1), attempt_id(DAG, RUN, 2)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a driver that has exited: not live
+    driver = DriverIdentity(first, this_host(), dead.pid, None, datetime.now(UTC), 1)
+    assert record_driver(metastore, JOB, driver)
+    with metastore.transaction() as s:  # the driver ran, then try 2 re-attached as its watcher
+        s.execute(
+            update(Job).where(Job.job_id == JOB).values(status="RUNNING", driver_watcher=second)
+        )
+
+    job_failed({"task": task, "ti": TaskInstance(DAG, RUN, 2)})
+    with metastore.transaction() as s:
+        job, row = s.get(Job, JOB), s.get(Checkpoint, (JOB, pending))
+        assert job is not None and row is not None
+        assert job.status == "FAILED"
+        assert row.status == "ABORTED"

@@ -84,13 +84,17 @@ def job_failed(context: Any) -> None:
         return
     if _driver_lives(task, metastore, spec.job, failed):  # its own outcome is the job's: no
         return  # shutdown (retention) under it; a clear of the task re-attaches to it
+    # a last try that had re-attached acts under the driver's id, as the retry callback does:
+    # with its own id the fencing would refuse the shutdown and leave the job RUNNING
+    acting = _acting_as(task, metastore, spec.job, failed)
     with _storage_access(task, spec):  # retention discards checkpoints in the storage
         info = fail_attempt(
             metastore,
             spec.job,
             f"try {ti.try_number} ({failed}) failed",
             final=True,
-            coordinator_id=failed,
+            coordinator_id=acting,
+            watcher=failed if getattr(task, "deferrable", False) else None,
             storage=_storage(task, spec),
         )
     if info["resume_from"] is not None:
