@@ -352,12 +352,15 @@ def test_a_driver_can_neither_read_nor_change_another_jobs_rows(
     now = datetime.now(UTC)
     with mine.transaction() as s:  # every change of another job's rows changes nothing
         for model in TABLES.values():
+            # (a job row's job_id is no driver's to write at all: see the next test)
+            values = {"status": "FAILED"} if model is Job else {"job_id": OTHER}
             assert (
-                s.execute(update(model).where(model.job_id == OTHER).values(job_id=OTHER)).rowcount
-                == 0
+                s.execute(update(model).where(model.job_id == OTHER).values(**values)).rowcount == 0
             )
         for model in TABLES.values():
-            assert s.execute(model.__table__.delete().where(model.job_id == OTHER)).rowcount == 0
+            if model is not Job:  # no driver deletes a job row (the next test)
+                deleted = s.execute(model.__table__.delete().where(model.job_id == OTHER))
+                assert deleted.rowcount == 0
         # nor moves one of its own rows to the other job
         assert (
             s.execute(update(Job).where(Job.job_id == JOB).values(status="CREATED")).rowcount == 1
@@ -422,8 +425,10 @@ def test_a_driver_can_neither_read_nor_change_another_jobs_rows(
         ),
     }
     assert set(inserts) == set(TABLES)
-    for statement in inserts.values():
-        with pytest.raises(DBAPIError, match="row-level security"), mine.transaction() as s:
+    for name, statement in inserts.items():
+        # no driver inserts a job row at all (the task registers the job)
+        refusal = "permission denied" if name == "ckpt_jobs" else "row-level security"
+        with pytest.raises(DBAPIError, match=refusal), mine.transaction() as s:
             s.execute(statement)
     assert _counts(store, OTHER) == theirs
     with store.transaction() as s:  # the owner may: the same rows were valid ones
@@ -449,6 +454,65 @@ def test_a_driver_can_neither_read_nor_change_another_jobs_rows(
             )
     with enabled.api.reading() as s:
         assert {r for (r,) in s.execute(select(Job.job_id))} == {JOB, OTHER}
+
+
+def test_a_driver_cannot_move_its_own_jobs_storage(
+    driver: tuple[Metastore, Metastore, URL], enabled: Scope
+) -> None:
+    """Issue 38 (M1): the API server and gc read and delete under a job row's ``storage_url``,
+    so a driver may not change it (nor ``job_id``, ``created_at``) on its own row, nor delete
+    and re-insert that row with another one; the columns it keeps up to date stay writable.
+    A scope enabled before (UPDATE on the whole table) is reported and repaired."""
+    store, mine, _ = driver
+    with store.reading() as s:
+        job = s.get(Job, JOB)
+        assert job is not None
+        registered, created = job.storage_url, job.created_at
+    now = datetime.now(UTC)
+    for values in (
+        {"storage_url": "file:///opt/airflow"},
+        {"job_id": "job-c"},
+        {"created_at": now},
+        {"storage_url": "file:///opt/airflow", "status": "RUNNING"},
+    ):
+        with pytest.raises(DBAPIError, match="permission denied"), mine.transaction() as s:
+            s.execute(update(Job).where(Job.job_id == JOB).values(**values))
+    with pytest.raises(DBAPIError, match="permission denied"), mine.transaction() as s:
+        s.execute(Job.__table__.delete().where(Job.job_id == JOB))
+    with pytest.raises(DBAPIError, match="permission denied"), mine.transaction() as s:
+        s.execute(
+            insert(Job).values(
+                job_id=JOB,
+                storage_url="file:///opt/airflow",
+                timeout_ms=1,
+                retention="x",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    with mine.transaction() as s:  # what it keeps up to date, in its own row
+        assert (
+            s.execute(
+                update(Job)
+                .where(Job.job_id == JOB)
+                .values(status="RUNNING", heartbeat_at=now, updated_at=now, retained=3)
+            ).rowcount
+            == 1
+        )
+    with store.reading() as s:
+        job = s.get(Job, JOB)
+        assert job is not None
+        assert (job.storage_url, job.created_at, job.status) == (registered, created, "RUNNING")
+
+    # enabled by an older version: UPDATE on every column; reported, and repaired by enable
+    with store.engine.begin() as conn:
+        conn.execute(text(f'GRANT UPDATE ON ckpt_jobs TO "{enabled.group}"'))
+    assert driver_scope(store).missing == ("ckpt_jobs's column privileges",)
+    with pytest.raises(DriverScopeError, match="lacks ckpt_jobs's column privileges"):
+        grant_driver(store, JOB, "another-attempt")
+    assert enable_driver_scope(store, group=enabled.group).enabled
+    with pytest.raises(DBAPIError, match="permission denied"), mine.transaction() as s:
+        s.execute(update(Job).where(Job.job_id == JOB).values(storage_url="file:///opt"))
 
 
 def _login(url: URL) -> None:

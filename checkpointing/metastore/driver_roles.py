@@ -11,7 +11,9 @@ them. With it (issue 38):
   drivers themselves cannot read), row-level security on every table with a ``job_id``: a
   permissive policy that keeps every role seeing and writing all rows as before, and a
   restrictive one for the group's members that narrows reads and writes to that job; the
-  privileges a driver needs (no TRUNCATE, which bypasses row security);
+  privileges a driver needs (no TRUNCATE, which bypasses row security), and on the job table
+  only reads and updates of the columns it keeps up to date: never ``storage_url`` (where the
+  API server and gc read and delete), and no insert or delete of a job row;
 * :func:`grant_driver`, per try: a LOGIN role for one job and attempt, member of the group, with
   a random password (sent to the server only as a SCRAM verifier, so never in its logs) and
   ``VALID UNTIL``; the URL the driver gets;
@@ -36,7 +38,7 @@ from sqlalchemy.exc import DBAPIError
 
 from checkpointing.errors import CheckpointingError
 from checkpointing.metastore.engine import Metastore
-from checkpointing.metastore.models import Base, DriverGrant
+from checkpointing.metastore.models import Base, DriverGrant, Job
 
 #: the NOLOGIN group role every driver role is a member of (cluster-wide, like every role)
 DRIVER_GROUP = "ckpt_driver"
@@ -50,6 +52,11 @@ OWN_JOB = "ckpt_driver_own_job"
 DEFAULT_TTL = timedelta(hours=24)
 #: what a driver may do on its job's tables (never TRUNCATE: it ignores row security)
 TABLE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
+#: the job row's columns no driver may change: which job it is, and where its checkpoints live
+#: (the API server and gc read and delete there); a driver neither inserts nor deletes a job
+#: row either (the task registers the job before the driver starts), so it cannot re-create
+#: its own row with another ``storage_url``
+JOB_FIXED_COLUMNS = frozenset({"job_id", "storage_url", "created_at"})
 
 
 class DriverScopeError(CheckpointingError):
@@ -130,7 +137,24 @@ def driver_scope(metastore: Metastore) -> DriverScope:
     ]
     if function is None:
         missing.append(f"{FUNCTION}()")
+    if _job_row_open(metastore, group):  # enabled by an older version, or widened by hand
+        missing.append(f"{Job.__tablename__}'s column privileges")
     return DriverScope(group, tuple(missing))
+
+
+def _job_row_open(metastore: Metastore, group: str) -> bool:
+    """Whether ``group`` may insert or delete job rows, or change one of
+    :data:`JOB_FIXED_COLUMNS`."""
+    checks = " OR ".join(
+        [
+            "has_table_privilege(:g, :t, 'INSERT')",
+            "has_table_privilege(:g, :t, 'DELETE')",
+            *(f"has_column_privilege(:g, :t, '{c}', 'UPDATE')" for c in sorted(JOB_FIXED_COLUMNS)),
+        ]
+    )
+    with metastore.engine.connect() as conn:
+        table = f"{_schema(conn)}.{Job.__tablename__}"
+        return bool(conn.execute(text(f"SELECT {checks}"), {"g": group, "t": table}).scalar())
 
 
 def driver_scope_enabled(metastore: Metastore) -> bool:
@@ -194,7 +218,8 @@ def enable_driver_scope(
                     f"USING ({own}) WITH CHECK ({own})"
                 )
             )
-            conn.execute(text(f"GRANT {TABLE_PRIVILEGES} ON {name} TO {q(group)}"))
+            conn.execute(text(f"REVOKE ALL ON {name} FROM {q(group)}"))  # columns' too
+            conn.execute(text(f"GRANT {_privileges(table, q)} ON {name} TO {q(group)}"))
             for (sequence,) in conn.execute(
                 text(
                     "SELECT pg_get_serial_sequence(:t, a.attname) FROM pg_attribute AS a "
@@ -333,6 +358,21 @@ def _verifier(conn: Connection, role: str, password: str) -> str:
     if "'" in verifier or "\\" in verifier:  # never: SCRAM and md5 verifiers are base64/hex
         raise DriverScopeError("unexpected password verifier")
     return verifier
+
+
+def _privileges(table: str, q: Any) -> str:
+    """What the drivers' group is granted on ``table``: on the job table, reading and updating
+    the columns a driver keeps up to date (never :data:`JOB_FIXED_COLUMNS`), else
+    :data:`TABLE_PRIVILEGES`."""
+    if table != Job.__tablename__:
+        return TABLE_PRIVILEGES
+    columns = [c.name for c in Job.__table__.columns if c.name not in JOB_FIXED_COLUMNS]
+    return f"SELECT, UPDATE ({', '.join(q(c) for c in columns)})"
+
+
+def _schema(conn: Connection) -> str:
+    """The current schema, quoted for a regclass name."""
+    return str(conn.execute(text("SELECT quote_ident(current_schema())")).scalar_one())
 
 
 def _quoter(metastore: Metastore) -> Any:
