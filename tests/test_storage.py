@@ -755,7 +755,7 @@ def test_from_url_picks_the_backend(tmp_path: Path) -> None:
     ("url", "match"),
     [
         ("", "expected file:///absolute/path or s3://bucket/prefix"),
-        ("gs://bkt/prefix", "expected file:///absolute/path or s3://bucket/prefix"),
+        ("hdfs://nn/prefix", "expected file:///absolute/path or s3://bucket/prefix"),
         ("http://host/x", "expected file:///absolute/path or s3://bucket/prefix"),
         ("S3://bkt/prefix", "expected file:///absolute/path or s3://bucket/prefix"),
         ("relative/dir", "expected file:///absolute/path or s3://bucket/prefix"),

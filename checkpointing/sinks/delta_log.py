@@ -10,7 +10,8 @@ So the table alone says which checkpoint its content belongs to: a restore commi
 is missing, a repeated commit is a no-op, and a restore from an older checkpoint brings the
 table back to that checkpoint's version (``RESTORE``, carrying that version's ``txn``).
 
-Credentials come from boto3's environment variables and go to delta-rs only as storage options;
+Credentials come from boto3's environment variables (GCS's and Azure's: those of
+:mod:`checkpointing.state.cloud_filesystems`) and go to delta-rs only as storage options;
 they are never part of a message: delta-rs errors are re-raised with any secret value masked.
 """
 
@@ -29,7 +30,14 @@ import pyarrow as pa
 
 from checkpointing.errors import ConfigError, StorageError
 from checkpointing.sinks.delta_files import DataFile, filesystem, local_path
-from checkpointing.state.object_store import endpoint_url, is_object_url, split_url
+from checkpointing.state.cloud_filesystems import SECRET_DELTA_OPTIONS, delta_options
+from checkpointing.state.object_store import (
+    canonical_url,
+    endpoint_url,
+    is_object_url,
+    scheme_of,
+    split_url,
+)
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -52,7 +60,7 @@ def table_url(path: str) -> str:
     """The table's URL as delta-rs takes it: ``s3://bucket/prefix`` (no trailing ``/``), or an
     absolute local path (a ``file://`` URL's path)."""
     if is_object_url(path):
-        return path.rstrip("/")
+        return canonical_url(path.rstrip("/"))
     return local_path(path)
 
 
@@ -64,6 +72,8 @@ def storage_options(url: str, environ: Mapping[str, str] | None = None) -> dict[
     if not is_object_url(url):
         return None
     env = os.environ if environ is None else environ
+    if scheme_of(url) != "s3":  # GCS, Azure: their own libraries' variables
+        return delta_options(scheme_of(url), split_url(url)[0], env)
     options: dict[str, str] = {}
     endpoint = endpoint_url(env)
     if endpoint:
@@ -86,7 +96,7 @@ def storage_options(url: str, environ: Mapping[str, str] | None = None) -> dict[
 
 def scrub(text: str, options: Mapping[str, str] | None) -> str:
     """``text`` with every credential value of ``options`` masked."""
-    for name in _SECRET_OPTIONS:
+    for name in (*_SECRET_OPTIONS, *SECRET_DELTA_OPTIONS):
         value = (options or {}).get(name)
         if value:
             text = text.replace(value, "***")
@@ -114,19 +124,18 @@ def top_level_entries(url: str) -> list[str] | None:
         if not os.path.isdir(path):
             raise ConfigError(f"{FIELD}: {path} exists and is not a directory")
         return sorted(os.listdir(path))
-    from checkpointing.state.object_store import _client, _listing_error
+    from checkpointing.state.buckets import bucket_for, store_error
 
     bucket, key = split_url(url)
     prefix = key.rstrip("/") + "/"
     try:
-        page = _client().list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/", MaxKeys=100)
+        listed = bucket_for(scheme_of(url), bucket).list(prefix, delimiter=True)
     except Exception as exc:
-        error = _listing_error(url, bucket, exc)
+        error = store_error(url, bucket, exc)
         if error is exc:
             raise ConfigError(_failure(url, "cannot list the table location", exc, None)) from None
         raise ConfigError(f"{FIELD}: {error}") from None
-    names = [p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
-    names += [o["Key"][len(prefix) :] for o in page.get("Contents", [])]
+    names = [o.key[len(prefix) :].rstrip("/") for o in listed[:100]]
     return sorted(n for n in names if n) or None
 
 

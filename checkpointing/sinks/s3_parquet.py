@@ -1,9 +1,11 @@
-"""The objects of an exactly-once Parquet sink on S3 (no Spark here): their names, the ownership
-marker, the per-epoch commit manifests, the final table's pointer, how an executor writes a
-Spark partition's rows as Parquet objects, and how a reader reads exactly what was committed.
-The protocol (stage, commit, recover, publish) is :mod:`checkpointing.spark.s3_parquet_sink`'s.
+"""The objects of an exactly-once Parquet sink on an object store (S3, GCS, Azure; no Spark
+here): their names, the ownership marker, the per-epoch commit manifests, the final table's
+pointer, how an executor writes a Spark partition's rows as Parquet objects, and how a reader
+reads exactly what was committed. The protocol (stage, commit, recover, publish) is
+:mod:`checkpointing.spark.s3_parquet_sink`'s.
 
-Layout under ``s3://bucket/prefix`` (every name relative to ``prefix/``)::
+Layout under ``s3://bucket/prefix`` (or ``gs://``, ``abfs[s]://``; every name relative to
+``prefix/``)::
 
     _ckpt_sink                                  marker: the prefix is this sink's (the job)
     _staging/epoch-<e>/<run>/[c=v/…]part-<p>-<uuid>.parquet   staged output of epoch e
@@ -37,7 +39,8 @@ import pyarrow as pa
 
 from checkpointing.errors import ConfigError, InvalidIdError, StorageError
 from checkpointing.ids import validate_id
-from checkpointing.state.object_store import filesystem_for, split_url
+from checkpointing.state.buckets import TooBig, bucket_for, store_error
+from checkpointing.state.object_store import canonical_url, filesystem_for, scheme_of, split_url
 
 FIELD = "sink.path"
 MARKER = "_ckpt_sink"
@@ -194,59 +197,48 @@ def write_objects(
 
 
 class SinkObjects:
-    """The sink's objects under ``s3://bucket/prefix`` through boto3 (the driver's side)."""
+    """The sink's objects under ``scheme://bucket/prefix`` (S3 through boto3, GCS and Azure
+    through gcsfs and adlfs: :mod:`checkpointing.state.buckets`), the driver's side."""
 
     def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
+        self.url = canonical_url(url.rstrip("/"))
         try:
             self.bucket, key = split_url(self.url)
         except ConfigError:
             raise ConfigError(f"{FIELD}: {url!r}: expected s3://bucket/prefix/table") from None
         self.prefix = key.strip("/") + "/"
-        from checkpointing.state.object_store import _client
-
-        self.client = _client()
+        try:
+            self.store = bucket_for(scheme_of(self.url), self.bucket)
+        except Exception as exc:
+            raise self._error("cannot open", exc) from None
 
     def key(self, name: str) -> str:
         return self.prefix + name
 
     def object_url(self, name: str) -> str:
-        return f"s3://{self.bucket}/{self.prefix}{name}"
+        return self.store.url(self.key(name))
 
     # ------------------------------------------------------------------ plain operations
 
     def list(self, under: str = "", *, delimiter: bool = False) -> dict[str, int]:
         """Names (relative to the prefix) and sizes of the objects under ``under``; with
         ``delimiter``: only the top level, folders as ``name/`` (size 0)."""
-        found: dict[str, int] = {}
-        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.key(under)}
-        if delimiter:
-            args["Delimiter"] = "/"
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(**args):
-                for item in page.get("Contents", []):
-                    found[item["Key"][len(self.prefix) :]] = int(item["Size"])
-                for item in page.get("CommonPrefixes", []):
-                    found[item["Prefix"][len(self.prefix) :]] = 0
+            listed = self.store.list(self.key(under), delimiter=delimiter)
         except Exception as exc:
             raise self._error("cannot list", exc) from None
-        return found
+        return {o.key[len(self.prefix) :]: o.size for o in listed}
 
     def get(self, name: str, limit: int = _DOC_MAX) -> bytes | None:
         """The object's bytes (None: there is none; too big: an error)."""
-        from botocore.exceptions import ClientError
-
         try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self.key(name))
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None
-            raise self._error(f"cannot read {name} in", exc) from None
+            return self.store.get(self.key(name), limit)
+        except TooBig:
+            raise StorageError(
+                f"{FIELD}: {self.object_url(name)} is larger than {limit} bytes"
+            ) from None
         except Exception as exc:
             raise self._error(f"cannot read {name} in", exc) from None
-        if int(response.get("ContentLength", 0)) > limit:
-            raise StorageError(f"{FIELD}: {self.object_url(name)} is larger than {limit} bytes")
-        return bytes(response["Body"].read())
 
     def get_json(self, name: str, fmt: str, limit: int = _DOC_MAX) -> dict[str, Any] | None:
         """A JSON document of the sink (``format`` field ``fmt``); None: missing or not one."""
@@ -262,7 +254,7 @@ class SinkObjects:
     def put(self, name: str, data: bytes) -> None:
         """One PUT: the object appears whole or not at all, replacing an older one atomically."""
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
+            self.store.put(self.key(name), data)
         except Exception as exc:
             raise self._error(f"cannot write {name} in", exc) from None
 
@@ -270,31 +262,17 @@ class SinkObjects:
         self.put(name, _json(doc))
 
     def put_new(self, name: str, data: bytes) -> bool:
-        """A conditional PUT (``If-None-Match: *``): False when the object exists already. An
-        endpoint without conditional writes (``NotImplemented``) gets a plain PUT."""
-        from botocore.exceptions import ClientError
-
+        """A conditional PUT: False when the object exists already (see
+        :meth:`~checkpointing.state.buckets.Bucket.put_new`)."""
         try:
-            self.client.put_object(
-                Bucket=self.bucket, Key=self.key(name), Body=data, IfNoneMatch="*"
-            )
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
-                return False
-            if code not in ("NotImplemented", "501"):
-                raise self._error(f"cannot write {name} in", exc) from None
-            self.put(name, data)
+            return self.store.put_new(self.key(name), data)
         except Exception as exc:
             raise self._error(f"cannot write {name} in", exc) from None
-        return True
 
     def copy(self, source: str, dest: str) -> None:
-        """A server-side copy (multipart for big objects), replacing ``dest``."""
+        """A server-side copy, replacing ``dest``."""
         try:
-            self.client.copy(
-                {"Bucket": self.bucket, "Key": self.key(source)}, self.bucket, self.key(dest)
-            )
+            self.store.copy(self.key(source), self.key(dest))
         except Exception as exc:
             raise self._error(f"cannot copy {source} to {dest} in", exc) from None
 
@@ -305,31 +283,24 @@ class SinkObjects:
         for name in names:
             if not is_own(name):
                 raise ValueError(f"refusing to delete {name!r}: not an object the sink names")
-        for start in range(0, len(names), 1000):
-            batch = [{"Key": self.key(n)} for n in names[start : start + 1000]]
-            try:
-                response = self.client.delete_objects(
-                    Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
-                )
-            except Exception as exc:
-                raise self._error("cannot delete objects in", exc) from None
-            if response.get("Errors"):
-                error = response["Errors"][0]
-                raise StorageError(
-                    f"{FIELD}: cannot delete {self.bucket}/{error.get('Key')}: "
-                    f"{error.get('Code')} {error.get('Message', '')}".rstrip()
-                )
+        try:
+            self.store.delete([self.key(n) for n in names])
+        except StorageError as exc:
+            raise StorageError(f"{FIELD}: {exc}") from None
+        except Exception as exc:
+            raise self._error("cannot delete objects in", exc) from None
         return names
 
-    def _error(self, what: str, exc: Exception) -> Exception:
+    def _error(self, what: str, exc: BaseException) -> Exception:
         """A missing bucket, missing credentials, a denied access or an unreachable endpoint:
         :class:`ConfigError`; anything else: :class:`StorageError`; one line naming the URL."""
-        from checkpointing.state.object_store import _listing_error
-
-        error = _listing_error(self.url, self.bucket, exc)
+        if isinstance(exc, ConfigError):
+            return ConfigError(f"{FIELD}: {exc}")
+        error = store_error(self.url, self.bucket, exc)
         if error is exc:
             code = getattr(exc, "response", {}).get("Error", {}).get("Code")
-            return StorageError(f"{FIELD}: {self.url}: {what} the sink: {code or exc}")
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            return StorageError(f"{FIELD}: {self.url}: {what} the sink: {code or first}")
         return ConfigError(f"{FIELD}: {error}")
 
     # ------------------------------------------------------------------ ownership

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from checkpointing.state.cloud_filesystems import AZURE_VARIABLES, GCS_VARIABLES
+
 #: boto3's variables an executor needs to reach the same S3 as the driver
 FORWARDED = (
     "AWS_ACCESS_KEY_ID",
@@ -27,11 +29,16 @@ FORWARDED = (
     "AWS_ENDPOINT_URL_S3",
     "AWS_DEFAULT_REGION",
     "AWS_REGION",
+    # GCS and Azure (gs://, abfs://): gcsfs's, adlfs's and delta-rs's own variables
+    *GCS_VARIABLES,
+    *AZURE_VARIABLES,
 )
 #: Spark's default redaction regex
 SPARK_DEFAULT_REDACTION = "(?i)secret|password|token|access[.]?key"
-#: what every session redacts: Spark's default plus ``access_key`` (``AWS_ACCESS_KEY_ID``)
-SENSITIVE = "secret|password|token|access[._]?key"
+#: what every session redacts: Spark's default plus ``access_key`` (``AWS_ACCESS_KEY_ID``), and
+#: Google's and Azure's keys (``GOOGLE_SERVICE_ACCOUNT_KEY``, ``AZURE_STORAGE_ACCOUNT_KEY``,
+#: ``AZURE_STORAGE_CONNECTION_STRING``)
+SENSITIVE = "secret|password|token|access[._]?key|account[._]?key|connection[._]?string"
 REDACTION = f"(?i){SENSITIVE}"
 
 

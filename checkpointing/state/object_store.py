@@ -1,4 +1,5 @@
-"""Pipeline input on object storage (``s3://bucket/prefix/*.parquet``), read through Arrow.
+"""Pipeline input on object storage (``s3://bucket/prefix/*.parquet``, ``s3a://`` alike,
+``gs://``, ``abfs[s]://``), read through Arrow.
 
 The driver lists the objects a source glob matches and reads Parquet footers to plan splits; the
 executors read their splits. Both go through this one module, so that the driver and every
@@ -10,11 +11,16 @@ own file reader never sees these URLs.
 
 The listing uses boto3 because Arrow's does not give ETags: an object's identity is its key,
 size and ETag, so a checkpoint can tell a replaced object from the one it was taken over.
+
+GCS and Azure go through gcsfs and adlfs (:mod:`checkpointing.state.cloud_filesystems`: their
+own environment variables), listed with ETags by :mod:`checkpointing.state.buckets` and read by
+Arrow through fsspec. ``s3a://`` (what Spark users type) is S3: its objects are named ``s3://``.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import glob
 import os
 from collections.abc import Mapping
@@ -22,7 +28,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from checkpointing.errors import ConfigError
+from checkpointing.state.buckets import (
+    ObjectStoreError,
+    bucket_for,
+    endpoint_url,
+    store_error,
+)
+from checkpointing.state.buckets import ns as _ns
+from checkpointing.state.buckets import s3_client as _client
+from checkpointing.state.buckets import s3_error as _listing_error
 
 if TYPE_CHECKING:
     import pyarrow
@@ -30,11 +44,8 @@ if TYPE_CHECKING:
     import pyarrow.parquet
 
 #: the URL schemes read through this module (anything else with ``://``: not supported)
-SCHEMES = ("s3",)
-
-
-class ObjectStoreError(ConfigError):
-    """The object store refused or could not be reached (the message names the URL)."""
+SCHEMES = ("s3", "s3a", "gs", "abfs", "abfss")
+__all__ = ["ObjectStoreError", "_client", "_listing_error", "_ns", "endpoint_url"]
 
 
 @dataclass(frozen=True)
@@ -56,18 +67,27 @@ def is_object_url(path: str) -> bool:
 
 
 def split_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/key`` → ``(bucket, key)``; :class:`ObjectStoreError` when not of that form."""
+    """``s3://bucket/key`` → ``(bucket, key)`` (an Azure URL's bucket is its authority:
+    ``container`` or ``container@account.dfs.core.windows.net``); :class:`ObjectStoreError`
+    when not of that form."""
     scheme, sep, rest = url.partition("://")
     bucket, _, key = rest.partition("/")
     if not sep or scheme.lower() not in SCHEMES or not bucket or not key:
-        raise ObjectStoreError(f"{url!r}: expected s3://bucket/key")
+        raise ObjectStoreError(f"{url!r}: expected {scheme or 's3'}://bucket/key")
     return bucket, key
 
 
-def endpoint_url(environ: Mapping[str, str] | None = None) -> str | None:
-    """The S3 endpoint boto3 would use: ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``."""
-    env = os.environ if environ is None else environ
-    return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
+def scheme_of(url: str) -> str:
+    """The store's scheme of an object URL: ``s3a`` is ``s3``."""
+    scheme = url.partition("://")[0].lower()
+    return "s3" if scheme == "s3a" else scheme
+
+
+def canonical_url(url: str) -> str:
+    """``url`` as this project names it: ``s3a://`` becomes ``s3://`` (the same objects)."""
+    if url[:6].lower() == "s3a://":
+        return "s3://" + url[6:]
+    return url
 
 
 def s3_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -96,7 +116,32 @@ def filesystem_for(url: str) -> tuple[pyarrow.fs.FileSystem, str]:
     from pyarrow import fs
 
     bucket, key = split_url(url)
-    return fs.S3FileSystem(**s3_options()), f"{bucket}/{key}"
+    scheme = scheme_of(url)
+    if scheme == "s3":
+        return fs.S3FileSystem(**s3_options()), f"{bucket}/{key}"
+    from checkpointing.state.cloud_filesystems import container_and_account
+
+    name, _ = container_and_account(bucket)
+    return _fsspec_arrow(scheme, bucket, _environment_key()), f"{name}/{key}"
+
+
+def _environment_key() -> tuple[Any, ...]:
+    """What a cached filesystem depends on: the process (a forked executor builds its own)
+    and the credentials' variables."""
+    from checkpointing.state.cloud_filesystems import AZURE_VARIABLES, GCS_VARIABLES
+
+    names = (*GCS_VARIABLES, *AZURE_VARIABLES, "GOOGLE_APPLICATION_CREDENTIALS")
+    return (os.getpid(), *(os.environ.get(n) for n in names))
+
+
+@functools.lru_cache(maxsize=16)
+def _fsspec_arrow(scheme: str, authority: str, _key: tuple[Any, ...]) -> pyarrow.fs.FileSystem:
+    """gcsfs or adlfs as an Arrow filesystem (one per process, store and credentials)."""
+    from pyarrow import fs
+
+    from checkpointing.state.cloud_filesystems import filesystem
+
+    return fs.PyFileSystem(fs.FSSpecHandler(filesystem(scheme, authority)))
 
 
 def open_object(url: str) -> pyarrow.NativeFile:
@@ -118,11 +163,6 @@ def read_schema(url: str) -> pyarrow.Schema:
     return read_footer(url).schema.to_arrow_schema()
 
 
-def _ns(when: Any) -> int | None:
-    """A listing's ``LastModified`` (a datetime) in ns since the epoch."""
-    return None if when is None else int(when.timestamp() * 1_000_000) * 1000
-
-
 def list_objects(pattern: str) -> list[ObjectInfo]:
     """The objects whose keys match the glob in ``pattern`` (``*``, ``?`` and ``[..]`` within a
     path segment, as a local glob), sorted by key. Lists only the prefix before the first
@@ -130,63 +170,16 @@ def list_objects(pattern: str) -> list[ObjectInfo]:
     credentials, access denied, endpoint unreachable."""
     bucket, key_pattern = split_url(pattern)
     prefix = _fixed_prefix(key_pattern)
-    found: list[ObjectInfo] = []
     try:
-        pages = _client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        for page in pages:
-            for item in page.get("Contents", []):
-                if _matches(item["Key"], key_pattern):
-                    found.append(
-                        ObjectInfo(
-                            f"s3://{bucket}/{item['Key']}",
-                            int(item["Size"]),
-                            str(item.get("ETag", "")).strip('"'),
-                            _ns(item.get("LastModified")),
-                        )
-                    )
+        store = bucket_for(scheme_of(pattern), bucket)
+        found = [
+            ObjectInfo(store.url(o.key), o.size, o.etag, o.modified)
+            for o in store.list(prefix)
+            if _matches(o.key, key_pattern)
+        ]
     except Exception as exc:
-        raise _listing_error(pattern, bucket, exc) from None
+        raise store_error(pattern, bucket, exc) from None
     return sorted(found, key=lambda o: o.url)
-
-
-def _client() -> Any:
-    """boto3's S3 client (its own chain reads the variables above), failing fast when the
-    endpoint is unreachable: a refused run should say so in seconds, not after minutes. A new
-    session each time: boto3's default one keeps the credentials it first found."""
-    import boto3
-    from botocore.config import Config
-
-    config = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2})
-    return boto3.session.Session().client("s3", config=config)
-
-
-def _listing_error(pattern: str, bucket: str, exc: Exception) -> Exception:
-    from botocore.exceptions import (
-        BotoCoreError,
-        ClientError,
-        EndpointConnectionError,
-        NoCredentialsError,
-    )
-
-    if isinstance(exc, ClientError):
-        code = exc.response.get("Error", {}).get("Code", "")
-        if code == "NoSuchBucket":
-            return ObjectStoreError(f"{pattern}: bucket {bucket!r} does not exist")
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
-            return ObjectStoreError(f"{pattern}: access denied ({code}): check the credentials")
-        return ObjectStoreError(f"{pattern}: cannot list the objects: {code or exc}")
-    if isinstance(exc, NoCredentialsError):
-        return ObjectStoreError(
-            f"{pattern}: no AWS credentials found (set AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY, a profile, or an instance role)"
-        )
-    if isinstance(exc, EndpointConnectionError):
-        return ObjectStoreError(
-            f"{pattern}: cannot reach the S3 endpoint {endpoint_url() or 'of AWS'}"
-        )
-    if isinstance(exc, BotoCoreError):
-        return ObjectStoreError(f"{pattern}: cannot list the objects: {exc}")
-    return exc
 
 
 def _fixed_prefix(key_pattern: str) -> str:

@@ -1,4 +1,5 @@
-"""S3 checkpoint storage through boto3 (``s3://bucket/prefix``): boto3's standard credential
+"""S3 checkpoint storage through boto3 (``s3://bucket/prefix``; ``s3a://`` names the same
+objects and becomes ``s3://``): boto3's standard credential
 chain; ``AWS_ENDPOINT_URL`` points it at MinIO or any S3-compatible endpoint. Loaded by
 :meth:`CheckpointStorage.from_url` by name, so that local storage never imports boto3."""
 
@@ -32,6 +33,8 @@ class S3CheckpointStorage(CheckpointStorage):
     MULTIPART_THRESHOLD = 64 << 20
 
     def __init__(self, base_url: str, client: Any = None) -> None:
+        if base_url.startswith("s3a://"):  # Spark's name for the same objects
+            base_url = "s3://" + base_url.removeprefix("s3a://")
         super().__init__(base_url)
         bucket, _, _ = base_url.removeprefix("s3://").partition("/")
         if not bucket:

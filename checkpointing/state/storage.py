@@ -82,15 +82,20 @@ class CheckpointStorage(ABC):
 
     @staticmethod
     def from_url(url: str) -> CheckpointStorage:
-        """``file:///abs/dir``, a plain absolute path, or ``s3://bucket/prefix``."""
-        if url.startswith("s3://"):
+        """``file:///abs/dir``, a plain absolute path, ``s3://bucket/prefix`` (``s3a://``
+        alike), ``gs://bucket/prefix`` or ``abfs[s]://container/prefix``."""
+        if url.startswith(("s3://", "s3a://")):
             # loaded by name (as fsspec loads its backends): the base imports no backend's SDK
             s3_storage = importlib.import_module("checkpointing.state.s3_storage")
             return s3_storage.S3CheckpointStorage(url)
+        if url.startswith(("gs://", "abfs://", "abfss://")):
+            object_storage = importlib.import_module("checkpointing.state.object_storage")
+            return object_storage.ObjectCheckpointStorage(url)
         if url.startswith("file://") or url.startswith("/"):
             return FileSystemCheckpointStorage(url)
         raise ConfigError(
-            f"storage URL {url!r}: expected file:///absolute/path or s3://bucket/prefix"
+            f"storage URL {url!r}: expected file:///absolute/path or s3://bucket/prefix "
+            "(or gs://bucket/prefix, abfss://container@account.dfs.core.windows.net/prefix)"
         )
 
     # ------------------------------------------------------------------ layout
