@@ -18,51 +18,81 @@ they import): Rich's console is made on first use, tables are imported only to p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import typer
 
-from checkpointing.cli import data, db, history, inspection, maintenance, run, savepoint
+from checkpointing.cli import data, db, history, inspection, maintenance, run, savepoint, validate
 from checkpointing.cli.common import main_options
+from checkpointing.cli.usage import Command, Group, RootGroup
 
 __all__ = ["app", "main"]
 
 app = typer.Typer(
+    cls=RootGroup,
     help="Flink-style checkpoints for Airflow-orchestrated PySpark batch pipelines.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
 app.callback()(main_options)
 
-db_app = typer.Typer(help="Create, migrate and inspect the metastore schema.", no_args_is_help=True)
-db_app.command("upgrade")(db.upgrade)
-db_app.command("current")(db.current)
-db_app.command("ddl")(db.ddl)
+
+def command(
+    group: typer.Typer, name: str, fn: Callable[..., Any], panel: str | None = None, **kw: Any
+) -> None:
+    """Wire up ``fn`` as ``group``'s command ``name`` (the root options accepted there too)."""
+    group.command(name, cls=Command, rich_help_panel=panel, **kw)(fn)
+
+
+def alias(group: typer.Typer, old: str, new: str, fn: Callable[..., Any]) -> None:
+    """An old spelling that still works (scripts, DAGs), out of the help; it says on stderr
+    that it is old."""
+    group.command(old, cls=Command, hidden=True, deprecated=f"Use 'ckpt {new}'.")(fn)  # type: ignore[arg-type]
+
+
+db_app = typer.Typer(
+    cls=Group, help="Create, migrate and inspect the metastore schema.", no_args_is_help=True
+)
+command(db_app, "upgrade", db.upgrade)
+command(db_app, "current", db.current)
+command(db_app, "ddl", db.ddl)
 driver_scope_app = typer.Typer(
+    cls=Group,
     help="Narrow what each Spark driver can write (PostgreSQL roles, docs/cluster.md).",
     no_args_is_help=True,
 )
-driver_scope_app.command("enable")(db.driver_scope_enable)
-driver_scope_app.command("status")(db.driver_scope_status)
-driver_scope_app.command("expire")(db.driver_scope_expire)
+command(driver_scope_app, "enable", db.driver_scope_enable)
+command(driver_scope_app, "status", db.driver_scope_status)
+command(driver_scope_app, "expire", db.driver_scope_expire)
 db_app.add_typer(driver_scope_app, name="driver-scope")
-app.add_typer(db_app, name="db")
 
-# in this order in `ckpt --help`
-app.command("jobs")(history.jobs)
-app.command("list")(history.list_checkpoints)
-app.command("show")(history.show)
-app.command("restores")(history.restores)
-app.command("summary")(history.summary)
-app.command("discard")(history.discard)
-app.command("restore-plan")(inspection.restore_plan)
-app.command("inspect")(inspection.inspect)
-app.command("savepoint")(savepoint.savepoint)
-app.command("requests")(history.requests)
-app.command("savepoints")(maintenance.savepoints)
-app.command("gc")(maintenance.gc)
-app.command("run")(run.run)
-app.command("generate-data")(data.generate_data)
+# in this order in `ckpt --help`, by panel
+PIPELINES, HISTORY, SAVEPOINTS, STATE, HOUSEKEEPING = (
+    "Pipelines",
+    "Checkpoint history",
+    "Savepoints",
+    "Looking inside checkpoints",
+    "Housekeeping",
+)
+command(app, "run", run.run, PIPELINES)
+command(app, "validate", validate.validate, PIPELINES)
+command(app, "generate-data", data.generate_data, PIPELINES)
+command(app, "jobs", history.jobs, HISTORY)
+command(app, "list", history.list_checkpoints, HISTORY)
+command(app, "show", history.show, HISTORY)
+command(app, "summary", history.summary, HISTORY)
+command(app, "restores", history.restores, HISTORY)
+command(app, "requests", history.requests, HISTORY)
+command(app, "savepoint", savepoint.savepoint, SAVEPOINTS)
+command(app, "list-savepoints", maintenance.list_savepoints, SAVEPOINTS)
+command(app, "discard", history.discard, SAVEPOINTS)
+command(app, "restore-plan", inspection.restore_plan, STATE)
+command(app, "inspect", inspection.inspect, STATE)
+command(app, "gc", maintenance.gc, HOUSEKEEPING)
+app.add_typer(db_app, name="db", rich_help_panel=HOUSEKEEPING)
+alias(app, "savepoints", "list-savepoints", maintenance.list_savepoints)
 
 
 def main() -> None:
-    app()
+    app(prog_name="ckpt")

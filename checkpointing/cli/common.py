@@ -31,9 +31,11 @@ DISTRIBUTION = "airflow-spark-checkpointing"
 #: the environment variables of the root options (as :mod:`checkpointing.config` reads them)
 ENV_METASTORE_URL, ENV_STORAGE_URL = "CKPT_METASTORE_URL", "CKPT_STORAGE_URL"
 
-EXIT_ERROR, EXIT_SCHEMA = 1, 3
+EXIT_ERROR, EXIT_USAGE, EXIT_SCHEMA = 1, 2, 3
 #: the largest ``--limit`` (a SQL LIMIT must fit a 32-bit integer everywhere)
 MAX_LIMIT = 2**31 - 1
+#: every ``--limit``'s default: enough rows for a screen, bounded for a job with a long history
+DEFAULT_LIMIT = 50
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -141,15 +143,31 @@ def choices(values: Iterable[Any], *param_decls: str, help: str, **kwargs: Any) 
 
 
 #: arguments and options many commands take, with the same help everywhere
-JobArg = Annotated[str, typer.Argument(help="Job id.")]
-AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+JobArg = Annotated[str, typer.Argument(metavar="JOB", help="Job id.")]
+AsJson = Annotated[
+    bool,
+    typer.Option(
+        "--json", help="JSON on stdout instead of text (an error: JSON on stderr, docs/cli.md)."
+    ),
+]
+Limit = Annotated[
+    int,
+    typer.Option(min=0, max=MAX_LIMIT, metavar="N", help="At most N rows (0: all)."),
+]
+
+
+def limit_or_all(limit: int) -> int | None:
+    """A ``--limit`` as the read functions take it: None for 0 (all)."""
+    return limit or None
 
 
 class State:
-    """The root options (``--metastore-url``, ``--storage-url``) every command reads."""
+    """The root options (``--metastore-url``, ``--storage-url``) every command reads, and
+    whether the command runs with ``--json`` (its errors are then JSON too)."""
 
     metastore_url: str | None = None
     storage_url: str | None = None
+    as_json: bool = False
 
     @property
     def settings(self) -> Settings:
@@ -171,13 +189,19 @@ state = State()
 MetastoreUrlOption = Annotated[
     str | None,
     typer.Option(
-        envvar=ENV_METASTORE_URL, show_envvar=True, help="SQLAlchemy URL of the metastore."
+        metavar="URL",
+        envvar=ENV_METASTORE_URL,
+        show_envvar=True,
+        help="SQLAlchemy URL of the metastore.",
     ),
 ]
 StorageUrlOption = Annotated[
     str | None,
     typer.Option(
-        envvar=ENV_STORAGE_URL, show_envvar=True, help="Checkpoint storage: file:///… or s3://…"
+        metavar="URL",
+        envvar=ENV_STORAGE_URL,
+        show_envvar=True,
+        help="Checkpoint storage: file:///… or s3://…",
     ),
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens.")]
@@ -224,27 +248,29 @@ def main_options(
 ) -> None:
     state.metastore_url = metastore_url
     state.storage_url = storage_url
+    state.as_json = False
     configure_logging(verbose)
 
 
 def configure_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)  # again: ``-v`` after the command comes second
     for noisy in ("alembic", "botocore", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def handles_errors(fn: F) -> F:
-    """Known errors become one line on stderr and a non-zero exit code, never a traceback."""
+    """Known errors become one line on stderr and a non-zero exit code, never a traceback
+    (with ``--json``: that line is a JSON object, :func:`print_error`)."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        state.as_json = bool(kwargs.get("as_json"))
         try:
             return fn(*args, **kwargs)
         except SchemaOutdated as exc:
-            print_error(exc)
+            print_error(exc, code=EXIT_SCHEMA)
             raise typer.Exit(EXIT_SCHEMA) from None
         except CheckpointingError as exc:
             print_error(exc)
@@ -256,10 +282,19 @@ def handles_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def print_error(message: object) -> None:
+def print_error(message: object, *, code: int = EXIT_ERROR) -> None:
+    """One line on stderr: ``error: …``, or under ``--json`` ``{"error": "…", "exit_code": N}``
+    (scripts read stdout for the result and stderr for why there is none)."""
+    if state.as_json:
+        print_json_error(str(message), code)
+        return
     from rich.text import Text
 
     err.print(Text("error:", style="red"), Text(str(message)))
+
+
+def print_json_error(message: str, code: int) -> None:
+    sys.stderr.write(json.dumps({"error": message, "exit_code": code}) + "\n")
 
 
 def print_json(data: Any) -> None:

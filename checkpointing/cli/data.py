@@ -20,8 +20,9 @@ def generate_data(
     dest: Annotated[
         str,
         typer.Argument(
+            metavar="DEST",
             help="Directory to write Parquet files into, or s3://bucket/prefix (boto3's "
-            "environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, …; the bucket must exist)."
+            "environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, …; the bucket must exist).",
         ),
     ],
     dataset: Annotated[

@@ -9,12 +9,14 @@ from typing import Annotated
 import typer
 
 from checkpointing.cli.common import (
+    DEFAULT_LIMIT,
     EXIT_ERROR,
-    MAX_LIMIT,
     AsJson,
     JobArg,
+    Limit,
     choices,
     handles_errors,
+    limit_or_all,
     out,
     print_json,
     state,
@@ -45,17 +47,18 @@ def list_checkpoints(
     checkpoint_type: Annotated[
         CheckpointType | None, choices(CheckpointType, "--type", help="Only this type.")
     ] = None,
-    limit: Annotated[
-        int | None,
-        typer.Option(min=1, max=MAX_LIMIT, metavar="N", help="At most this many, newest first."),
-    ] = None,
+    limit: Limit = DEFAULT_LIMIT,
     as_json: AsJson = False,
 ) -> None:
     """List a job's checkpoints and savepoints, newest first."""
     from checkpointing.metastore import views
 
     rows = views.list_checkpoints(
-        state.metastore(), job, status=status, checkpoint_type=checkpoint_type, limit=limit
+        state.metastore(),
+        job,
+        status=status,
+        checkpoint_type=checkpoint_type,
+        limit=limit_or_all(limit),
     )
     if as_json:
         print_json(rows)
@@ -68,7 +71,7 @@ def list_checkpoints(
 @handles_errors
 def show(
     job: JobArg,
-    checkpoint_id: Annotated[str, typer.Argument(help="Checkpoint id.")],
+    checkpoint_id: Annotated[str, typer.Argument(metavar="CHECKPOINT_ID", help="Checkpoint id.")],
     files: Annotated[
         bool, typer.Option("--files", help="Also list the input files its runs read.")
     ] = False,
@@ -141,15 +144,14 @@ def summary(job: JobArg, as_json: AsJson = False) -> None:
 @handles_errors
 def requests(
     job: JobArg,
-    limit: Annotated[
-        int, typer.Option(min=1, max=MAX_LIMIT, metavar="N", help="Most recent N requests.")
-    ] = 20,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+    limit: Limit = DEFAULT_LIMIT,
+    as_json: AsJson = False,
 ) -> None:
-    """Savepoint and checkpoint requests of a job (from the CLI, the UI, DAGs) and their fate."""
+    """Savepoint and checkpoint requests of a job (from the CLI, the UI, DAGs) and their fate,
+    newest first."""
     from checkpointing.metastore.views import list_requests
 
-    rows = list_requests(state.metastore(), job, limit=limit)
+    rows = list_requests(state.metastore(), job, limit=limit_or_all(limit))
     if as_json:
         print_json(rows)
         return
@@ -161,7 +163,9 @@ def requests(
 @handles_errors
 def discard(
     job: JobArg,
-    checkpoint_id: Annotated[str, typer.Argument(help="The savepoint's checkpoint id.")],
+    checkpoint_id: Annotated[
+        str, typer.Argument(metavar="SAVEPOINT_ID", help="The savepoint's checkpoint id.")
+    ],
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Discard a completed savepoint: marked DISCARDED (no restore picks it), then its files

@@ -9,10 +9,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from checkpointing.cli.common import (
-    MAX_LIMIT,
+    DEFAULT_LIMIT,
     AsJson,
     JobArg,
+    Limit,
+    err,
     handles_errors,
+    limit_or_all,
     out,
     print_json,
     state,
@@ -27,16 +30,27 @@ if TYPE_CHECKING:
 @handles_errors
 def restore_plan(
     job: JobArg,
-    parallelism: Annotated[int, typer.Option(min=1, help="The new number of subtasks.")],
-    source: Annotated[
+    parallelism: Annotated[
+        int, typer.Option(min=1, metavar="N", help="The new number of subtasks.")
+    ],
+    restore: Annotated[
         str,
-        typer.Option("--from", help="latest (with fallback past corrupt ones), an id, or a path"),
+        typer.Option(
+            metavar="SOURCE",
+            help="latest (with fallback past corrupt ones), a checkpoint id, or a checkpoint "
+            "or savepoint path: as ckpt run --restore.",
+        ),
     ] = "latest",
+    from_: Annotated[
+        str | None,
+        typer.Option("--from", hidden=True, help="Deprecated spelling of --restore."),
+    ] = None,
     as_json: AsJson = False,
     allow_other_job: Annotated[
         bool,
         typer.Option(
-            "--allow-other-job", help="Allow --from to be another job's checkpoint or savepoint."
+            "--allow-other-job",
+            help="Let --restore be a checkpoint or savepoint path of another job.",
         ),
     ] = False,
 ) -> None:
@@ -49,6 +63,7 @@ def restore_plan(
     from checkpointing.metastore.jobs import job_storage
     from checkpointing.restore.lookup import preview_restore
 
+    source = _restore_source(restore, from_)
     metastore = state.metastore()
     preview = preview_restore(
         metastore,
@@ -85,7 +100,9 @@ def restore_plan(
 @handles_errors
 def inspect(
     job: JobArg,
-    checkpoint_id: Annotated[str, typer.Argument(help="A completed checkpoint or savepoint id.")],
+    checkpoint_id: Annotated[
+        str, typer.Argument(metavar="CHECKPOINT_ID", help="A completed checkpoint or savepoint id.")
+    ],
     operator: Annotated[
         str | None, typer.Option(help="Operator whose state to read (omit: list the operators).")
     ] = None,
@@ -97,10 +114,7 @@ def inspect(
         str | None,
         typer.Option(help="Comma-separated key columns, when the snapshot does not record them."),
     ] = None,
-    limit: Annotated[
-        int,
-        typer.Option(min=0, max=MAX_LIMIT, metavar="N", help="At most this many rows (0: all)."),
-    ] = 50,
+    limit: Limit = DEFAULT_LIMIT,
     as_json: AsJson = False,
 ) -> None:
     """Read the state in a checkpoint (Flink's State Processor API): keyed rows, one key, or
@@ -128,7 +142,7 @@ def inspect(
             out.print(_operators_table(ops, f"Operators of {title}"))
         return
     columns = [c.strip() for c in key_columns.split(",") if c.strip()] if key_columns else None
-    view = reader.read(operator, key=key or None, key_columns=columns, limit=limit or None)
+    view = reader.read(operator, key=key or None, key_columns=columns, limit=limit_or_all(limit))
     data = view.to_dict()
     if as_json:
         print_json(data)
@@ -143,6 +157,21 @@ def inspect(
     out.print(_state_table(view, data, title))
     if view.truncated:
         out.print(f"first {len(data['rows'])} rows; --limit N shows more, --limit 0 all")
+
+
+def _restore_source(restore: str, deprecated_from: str | None) -> str:
+    """``--restore``, or the old spelling ``--from`` (said once on stderr); both: the same."""
+    if deprecated_from is None:
+        return restore
+    if restore != "latest" and restore != deprecated_from:
+        raise typer.BadParameter(
+            f"--from {deprecated_from!r} and --restore {restore!r} disagree (--from is the old "
+            "name of --restore: give only --restore)",
+            param_hint="--restore",
+        )
+    if not state.as_json:
+        err.print("warning: --from is deprecated: use --restore", soft_wrap=True)
+    return deprecated_from
 
 
 # ------------------------------------------------------------------------------------ tables

@@ -1,4 +1,4 @@
-"""``ckpt gc | savepoints``: a job's housekeeping, through
+"""``ckpt gc | list-savepoints``: a job's housekeeping, through
 :mod:`checkpointing.coordination.gc` (history rows, savepoint retention, orphan files)."""
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def _print_plan(plan: GcPlan) -> None:
 
 
 @handles_errors
-def savepoints(job: JobArg, as_json: AsJson = False) -> None:
+def list_savepoints(job: JobArg, as_json: AsJson = False) -> None:
     """List a job's completed savepoints, newest first, with their age and size."""
     from checkpointing.coordination.gc import list_savepoints
 

@@ -10,20 +10,36 @@ import typer
 
 from checkpointing.cli.common import (
     EXIT_ERROR,
+    AsJson,
+    err,
     handles_errors,
     out,
     print_error,
+    print_json,
     real_console,
     state,
 )
-from checkpointing.errors import CheckpointingError, ConfigError
+from checkpointing.cli.preflight import (
+    AllowChangedTablesOption,
+    AllowOtherJobOption,
+    FullRefreshOption,
+    IntervalEndOption,
+    IntervalStartOption,
+    ParallelismOption,
+    RestoreOption,
+    check_before_spark,
+    data_interval,
+)
+from checkpointing.errors import CheckpointingError
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.progress import Progress
 
     from checkpointing.metastore.engine import Metastore
     from checkpointing.pipeline.spec import PipelineSpec
     from checkpointing.spark.preflight import RunOptions
+    from checkpointing.spark.runtime import RunResult
     from checkpointing.state.storage import CheckpointStorage
 
 
@@ -32,18 +48,14 @@ def run(
     pipeline: Annotated[
         Path,
         typer.Argument(
+            metavar="SPEC",
             help="The pipeline spec (YAML). It may name Python code: pipeline: my_pkg.jobs:build "
             "(a function returning a Pipeline) or transform: my_pkg.jobs:clean, imported from "
-            "the installed packages and the spec's py_files before Spark starts."
+            "the installed packages and the spec's py_files before Spark starts.",
         ),
     ],
-    restore: Annotated[
-        str, typer.Option(help="latest (resume when there are checkpoints), none, an id, a path")
-    ] = "latest",
-    parallelism: Annotated[
-        int | None,
-        typer.Option(min=1, metavar="N", help="Override the spec's parallelism (rescale)."),
-    ] = None,
+    restore: RestoreOption = "latest",
+    parallelism: ParallelismOption = None,
     master: Annotated[
         str | None,
         typer.Option(help="Spark master URL [default: local[2], or spark-submit's master]"),
@@ -60,41 +72,11 @@ def run(
             help="Restore even if the checkpoint has state of operators no longer here.",
         ),
     ] = False,
-    allow_other_job: Annotated[
-        bool,
-        typer.Option(
-            "--allow-other-job",
-            help="Let --restore be a checkpoint or savepoint path of another job.",
-        ),
-    ] = False,
-    allow_changed_tables: Annotated[
-        bool,
-        typer.Option(
-            "--allow-changed-tables",
-            help="Restore even if a static table (tables:) changed since the checkpoint; the "
-            "change is recorded in the restore.",
-        ),
-    ] = False,
-    interval_start: Annotated[
-        str | None,
-        typer.Option(
-            metavar="ISO",
-            help="A scope: interval spec's data interval start (2026-11-25 or an ISO 8601 "
-            "time; no offset: UTC): the run is that interval's own job instance.",
-        ),
-    ] = None,
-    interval_end: Annotated[
-        str | None,
-        typer.Option(metavar="ISO", help="The data interval's end (exclusive)."),
-    ] = None,
-    full_refresh: Annotated[
-        bool,
-        typer.Option(
-            "--full-refresh",
-            help="A scope: interval job: replace the interval's output — its sink reset (only "
-            "the job's own output), then an empty start.",
-        ),
-    ] = False,
+    allow_other_job: AllowOtherJobOption = False,
+    allow_changed_tables: AllowChangedTablesOption = False,
+    interval_start: IntervalStartOption = None,
+    interval_end: IntervalEndOption = None,
+    full_refresh: FullRefreshOption = False,
     refresh_token: Annotated[
         str | None,
         typer.Option(
@@ -109,37 +91,14 @@ def run(
             min=1, hidden=True, help="Failure drill: crash after this many epochs of this run."
         ),
     ] = None,
+    as_json: AsJson = False,
 ) -> None:
     """Run a pipeline: epochs with checkpoints, resuming from the latest checkpoint.
 
-    A spec with pipeline: module.path:build runs the Pipeline that function returns, with the
-    spec's deployment fields; an entry point that does not import, or returns no Pipeline, is
-    refused before Spark starts."""
-    from checkpointing.ids import validate_id
-    from checkpointing.metastore.jobs import storage_url_for_run
-    from checkpointing.pipeline.interval import DataInterval
-    from checkpointing.pipeline.spec import load_spec
-    from checkpointing.state.storage import CheckpointStorage
-
-    interval = None
-    if (interval_start is None) != (interval_end is None):
-        given = "--interval-start" if interval_end is None else "--interval-end"
-        raise ConfigError(f"{given}: give the data interval's start and end together")
-    if interval_start is not None and interval_end is not None:
-        interval = DataInterval.parse(interval_start, interval_end)
-    spec = load_spec(pipeline, interval=interval)
-    spec.check_runnable()
-    for value, name in ((attempt, "attempt"), (coordinator_id, "coordinator id")):
-        if value is not None:
-            validate_id(value, name)
-    if parallelism is not None and parallelism > spec.max_parallelism:
-        raise ConfigError(
-            f"--parallelism {parallelism} exceeds max_parallelism {spec.max_parallelism} of "
-            f"{pipeline}"
-        )
-    storage = CheckpointStorage.from_url(
-        storage_url_for_run(state.storage_url, spec, state.settings)
-    )
+    Everything `ckpt validate` checks is checked first, before Spark starts and before anything
+    is written. A spec with pipeline: module.path:build runs the Pipeline that function
+    returns, with the spec's deployment fields. With --json, the run's summary is one JSON
+    object on stdout (the epochs' lines go to stderr)."""
     from checkpointing.spark.preflight import RunOptions
 
     options = RunOptions(
@@ -154,8 +113,16 @@ def run(
         full_refresh=full_refresh,
         refresh_token=refresh_token,
     )
-    metastore = _checked_metastore(spec, options, storage)
-    result = _run_on_spark(spec, options, metastore, storage, master)
+    checked = check_before_spark(pipeline, options, data_interval(interval_start, interval_end))
+    spec, metastore = checked.spec, checked.metastore
+    if not checked.has_schema:  # the embedded default, on a first run: created now
+        metastore.dispose()
+        metastore = state.metastore(check_schema=False)
+        metastore.upgrade()
+    result = _run_on_spark(spec, options, metastore, checked.storage, master, quiet=as_json)
+    if as_json:
+        print_json(run_summary(pipeline, spec, result))
+        return
     source = (
         f"restored from checkpoint {result.restored_from}"
         if result.restored_from is not None
@@ -169,38 +136,35 @@ def run(
             soft_wrap=True,
         )
         return
-    final = result.final_path
-    if spec.sink.format == "iceberg":
-        final = f"{spec.sink.table} (Iceberg, at {final})"
     out.print(
         f"job {spec.job} finished: {len(result.epochs_run)} of {result.epochs_total} epochs run "
-        f"({source}); checkpoints {result.checkpoints}; final table {final}",
+        f"({source}); checkpoints {result.checkpoints}; final table {_final(spec, result)}",
         soft_wrap=True,
     )
 
 
-def _checked_metastore(
-    spec: PipelineSpec, options: RunOptions, storage: CheckpointStorage
-) -> Metastore:
-    """Everything checked before Spark starts and before anything is written; then the
-    metastore to run with. The embedded default metastore is created on a first run, a
-    user-supplied one needs ``ckpt db upgrade``."""
-    from checkpointing.spark.preflight import RestoreSourceError, check_run
+def _final(spec: PipelineSpec, result: RunResult) -> str | None:
+    if spec.sink.format == "iceberg":
+        return f"{spec.sink.table} (Iceberg, at {result.final_path})"
+    return result.final_path
 
-    settings = state.settings
-    metastore = state.metastore(check_schema=not settings.embedded_metastore, create=False)
-    schema = metastore.current_revision()
-    if schema is not None:  # an older embedded schema is migrated by `ckpt db upgrade` only
-        metastore.check_schema()
-    try:
-        check_run(spec, options, storage, metastore if schema is not None else None)
-    except RestoreSourceError as exc:  # "restore 'x': why" names the option
-        raise ConfigError(f"--{exc}") from None
-    if schema is None:
-        metastore.dispose()
-        metastore = state.metastore(check_schema=False)
-        metastore.upgrade()
-    return metastore
+
+def run_summary(pipeline: Path, spec: PipelineSpec, result: RunResult) -> dict[str, Any]:
+    """``ckpt run --json``: what the run did, as one JSON object (docs/cli.md)."""
+    return {
+        "spec": str(pipeline),
+        "job": spec.job,
+        "status": "STOPPED_WITH_SAVEPOINT" if result.stopped_with_savepoint else "FINISHED",
+        "restored_from": result.restored_from,
+        "epochs_run": len(result.epochs_run),
+        "epochs_total": result.epochs_total,
+        "checkpoints": list(result.checkpoints),
+        "savepoint": result.stopped_with_savepoint,
+        "final": result.final_path,
+        "sink_format": spec.sink.format,
+        "rows_read": result.rows_read,
+        "restarts": result.restarts,
+    }
 
 
 def _run_on_spark(
@@ -209,13 +173,16 @@ def _run_on_spark(
     metastore: Metastore,
     storage: CheckpointStorage,
     master: str | None,
-) -> Any:
-    """The run, with its progress shown; a Spark error is one line here (details in the log)."""
+    *,
+    quiet: bool = False,
+) -> RunResult:
+    """The run, with its progress shown (``quiet``: as lines on stderr, stdout left to the
+    JSON summary); a Spark error is one line here (details in the log)."""
     from checkpointing.spark.pipeline import run_spec
     from checkpointing.spark.session import spark_session, stop_session
 
     spark = spark_session(f"ckpt-{spec.job}", master)
-    progress, on_epoch, holder = _progress(spec)
+    progress, on_epoch, holder = _progress(spec, err if quiet else out)
     try:
         with progress:
             return run_spec(
@@ -237,12 +204,12 @@ def _run_on_spark(
         stop_session(spark)  # not a JVM that is gone: that would hide why it went
 
 
-def _progress(spec: PipelineSpec) -> tuple[Progress, Any, dict[str, Any]]:
-    """A progress bar on a terminal, a line per epoch otherwise; the epoch callback updates it
-    from the run (put in the returned holder as ``"run"``)."""
+def _progress(spec: PipelineSpec, console: Console) -> tuple[Progress, Any, dict[str, Any]]:
+    """A progress bar on a terminal, a line per epoch otherwise (on ``console``); the epoch
+    callback updates it from the run (put in the returned holder as ``"run"``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    interactive = out.is_terminal
+    interactive = console.is_terminal
     progress = Progress(
         TextColumn(spec.job, style="bold", markup=False),
         BarColumn(),
@@ -250,7 +217,7 @@ def _progress(spec: PipelineSpec) -> tuple[Progress, Any, dict[str, Any]]:
         TextColumn(
             "epochs  {task.fields[rate]}  last checkpoint {task.fields[checkpoint]}", markup=False
         ),
-        console=real_console(out),
+        console=real_console(console),
         disable=not interactive,
     )
     task = progress.add_task("epochs", total=None, rate="-", checkpoint="-")
@@ -267,7 +234,7 @@ def _progress(spec: PipelineSpec) -> tuple[Progress, Any, dict[str, Any]]:
             rate=f"{rate}, {millis / 1000:.1f} s/epoch", checkpoint=last,
         )  # fmt: skip
         if not interactive:
-            out.print(
+            console.print(
                 f"job {spec.job}: epoch {epoch + 1}/{run.result.epochs_total} done in "
                 f"{millis} ms ({rate}); last completed checkpoint {last}"
             )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from checkpointing.cli.common import err, handles_errors, out, print_json, state, waiting
+from checkpointing.cli.common import AsJson, err, handles_errors, out, print_json, state, waiting
 
 if TYPE_CHECKING:
     from checkpointing.coordination.savepoints import RequestState
@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 
 @handles_errors
 def savepoint(
-    job: Annotated[str, typer.Argument(help="The running job.")],
+    job: Annotated[str, typer.Argument(metavar="JOB", help="The running job.")],
     stop: Annotated[bool, typer.Option("--stop", help="End the job after the savepoint.")] = False,
     wait: Annotated[
         bool, typer.Option("--wait", help="Wait until the savepoint completes or fails.")
     ] = False,
     timeout: Annotated[str, typer.Option(help="How long --wait waits, e.g. 90s, 10m.")] = "10m",
-    as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Request a savepoint from a running job (taken at its next epoch boundary)."""
     import getpass
