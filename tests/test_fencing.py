@@ -188,3 +188,48 @@ def test_a_driver_joining_under_a_superseded_id_never_takes_over(
     driver = CheckpointCoordinator(JOB, metastore, clock=clock, coordinator_id=t.new.coordinator_id)
     driver.join()  # the current try's driver acts as the same coordinator
     assert ack_all(driver, t.pending).completed is not None
+
+
+def test_a_stale_triggers_coordinator_is_fenced_in_its_transactions_once_another_try_re_attached(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
+) -> None:
+    """Review of issue 38: the trigger's coordinator of a detached driver (try 1, watching its
+    own driver) was built without its watcher, so once try 2 re-attached it was stopped only by
+    the check before each pass: a pass already under way still aborted the driver's pending
+    checkpoint. Its coordinator is now fenced by the row's watcher in every transaction."""
+    import os
+    from datetime import UTC, datetime
+
+    from sqlalchemy import update
+
+    from checkpointing.coordination.detached import DetachedAttempt
+    from checkpointing.coordination.drivers import DriverIdentity, record_driver, this_host
+    from checkpointing.metastore.models import Job
+
+    first = "run-1-t1"
+    coordinator = CheckpointCoordinator(
+        JOB,
+        metastore,
+        storage,
+        new_coordinator(metastore, storage, clock).config,
+        coordinator_id=first,
+        clock=clock,
+        plan_provider=lambda: make_plan(attempt=first),
+    )
+    coordinator.activate()
+    coordinator.job_status_changed(JobStatus.RUNNING)
+    pending = coordinator.trigger_checkpoint()
+    driver = DriverIdentity(first, this_host(), os.getpid(), None, datetime.now(UTC), 1)
+    assert record_driver(metastore, JOB, driver)
+    with metastore.transaction() as s:
+        s.execute(update(Job).where(Job.job_id == JOB).values(status="RUNNING"))
+
+    stale = DetachedAttempt(
+        JOB, metastore, storage, attempt=first, tasks=make_plan(attempt=first), poll=1, clock=clock
+    )
+    stale._join()  # try 1's trigger joined its driver's coordination …
+    with metastore.transaction() as s:  # … then try 2 re-attached to the driver
+        s.execute(update(Job).where(Job.job_id == JOB).values(driver_watcher="run-1-t2"))
+    assert stale.coordinator is not None
+    assert stale.coordinator.failover("a pass under way when try 2 re-attached") == []
+    assert checkpoint_row(metastore, pending.checkpoint_id).status == CheckpointStatus.PENDING

@@ -315,6 +315,53 @@ def test_a_pipeline_dags_chosen_restore_needs_the_edit_right_as_in_the_api(
     assert unchecked.plan_try(context, spec, metastore, storage.base_url) == ("1", 1)
 
 
+@needs_airflow
+def test_a_retry_takes_a_recorded_plan_only_at_the_parallelism_its_run_chose(
+    airflow_home: Path,
+    metastore: Metastore,
+    two_jobs: tuple[FileSystemCheckpointStorage, str],
+    tmp_path: Path,
+) -> None:
+    """Review of issue 38: a retry took the parallelism of any PLANNED restore row for its
+    attempt id, which a driver may write. A row whose parallelism is not what the run's
+    rendered fields give is not the failure callback's: the retry computes its own plan."""
+    from datetime import UTC, datetime
+
+    from checkpointing.metastore.models import RestoreEvent
+    from checkpointing.pipeline.spec import load_spec
+    from checkpointing_airflow.attempts import attempt_id
+    from checkpointing_airflow.pipeline_dag import build_pipeline_dag
+
+    storage, _ = two_jobs
+    spec = load_spec(
+        write_spec(tmp_path / "pipelines", "mine", storage=storage.base_url, parallelism=1)
+    )
+    (run,) = build_pipeline_dag(spec).tasks
+    run.parallelism, run.restore = 1, "latest"  # as rendered from a plain trigger
+
+    class Ti:
+        dag_id, run_id, try_number = "mine", "manual__1", 2
+
+    class DagRun:
+        triggering_user_name: str | None = None
+        team_name = None
+
+    planted = attempt_id(Ti.dag_id, Ti.run_id, 2)
+    with metastore.transaction() as s:  # what a driver of the job could write
+        s.add(
+            RestoreEvent(
+                job_id="mine",
+                attempt=planted,
+                checkpoint_id=None,
+                parallelism=7,
+                status="PLANNED",
+                created_at=datetime.now(UTC),
+            )
+        )
+    context: Any = {"ti": Ti(), "dag_run": DagRun()}
+    assert run.plan_try(context, spec, metastore, storage.base_url) == ("1", 1)
+
+
 # ============================================================================ another job's state
 
 

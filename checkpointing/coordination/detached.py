@@ -99,6 +99,9 @@ class DetachedAttempt:
             coordinator_id=self.attempt,
             clock=self.clock,
             plan_provider=self._running_tasks,
+            # fenced in each transaction once another try re-attached to the driver, not only
+            # by the watcher check before each pass
+            watcher=self.watcher,
         )
         coordinator.join()
         self._loop = CheckpointCoordinatorDeActivator(

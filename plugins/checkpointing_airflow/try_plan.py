@@ -91,16 +91,23 @@ def recovery_for(
     if ti.try_number <= 1:
         return None
     attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+    parallelism = op.parallelism_for(spec, ti.try_number)
     plan = planned_recovery(metastore, spec.job, attempt)
-    if plan is not None:
+    if plan is not None and plan.parallelism == parallelism:
         log.info("restore plan recorded by the failure callback: %s", plan.describe())
         return plan
+    if plan is not None:  # not what the callback computes from this run's fields: a row
+        log.warning(  # written by something else (a driver may write its job's rows)
+            "the recorded restore plan's parallelism %s is not this try's %s: recomputed",
+            plan.parallelism,
+            parallelism,
+        )
     plan = plan_recovery(
         metastore,
         CheckpointStorage.from_url(storage_url),
         spec.job,
         attempt=attempt,
-        parallelism=op.parallelism_for(spec, ti.try_number),
+        parallelism=parallelism,
         max_parallelism=spec.max_parallelism,
         completed_after=run_started(context),
         otherwise=str(op.restore),
