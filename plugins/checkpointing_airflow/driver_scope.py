@@ -50,6 +50,13 @@ def driver_metastore_url(
 
     scope = driver_scope(metastore)
     if scope.group is None:
+        if metastore.engine.dialect.name == "postgresql":  # where a scope could be had
+            op.log.warning(
+                "job %s: the driver gets the task's metastore connection, with every job's "
+                "rows: enable driver scope (`ckpt db driver-scope enable`, docs/cluster.md) so "
+                "that it can write only its own job's",
+                job_id,
+            )
         return task_url
     ttl = role_ttl(op)
     try:
