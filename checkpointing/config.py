@@ -234,6 +234,9 @@ def describe_validation_error(exc: ValidationError, source: str, prefix: str = "
 
 ENV_METASTORE_URL = "CKPT_METASTORE_URL"
 ENV_STORAGE_URL = "CKPT_STORAGE_URL"
+#: comma-separated storage URLs, besides the default storage, that a job row's ``storage_url``
+#: (or a savepoint request's target) may lie in: see :mod:`checkpointing.state.storage_roots`
+ENV_STORAGE_ROOTS = "CKPT_STORAGE_ROOTS"
 ENV_HOME = "CKPT_HOME"
 
 
@@ -281,6 +284,15 @@ class Settings:
             home=home,
             embedded_metastore=metastore is None,
         )
+
+
+def configured_storage_roots() -> list[str]:
+    """The storage URLs a job's checkpoint storage may lie in, as configured: the default
+    storage (``CKPT_STORAGE_URL``, else ``CKPT_HOME/checkpoints``), then each entry of
+    ``CKPT_STORAGE_ROOTS``. A row's ``storage_url`` is anyone's to write: these are not."""
+    roots = [Settings.resolve().storage_url]
+    roots += [r.strip() for r in os.environ.get(ENV_STORAGE_ROOTS, "").split(",") if r.strip()]
+    return roots
 
 
 # The metastore URL: parsed and shown here, so that no message or log quotes a password.

@@ -297,10 +297,14 @@ def test_job_without_a_completed_checkpoint(crashed: Crashed, tmp_path: Path) ->
 
 
 def test_storage_defaults_to_the_one_the_job_registered(crashed: Crashed, tmp_path: Path) -> None:
+    """... once it lies in a configured storage root: any driver can write the job's row."""
+    args = ["--metastore-url", crashed.url, "restore-plan", crashed.job, "--parallelism", "2"]
+    env = {"CKPT_STORAGE_URL": None, "CKPT_HOME": str(tmp_path)}
     result = CliRunner().invoke(
-        app,
-        ["--metastore-url", crashed.url, "restore-plan", crashed.job, "--parallelism", "2"],
-        env={"CKPT_STORAGE_URL": None, "CKPT_HOME": str(tmp_path)},
+        app, args, env={**env, "CKPT_STORAGE_ROOTS": crashed.storage.base_url}
     )
     assert result.exit_code == 0, result.output
     assert f"checkpoint {crashed.newest}" in result.stdout
+    refused = CliRunner().invoke(app, args, env=env)
+    assert refused.exit_code == 1
+    assert f"job '{crashed.job}': storage_url '{crashed.storage.base_url}' is not" in refused.stderr

@@ -15,6 +15,7 @@ request it holds back itself (:func:`precheck`); the coordinator triggers the qu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
@@ -31,6 +32,7 @@ from checkpointing.coordination.failure import (
 from checkpointing.errors import CheckpointingError
 from checkpointing.metastore import jobs
 from checkpointing.metastore.models import CheckpointRequest, Job
+from checkpointing.state import storage_roots
 from checkpointing.status import CheckpointProperties, CheckpointType, JobStatus, RequestStatus
 
 if TYPE_CHECKING:
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
     from checkpointing.coordination.pending import PendingCheckpoint
     from checkpointing.coordination.scheduler import PeriodicScheduler
     from checkpointing.metastore.engine import Metastore
+
+log = logging.getLogger(__name__)
 
 MAX_QUEUED_REQUESTS = 1000
 
@@ -144,7 +148,13 @@ def queue_request(
       also before the job reports RUNNING) and drops what is left when it stops
       (``stop_scheduler``, ``shutdown``), so its requests never wait for nobody.
 
+    A ``target`` (a savepoint's directory) must lie in the configured storage roots
+    (:func:`~checkpointing.state.storage_roots.require_allowed`), checked before anything is
+    queued and again when the coordinator takes the request (:func:`trigger_queued`).
+
     Then :func:`enqueue`'s limits hold for both (one non-forced request, the queue's bound)."""
+    if target is not None:
+        storage_roots.require_allowed(target, job_id=job_id, field="target_location")
     if from_outside:
         job = jobs.job_row(session, job_id, lock=True)
         if job.status != JobStatus.RUNNING:
@@ -305,6 +315,14 @@ def trigger_queued(
         ]
     triggered = []
     for request_id, ctype, forced, periodic, target in queued:
+        # the row is anyone's to write: its target never chooses where a savepoint goes
+        refused = _refused_target(job_id, target) if target is not None else None
+        if refused is not None:
+            with metastore.transaction() as s:
+                if fencing.fenced(s, "request handling"):
+                    break
+                finish(s, request_id, RequestStatus.FAILED, clock.now(), message=refused)
+            continue
         try:
             triggered.append(
                 trigger(
@@ -325,3 +343,13 @@ def trigger_queued(
                     break
                 finish(s, request_id, RequestStatus.FAILED, clock.now(), message=str(exc))
     return triggered
+
+
+def _refused_target(job_id: str, target: str) -> str | None:
+    """Why a queued request's ``target_location`` is refused (one line, logged), or None."""
+    try:
+        storage_roots.require_allowed(target, job_id=job_id, field="target_location")
+    except storage_roots.DisallowedStorageError as exc:
+        log.error("%s; the savepoint request is failed, nothing written", exc)
+        return str(exc)
+    return None

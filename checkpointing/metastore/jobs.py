@@ -166,17 +166,27 @@ def job_storage_url(metastore: Metastore, job_id: str, override: str | None = No
 def job_storage(
     metastore: Metastore, job_id: str, override: str | None = None
 ) -> CheckpointStorage:
-    """:func:`job_storage_url` opened as a :class:`CheckpointStorage`."""
+    """:func:`job_storage_url` opened as a :class:`CheckpointStorage`. The URL the caller gave
+    (a flag, ``CKPT_STORAGE_URL``) is taken as is; the one the job's row records only inside
+    the configured storage roots (:meth:`CheckpointStorage.from_job_row`: any driver can write
+    that row)."""
     from checkpointing.state.storage import CheckpointStorage
 
-    return CheckpointStorage.from_url(job_storage_url(metastore, job_id, override))
+    url = override or os.environ.get(ENV_STORAGE_URL)
+    if url:
+        return CheckpointStorage.from_url(url)
+    info = get_job(metastore, job_id)
+    if info is None:
+        return CheckpointStorage.from_url(Settings.resolve().storage_url)
+    return CheckpointStorage.from_job_row(job_id, info.storage_url)
 
 
 def registered_storage(metastore: Metastore, job_id: str) -> CheckpointStorage:
-    """The storage the job registered with, ignoring flags; :class:`UnknownJobError` if none."""
+    """The storage the job registered with, ignoring flags, inside the configured storage roots
+    (:meth:`CheckpointStorage.from_job_row`); :class:`UnknownJobError` if none."""
     from checkpointing.state.storage import CheckpointStorage
 
-    return CheckpointStorage.from_url(require_job(metastore, job_id).storage_url)
+    return CheckpointStorage.from_job_row(job_id, require_job(metastore, job_id).storage_url)
 
 
 # ------------------------------------------------------------------------ in a caller's session

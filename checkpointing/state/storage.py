@@ -13,9 +13,11 @@ base URL::
 Every write is published atomically (temp file + rename; one S3 PUT or a completed multipart
 upload) and returns a SHA-256 checksum that reads verify. Every URL handed to a read is checked
 to lie under the base (or an explicit savepoint target), so ids from shared storage or task
-processes cannot reach outside it. A checkpoint's or savepoint's directory is deleted only by
-:meth:`CheckpointStorage.discard_directory`, which derives it from ids (never from a metastore
-row, which any driver can write) and refuses anything not strictly below the job's directory.
+processes cannot reach outside it; a job row's ``storage_url`` becomes a storage only through
+:meth:`CheckpointStorage.from_job_row`, inside the configured roots. A checkpoint's or
+savepoint's directory is deleted only by :meth:`CheckpointStorage.discard_directory`, which
+derives it from ids (never from a metastore row, which any driver can write) and refuses
+anything not strictly below the job's directory.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from checkpointing.errors import (
     StorageError,
 )
 from checkpointing.ids import validate_checkpoint_id, validate_id
+from checkpointing.state.storage_roots import require_allowed
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,18 @@ class CheckpointStorage(ABC):
             f"storage URL {url!r}: expected file:///absolute/path or s3://bucket/prefix "
             "(or gs://bucket/prefix, abfss://container@account.dfs.core.windows.net/prefix)"
         )
+
+    @staticmethod
+    def from_job_row(job_id: str, storage_url: str) -> CheckpointStorage:
+        """The storage a job's metastore row names (its ``storage_url``), for a process that
+        deletes or reads on the job's behalf (the API server, ``ckpt gc``/``inspect``): any
+        driver can write that row, so the URL must be an allowed root or strictly below one
+        (:func:`checkpointing.state.storage_roots.require_allowed`), else
+        :class:`~checkpointing.state.storage_roots.DisallowedStorageError`. The one way a
+        row's URL becomes a storage."""
+        validate_id(job_id, "job id")
+        require_allowed(storage_url, job_id=job_id, field="storage_url")
+        return CheckpointStorage.from_url(storage_url)
 
     # ------------------------------------------------------------------ layout
 

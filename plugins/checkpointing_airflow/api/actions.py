@@ -39,7 +39,11 @@ router = APIRouter()
     responses={
         **ERRORS,
         403: {"model": Problem, "description": "no edit access, or a cross-site request"},
-        409: {"model": Problem, "description": "not a completed savepoint"},
+        409: {
+            "model": Problem,
+            "description": "not a completed savepoint, or the pipeline's storage_url is "
+            "outside the configured storage roots",
+        },
     },
     summary="Discard a completed savepoint (its files are deleted)",
 )
@@ -53,9 +57,10 @@ def discard_savepoint(
     not COMPLETED."""
     from checkpointing.state.storage import CheckpointStorage
 
+    # the row's storage_url only inside the configured roots (else 409, nothing deleted)
     storage_url = pipeline_job(store, pipeline_id).storage_url
     savepoints.discard_savepoint(
-        store, CheckpointStorage.from_url(storage_url), pipeline_id, checkpoint_id
+        store, CheckpointStorage.from_job_row(pipeline_id, storage_url), pipeline_id, checkpoint_id
     )
     detail = views.checkpoint_detail(store, pipeline_id, checkpoint_id)
     return CheckpointSummary(**detail)
@@ -75,7 +80,8 @@ def discard_savepoint(
         409: {
             "model": Problem,
             "description": "not a completed checkpoint or savepoint, its files do not verify, "
-            "the pipeline is running, or the deploy DAG is not available",
+            "the pipeline is running, its storage_url is outside the configured storage "
+            "roots, or the deploy DAG is not available",
         },
     },
     summary="Restore from here: run the deploy DAG from this checkpoint or savepoint",
@@ -115,7 +121,7 @@ def restore_from_checkpoint(
             status.HTTP_409_CONFLICT,
             f"pipeline {pipeline_id} is running: stop it first (Stop with savepoint), then restore",
         )
-    storage = CheckpointStorage.from_url(job.storage_url)
+    storage = CheckpointStorage.from_job_row(pipeline_id, job.storage_url)  # else 409
     try:
         decision = load_checkpoint(store, storage, pipeline_id, checkpoint_id, deep=False)
         if parallelism is not None:

@@ -195,7 +195,11 @@ def get_request(
     response_model=RestorePlan,
     responses={
         **ERRORS,
-        409: {"model": Problem, "description": "the chosen checkpoint's files do not verify"},
+        409: {
+            "model": Problem,
+            "description": "the chosen checkpoint's files do not verify, or the pipeline's "
+            "storage_url is outside the configured storage roots",
+        },
     },
     summary="Dry run of a restore at a parallelism",
 )
@@ -220,7 +224,7 @@ def restore_plan(
 
     preview = preview_restore(
         store,
-        CheckpointStorage.from_url(pipeline_job(store, pipeline_id).storage_url),
+        CheckpointStorage.from_job_row(pipeline_id, pipeline_job(store, pipeline_id).storage_url),
         pipeline_id,
         parallelism=parallelism,
         source=source,
