@@ -327,7 +327,7 @@ def test_an_active_job_unknown_job_and_bad_options_are_refused_before_deleting(
         GcOptions(keep_savepoints=-1)
 
     url = metastore.url.render_as_string(hide_password=False)
-    runner = CliRunner()
+    runner = CliRunner(env={"CKPT_STORAGE_ROOTS": storage.base_url})  # the job row's: allowed
     for args, code, message in [
         (["gc", JOB], 1, "is RUNNING"),
         (["gc", "nope"], 1, "unknown job 'nope'"),
