@@ -450,7 +450,7 @@ def test_a_starting_detached_driver_and_the_savepoint_it_restores_are_left_alone
     coord.activate()  # the deploy's try leads the job, and records its driver
     driver = DriverIdentity(coord.coordinator_id, "elsewhere", 4242, None, gc_clock.now())
     assert record_driver(metastore, JOB, driver)
-    with pytest.raises(JobActiveError, match="starting a detached driver"):
+    with pytest.raises(JobActiveError, match="starting its driver"):
         run_gc(metastore, storage, JOB, GcOptions(keep_savepoints=0), clock=gc_clock)
     assert statuses(metastore)[1] == statuses(metastore)[2] == S.COMPLETED
     forced = GcOptions(keep_savepoints=0, force=True)
@@ -461,3 +461,23 @@ def test_a_starting_detached_driver_and_the_savepoint_it_restores_are_left_alone
     # a driver that never beat within the heartbeat timeout of its submission is not starting
     later = ManualClock(gc_clock.now() + timedelta(minutes=6))
     assert run_gc(metastore, storage, JOB, GcOptions(), clock=later) is not None
+
+
+def test_an_attached_try_starting_its_driver_is_left_alone(
+    metastore: Metastore, storage: CheckpointStorage
+) -> None:
+    """Review of issue 38: a try that is not deferrable submits its driver told to restore an
+    older savepoint (``--restore``), which the driver records only once it reads it; while it
+    starts (the try activated the job: CREATED, no heartbeat), gc refuses the job as active, as
+    for a detached driver, instead of discarding that savepoint under it."""
+    clock, gc_clock = _clocks()
+    coord = new_coordinator(metastore, storage, clock)
+    complete(coord, savepoint=True)  # 1: what the try was told to restore
+    complete(coord, savepoint=True)  # 2
+    restarted = new_coordinator(metastore, storage, gc_clock)
+    restarted.activate()  # the try leads the job; its spark-submit starts
+    with pytest.raises(JobActiveError, match="starting its driver"):
+        run_gc(metastore, storage, JOB, GcOptions(keep_savepoints=0), clock=gc_clock)
+    assert statuses(metastore)[1] == statuses(metastore)[2] == S.COMPLETED
+    later = ManualClock(gc_clock.now() + timedelta(minutes=6))  # never beat: not starting
+    assert run_gc(metastore, storage, JOB, GcOptions(keep_savepoints=0), clock=later) is not None

@@ -215,7 +215,7 @@ def plan_gc(
         running = JobStatus(job.status) is JobStatus.RUNNING and alive is not False
         if (running or _starting(job, now)) and not options.force:
             beat = "" if job.heartbeat_at is None else f", last heartbeat {job.heartbeat_at:%c} UTC"
-            state = "RUNNING" if running else "starting a detached driver"
+            state = "RUNNING" if running else "starting its driver"
             raise JobActiveError(
                 f"job {job_id!r} is {state} (coordinator {job.coordinator_id or 'unknown'}"
                 f"{beat}): its checkpoints change under gc; run it when the job is not running, "
@@ -428,9 +428,11 @@ def _expired_savepoints(
 
 
 def _starting(job: Job, now: datetime) -> bool:
-    """A detached driver recorded (status CREATED until it reports RUNNING) that has not beaten
-    yet and was submitted within the heartbeat timeout: it is starting, and about to restore."""
-    submitted = job.driver_submitted_at
+    """A driver submitted (status CREATED until it reports RUNNING) that has not beaten yet,
+    within the heartbeat timeout of its submission: it is starting, and about to restore
+    (maybe a savepoint no restore decision names yet). A detached driver's submission is
+    recorded; an attached one's is its attempt's activation, the row's last change."""
+    submitted = job.driver_submitted_at or job.updated_at
     if JobStatus(job.status) is not JobStatus.CREATED or submitted is None:
         return False
     return driver_starting(submitted, job.heartbeat_at, now)
