@@ -567,6 +567,65 @@ def test_discarding_a_savepoint_whose_row_points_elsewhere_deletes_nothing(
         assert detail["status"] == "COMPLETED", detail
 
 
+def test_a_storage_url_outside_the_roots_is_never_read_or_deleted_by_the_api_server(
+    server: Server, tmp_path: Path
+) -> None:
+    """Issue 38 (M1): pipeline code points its job row's ``storage_url`` (and its savepoint's
+    row) at a tree of the api-server's host laid out like the job's storage: discard, restore
+    and the restore plan answer 409 naming the job and the field, and delete nothing there.
+    The api-server's roots: its ``CKPT_STORAGE_URL`` (no ``CKPT_STORAGE_ROOTS``)."""
+    import shutil
+
+    from sqlalchemy import update
+
+    from checkpointing.metastore.models import Checkpoint, Job
+
+    server.call("POST", f"/api/pipelines/{LIVE}/savepoints", user="admin", body={})
+    (savepoint_id,) = take_requests(server)
+    victim = tmp_path / "opt-airflow"
+    for job in (LIVE, FINISHED):  # the same layout: the ids derive paths in it
+        shutil.copytree(server.storage.path_of(server.storage.job_url(job)), victim / job)
+    keep = victim / LIVE / "savepoints" / f"savepoint-{savepoint_id}" / "keep.py"
+    keep.write_text("# not the pipeline's")
+    registered = server.storage.base_url
+
+    def forge(storage_url: str) -> None:
+        with server.metastore.transaction() as s:
+            s.execute(
+                update(Job).where(Job.job_id.in_([LIVE, FINISHED])).values(storage_url=storage_url)
+            )
+            s.execute(
+                update(Checkpoint)
+                .where(Checkpoint.job_id == LIVE, Checkpoint.checkpoint_id == savepoint_id)
+                .values(
+                    storage_location=f"{storage_url}/{LIVE}/savepoints/savepoint-{savepoint_id}"
+                )
+            )
+
+    runs = len(deploy_runs(server))
+    forge(f"file://{victim}")
+    try:
+        for method, job, path in [
+            ("POST", LIVE, f"checkpoints/{savepoint_id}/discard"),
+            ("POST", FINISHED, "checkpoints/7/restore"),
+            ("GET", FINISHED, "restore-plan?parallelism=2&from=7"),
+        ]:
+            r = server.call(method, f"/api/pipelines/{job}/{path}", user="admin")
+            assert r.status == 409, (path, r.body)
+            assert r.body["detail"].startswith(
+                f"job '{job}': storage_url 'file://{victim}' is not under an allowed checkpoint "
+                f"storage root ({registered}"
+            ), r.body
+        assert keep.read_text() == "# not the pipeline's"
+        assert len(deploy_runs(server)) == runs  # no restore was triggered
+        detail = server.call(
+            "GET", f"/api/pipelines/{LIVE}/checkpoints/{savepoint_id}", user="admin"
+        ).body
+        assert detail["status"] == "COMPLETED", detail
+    finally:
+        forge(registered)
+
+
 def test_stop_with_savepoint_ends_the_job(server: Server) -> None:
     r = server.call("POST", f"/api/pipelines/{LIVE}/savepoints", user="admin", body={"stop": True})
     assert r.status == 202 and r.body["checkpoint_type"] == "SAVEPOINT_THEN_STOP", r.body
