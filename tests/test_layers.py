@@ -22,6 +22,7 @@ LAYERS = [
     "metastore",
     "coordination",
     "restore",
+    "steps",
     "spark",
     "cli",
 ]

@@ -1,0 +1,338 @@
+"""One step's checkpoint on the Spark side: what a step's plan is (its identity), writing each of
+its Spark tasks' partitions with Spark's own Parquet writer into the checkpoint's directory,
+acknowledging each committed file (size, SHA-256) as a subtask, and reading a step back.
+
+The write uses the ``FileOutputCommitter``'s algorithm 2: a task's commit renames its file into
+the step's directory, so a watcher thread on the driver acknowledges files while later tasks
+still run, and a crash leaves the committed tasks' files acknowledged in the PENDING checkpoint
+(:mod:`checkpointing.spark.steps` salvages them). The checkpoint's task plan must be fixed
+before the write: Spark's adaptive execution (which may coalesce the final stage's partitions
+at run time) is off while a step is planned and written, so its task count is the plan's.
+No row passes through Python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.coordination.pending import TaskAck, TaskSpec
+from checkpointing.errors import CheckpointingError
+from checkpointing.spark.session import session_settings
+from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
+from checkpointing.steps.identity import (
+    InputFile,
+    nondeterminism,
+    operator_id,
+    without_ids,
+    without_seeds,
+)
+from checkpointing.steps.plan import StepFile, StepRecord, carried
+
+log = logging.getLogger(__name__)
+
+#: a task's file as Spark names it: ``part-<partition>-<job uuid>[-c<n>].<codec>.parquet``
+_PART = re.compile(r"^part-(\d{5,})-[0-9a-f-]+(?:-c\d+)?(?:\.[a-z0-9]+)*\.parquet$")
+#: what the local file system's writer leaves beside the data (deleted after completion)
+_LEFTOVER = re.compile(r"^(\..+\.crc|_SUCCESS)$")
+#: while a step is planned and written: a task plan fixed before it runs
+STEP_SQL = {"spark.sql.adaptive.enabled": "false"}
+WRITE_OPTIONS = {
+    "mapreduce.fileoutputcommitter.algorithm.version": "2",
+    "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    "maxRecordsPerFile": "0",
+}
+
+
+class StepCheckpointError(CheckpointingError):
+    """A step's checkpoint did not complete."""
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What a step's DataFrame is, as its identity needs it."""
+
+    plan: str
+    named_plan: str
+    schema: str
+    inputs: tuple[InputFile, ...]
+    #: files of checkpointed steps it reads (their step decides their identity)
+    step_files: tuple[str, ...]
+    nondeterministic: str | None
+    #: a single file scan and no exchange: each output partition is one input partition
+    narrow: bool
+
+
+def describe(spark: SparkSession, df: DataFrame, storage: CheckpointStorage, job: str) -> PlanFacts:
+    """The plan facts of ``df`` (planning only: nothing runs)."""
+    qe = df._jdf.queryExecution()
+    analyzed = qe.analyzed()
+    optimized = qe.optimizedPlan().toString()
+    shared = storage.shared_url(job)
+    inputs, step_files = [], []
+    for path in df.inputFiles():
+        url = _as_url(path)
+        if storage.contains(url, shared):
+            step_files.append(url)
+        else:
+            inputs.append(_input_file(spark, path))
+    return PlanFacts(
+        plan=without_seeds(analyzed.canonicalized().toString()),
+        named_plan=without_ids(analyzed.toString()),
+        schema=df.schema.json(),
+        inputs=tuple(inputs),
+        step_files=tuple(step_files),
+        nondeterministic=nondeterminism(
+            bool(analyzed.deterministic()), analyzed.toString(), optimized
+        ),
+        narrow=optimized.count("Relation [") == 1 and not _has_exchange(optimized),
+    )
+
+
+def _has_exchange(optimized: str) -> bool:
+    """Whether the optimized plan needs a shuffle (an aggregate, join, window, sort,
+    repartition, distinct or set operation)."""
+    wide = (
+        "Aggregate",
+        "Join",
+        "Window",
+        "Sort ",
+        "Repartition",
+        "Distinct",
+        "Union",
+        "Intersect",
+        "Except",
+        "Expand",
+        "Generate",
+        "GlobalLimit",
+        "Tail",
+    )
+    return any(line.lstrip(" +-:").startswith(wide) for line in optimized.splitlines())
+
+
+def _as_url(path: str) -> str:
+    return path if "://" in path else Path(path).as_uri()
+
+
+def _input_file(spark: SparkSession, path: str) -> InputFile:
+    """A file's version as Hadoop's file system lists it (any scheme Spark reads)."""
+    jvm = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    status = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).getFileStatus(hpath)
+    return InputFile(path, int(status.getLen()), int(status.getModificationTime()))
+
+
+def read_step(spark: SparkSession, record: StepRecord) -> DataFrame:
+    """A completed step's rows, read back from its files with the schema it was written with:
+    any parallelism reads them (rescale is free)."""
+    schema = StructType.fromJson(json.loads(record.schema))
+    urls = record.urls
+    if not urls:
+        return spark.createDataFrame(spark.sparkContext.emptyRDD(), schema)
+    return spark.read.schema(schema).parquet(*urls)
+
+
+def file_checksum(storage: CheckpointStorage, url: str) -> tuple[int, str]:
+    """A file's size and ``sha256:<hex>``, streamed on a local file system."""
+    if isinstance(storage, FileSystemCheckpointStorage):
+        with open(storage.path_of(url), "rb") as f:
+            digest = hashlib.file_digest(f, "sha256")
+            return f.tell(), f"sha256:{digest.hexdigest()}"
+    data = storage.read_bytes(url)
+    return len(data), f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+@dataclass
+class StepTasks:
+    """The subtasks of one step checkpoint: those it carries, and its own step's."""
+
+    specs: list[TaskSpec]
+    carried_acks: list[TaskAck]
+    #: own partition -> attempt id
+    own: dict[int, str]
+
+
+def step_tasks(
+    run: str, checkpoint_seq: int, records: Sequence[StepRecord], own: StepRecord
+) -> StepTasks:
+    """Every earlier step's subtasks carried with their files, then ``own``'s ``parallelism``
+    subtasks (each acked when its Spark task's file is committed)."""
+    specs: list[TaskSpec] = []
+    acks: list[TaskAck] = []
+    n = 0
+    for record, f in carried(records):
+        attempt = f"{run}-c{checkpoint_seq}-t{n}"
+        n += 1
+        specs.append(_spec(record, f.partition, attempt))
+        acks.append(
+            TaskAck(
+                attempt,
+                f.handle,
+                f.size,
+                f.checksum,
+                state_meta={"list_state": [record.item(f.partition)]},
+            )
+        )
+    mine = {}
+    for p in range(own.parallelism):
+        attempt = f"{run}-c{checkpoint_seq}-t{n}"
+        n += 1
+        specs.append(_spec(own, p, attempt))
+        mine[p] = attempt
+    return StepTasks(specs, acks, mine)
+
+
+def _spec(record: StepRecord, partition: int, attempt: str) -> TaskSpec:
+    return TaskSpec(
+        operator_id(record.name),
+        partition,
+        attempt,
+        record.parallelism,
+        max(128, record.parallelism),
+    )
+
+
+class StepAcknowledger:
+    """Acknowledges a step's own subtasks, each once: a committed file as soon as it is seen
+    (the watcher thread while Spark writes), the tasks that wrote nothing at the end."""
+
+    def __init__(
+        self,
+        coordinator: CheckpointCoordinator,
+        checkpoint_id: int,
+        record: StepRecord,
+        attempts: dict[int, str],
+        directory: str,
+    ) -> None:
+        self.coordinator = coordinator
+        self.storage = coordinator.storage
+        self.checkpoint_id = checkpoint_id
+        self.record = record
+        self.attempts = attempts
+        self.directory = directory
+        self.files: dict[int, StepFile] = {}
+        self.completed: Any = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def ack(self, partition: int, handle: str | None, size: int, checksum: str | None) -> None:
+        with self._lock:
+            if partition in self.files or partition not in self.attempts:
+                return
+            item = self.record.item(partition)
+            outcome = self.coordinator.receive_acknowledge(
+                self.checkpoint_id,
+                [
+                    TaskAck(
+                        self.attempts[partition],
+                        handle,
+                        size,
+                        checksum,
+                        state_meta={"list_state": [item]},
+                    )
+                ],
+            )
+            if outcome.refused:
+                raise StepCheckpointError(
+                    f"step {self.record.name}: ack of partition {partition} refused: "
+                    f"{next(iter(outcome.refused.values()))}"
+                )
+            self.files[partition] = StepFile(partition, handle, size, checksum)
+            if outcome.completed is not None:
+                self.completed = outcome.completed
+
+    def scan(self) -> None:
+        """Acknowledge every committed file not acknowledged yet."""
+        for name in self._listing():
+            match = _PART.match(name)
+            if match is None:
+                continue
+            partition = int(match.group(1))
+            if partition in self.files:
+                continue
+            url = f"{self.directory}/{name}"
+            size, checksum = file_checksum(self.storage, url)
+            self.ack(partition, url, size, checksum)
+
+    def _listing(self) -> list[str]:
+        storage = self.storage
+        if isinstance(storage, FileSystemCheckpointStorage):
+            try:
+                return sorted(os.listdir(storage.path_of(self.directory)))
+            except FileNotFoundError:
+                return []
+        return sorted(u.rsplit("/", 1)[-1] for u in storage.list_files(self.directory))
+
+    def start(self, poll: float = 0.1) -> None:
+        def watch() -> None:
+            while not self._stop.wait(poll):
+                try:
+                    self.scan()
+                except Exception:
+                    log.exception("step %s: acknowledging committed files", self.record.name)
+
+        self._thread = threading.Thread(target=watch, name=f"ack-{self.record.name}", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        """After the write: the last files, then the tasks that wrote none."""
+        self.stop()
+        self.scan()
+        for partition in sorted(set(self.attempts) - set(self.files)):
+            self.ack(partition, None, 0, None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def write_partitions(
+    spark: SparkSession,
+    df: DataFrame,
+    directory: str,
+    on_started: Callable[[], None] | None = None,
+) -> None:
+    """Write ``df`` with Spark's Parquet writer into ``directory``, one file per task."""
+    writer = df.write.mode("append")
+    for key, value in WRITE_OPTIONS.items():
+        writer = writer.option(key, value)
+    if on_started is not None:
+        on_started()
+    writer.parquet(directory)
+
+
+def partition_count(spark: SparkSession, df: DataFrame) -> int:
+    """The number of tasks ``df``'s write runs (planning and file listing only; a broadcast
+    side is built). Call under :data:`STEP_SQL`."""
+    return int(df._jdf.queryExecution().toRdd().getNumPartitions())
+
+
+def step_settings(spark: SparkSession, extra: dict[str, str] | None = None) -> Any:
+    """The SQL settings a step is planned and written under (then the session's again)."""
+    return session_settings(spark, {**STEP_SQL, **(extra or {})})
+
+
+def remove_leftovers(storage: CheckpointStorage, directory: str) -> None:
+    """The checksum files and markers Hadoop's local writer left beside the acknowledged files
+    (nothing references them; the directory is the step's, derived from ids)."""
+    if not isinstance(storage, FileSystemCheckpointStorage):
+        return
+    path = storage.path_of(directory)
+    for entry in path.iterdir() if path.is_dir() else []:
+        if _LEFTOVER.match(entry.name) and entry.is_file():
+            entry.unlink(missing_ok=True)

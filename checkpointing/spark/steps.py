@@ -1,0 +1,304 @@
+"""Checkpoint an existing PySpark job step by step: :func:`checkpointed`.
+
+::
+
+    with checkpointed(spark, job="daily_revenue") as ck:
+        enriched = ck.step("enriched", lambda: orders.join(customers, "customer_id"))
+        daily = ck.step("daily", lambda: enriched.groupBy("day").agg(F.sum("amount")))
+        ck.write(daily, "/data/out")
+
+A step is a checkpoint (a PENDING row of the job's coordinator, its tasks the step's Spark
+tasks plus the earlier steps it carries) and each Spark task a subtask, acknowledged with the
+Parquet file it committed (:mod:`checkpointing.spark.step_writer`). The step's DataFrame is read
+back from those files, so the next step starts from the checkpoint. A rerun of the job restores
+its latest completed checkpoint (verifying every file's checksum) and reuses each step whose
+fingerprint (:mod:`checkpointing.steps.identity`) is unchanged; a changed step reruns with every
+step downstream of it (:mod:`checkpointing.steps.plan`). A step cut short by a crash keeps the
+files its committed tasks acknowledged; when the step is narrow over a checkpointed input and
+deterministic (``ck.step(name, fn, input=upstream)``), only its missing partitions are
+recomputed (:mod:`checkpointing.spark.step_salvage`).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from checkpointing.config import CheckpointConfig, Settings
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.metastore.engine import Metastore
+from checkpointing.restore.lookup import find_latest_valid
+from checkpointing.spark import step_salvage, step_writer
+from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
+from checkpointing.state.storage import CheckpointStorage
+from checkpointing.status import JobStatus
+from checkpointing.steps.identity import StepIdentity, step_name
+from checkpointing.steps.plan import StepRecord, change_line, decide, downstream_of, restored_steps
+
+log = logging.getLogger(__name__)
+
+#: a step may run for hours: its checkpoint must not expire while Spark writes it
+STEP_TIMEOUT = timedelta(days=2)
+
+
+@dataclass
+class StepStats:
+    """What a run did, step by step (the test's and the log's counts)."""
+
+    reused: list[str] = field(default_factory=list)
+    computed: list[str] = field(default_factory=list)
+    #: step -> partitions computed by this run (all of them, or only the missing ones)
+    partitions_computed: dict[str, int] = field(default_factory=dict)
+    #: step -> partitions kept from a checkpoint cut short
+    partitions_salvaged: dict[str, int] = field(default_factory=dict)
+    bytes_written: int = 0
+    restored_from: int | None = None
+    published: dict[str, str] = field(default_factory=dict)
+
+
+class CheckpointedJob:
+    """One run of a job whose steps are checkpoints; use as a context manager
+    (:func:`checkpointed`)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        job: str,
+        *,
+        metastore: Metastore | None = None,
+        storage: CheckpointStorage | None = None,
+        settings: Settings | None = None,
+        restore: str = "latest",
+        verify: bool = True,
+    ) -> None:
+        if restore not in ("latest", "none"):
+            raise ValueError(f"restore: 'latest' or 'none', not {restore!r}")
+        self.spark = spark
+        self.job = step_name(job)
+        settings = settings or Settings.resolve()
+        if metastore is None:
+            if settings.embedded_metastore:
+                Metastore(settings.metastore_url, check_schema=False).upgrade()
+            metastore = Metastore(settings.metastore_url)
+        self.metastore = metastore
+        self.storage = storage or CheckpointStorage.from_url(settings.storage_url)
+        self.restore = restore
+        self.verify = verify
+        self.run_id = uuid.uuid4().hex[:8]
+        self.stats = StepStats()
+        self.coordinator: CheckpointCoordinator | None = None
+        self.restored: dict[str, StepRecord] = {}
+        self._done: dict[str, StepRecord] = {}
+        #: steps this run computes: whatever reads them is computed too
+        self._computed: set[str] = set()
+        #: restored steps a change made stale (a changed step and what is downstream of it)
+        self._stale: set[str] = set()
+        self._by_file: dict[str, str] = {}
+        self._salvage: step_salvage.Salvage | None = None
+        self._seq = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> CheckpointedJob:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(JobStatus.FAILED if exc_type is not None else JobStatus.FINISHED)
+
+    def start(self) -> None:
+        """Register the job, restore its latest completed checkpoint, keep what a crashed
+        run's step had acknowledged, then become its coordinator."""
+        config = CheckpointConfig(timeout=STEP_TIMEOUT)
+        coordinator = CheckpointCoordinator(
+            self.job, self.metastore, self.storage, config, coordinator_id=f"steps-{self.run_id}"
+        )
+        if self.restore == "latest":
+            decision = find_latest_valid(self.metastore, self.storage, self.job, deep=self.verify)
+            self.restored = restored_steps(decision.metadata)
+            self.stats.restored_from = decision.checkpoint_id
+            if decision.checkpoint_id is not None:
+                log.info(
+                    "job %s: restored checkpoint %d: completed steps %s",
+                    self.job,
+                    decision.checkpoint_id,
+                    sorted(self.restored),
+                )
+            # before the takeover aborts (and deletes) the crashed run's pending checkpoint
+            self._salvage = step_salvage.Salvage.collect(self.metastore, self.storage, self.job)
+        coordinator.activate()
+        coordinator.job_status_changed(JobStatus.RUNNING)
+        self.coordinator = coordinator
+
+    def close(self, status: JobStatus = JobStatus.FINISHED) -> None:
+        if self.coordinator is None:
+            return
+        if self._salvage is not None:
+            self._salvage.discard()
+        self.coordinator.shutdown(status)
+        self.coordinator = None
+        log.info(
+            "job %s: %s; steps reused %s, computed %s, partitions computed %s, salvaged %s",
+            self.job,
+            status.value.lower(),
+            self.stats.reused,
+            self.stats.computed,
+            self.stats.partitions_computed,
+            self.stats.partitions_salvaged,
+        )
+
+    # ------------------------------------------------------------------ steps
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., DataFrame],
+        *,
+        input: DataFrame | None = None,
+    ) -> DataFrame:
+        """Run ``fn()`` (``fn(input)`` given ``input``) as checkpointed step ``name``, or reuse
+        its checkpoint; the step's rows read back from its checkpoint."""
+        name = step_name(name)
+        if self.coordinator is None:
+            raise RuntimeError("ck.step runs inside `with checkpointed(...) as ck:`")
+        if name in self._done:
+            raise ValueError(f"step {name}: a job's step names must be unique")
+        df = fn() if input is None else fn(input)
+        if not isinstance(df, DataFrame):
+            raise TypeError(
+                f"step {name}: the function returned {type(df).__name__}, not a DataFrame"
+            )
+        with step_writer.step_settings(self.spark):
+            facts = step_writer.describe(self.spark, df, self.storage, self.job)
+        upstream = sorted({self._by_file[f] for f in facts.step_files if f in self._by_file})
+        foreign = [f for f in facts.step_files if f not in self._by_file]
+        if foreign:
+            raise ValueError(
+                f"step {name}: reads {foreign[0]}, a checkpoint file of no step of this run"
+            )
+        identity = StepIdentity(
+            name,
+            facts.plan,
+            facts.named_plan,
+            facts.schema,
+            facts.inputs,
+            tuple((u, self._done[u].fingerprint) for u in upstream),
+        )
+        fingerprint = identity.fingerprint
+        computed_upstream = [u for u in upstream if u in self._computed]
+        why_upstream = (
+            f"it reads step {computed_upstream[0]}, which this run computes"
+            if computed_upstream
+            else None
+        )
+        decision = decide(name, fingerprint, self.restored, why_upstream)
+        if decision.reuse is not None and name not in self._stale:
+            record = decision.reuse
+            self.stats.reused.append(name)
+            log.info("job %s: step %s unchanged: reusing its checkpoint", self.job, name)
+        else:
+            if name in self.restored and name not in self._stale:
+                stale = [name, *downstream_of(name, self.restored)]
+                self._stale.update(stale)
+                log.warning(change_line(self.job, name, self.restored))
+            elif name not in self.restored:
+                log.info("job %s: step %s: computing it (%s)", self.job, name, decision.reason)
+            if facts.nondeterministic:
+                log.info(
+                    "job %s: step %s is checkpointed whole: %s",
+                    self.job,
+                    name,
+                    facts.nondeterministic,
+                )
+            record = self._compute(name, df, fingerprint, tuple(upstream), facts, input, fn)
+            self._computed.add(name)
+            self.stats.computed.append(name)
+        self._done[name] = record
+        self._by_file.update({u: name for u in record.urls})
+        return step_writer.read_step(self.spark, record)
+
+    def _carried(self) -> list[StepRecord]:
+        """What the next step checkpoint carries: this run's steps, and the restored ones not
+        reached yet that no change made stale (a later step may still reuse them)."""
+        later = [
+            r for n, r in self.restored.items() if n not in self._done and n not in self._stale
+        ]
+        return [*self._done.values(), *later]
+
+    def _compute(
+        self,
+        name: str,
+        df: DataFrame,
+        fingerprint: str,
+        upstream: tuple[str, ...],
+        facts: step_writer.PlanFacts,
+        input: DataFrame | None,
+        fn: Callable[..., DataFrame],
+    ) -> StepRecord:
+        assert self.coordinator is not None
+        self._seq += 1
+        kept = self._salvage.take(name, fingerprint) if self._salvage is not None else None
+        resumable = step_salvage.resumable(name, kept, facts, input)
+        if kept is not None and resumable is not None:
+            log.info(
+                "job %s: step %s reruns whole: %s (%d partitions were acknowledged)",
+                self.job,
+                name,
+                resumable,
+                len(kept.files),
+            )
+            kept = None
+        record, computed, salvaged = step_salvage.checkpoint_step(
+            self.spark,
+            self.coordinator,
+            name=name,
+            df=df,
+            fingerprint=fingerprint,
+            upstream=upstream,
+            deterministic=facts.nondeterministic is None,
+            carried=self._carried(),
+            run=self.run_id,
+            seq=self._seq,
+            kept=kept,
+            narrow=facts.narrow and facts.nondeterministic is None,
+            input=input,
+            fn=fn,
+        )
+        self.stats.partitions_computed[name] = computed
+        if salvaged:
+            self.stats.partitions_salvaged[name] = salvaged
+        self.stats.bytes_written += record.size
+        return record
+
+    # ------------------------------------------------------------------ output
+
+    def write(
+        self, df: DataFrame, path: str, format: str = "parquet", *, name: str = "output"
+    ) -> str:
+        """Publish ``df`` at ``path`` exactly once: checkpointed as step ``name``, then written
+        as ``<path>/final-<token>`` and swapped in as ``<path>/final`` atomically
+        (:class:`~checkpointing.spark.parquet_sink.TwoPhaseCommitSink`); the token is the step's
+        fingerprint, so a rerun that reuses the step publishes nothing twice."""
+        if format != "parquet":
+            raise ValueError(f"format: only 'parquet' is supported, not {format!r}")
+        sink = TwoPhaseCommitSink(path, job=self.job)  # refused before anything runs
+        out = self.step(name, lambda: df)
+        token = self._done[name].fingerprint.split(":", 1)[1][:32]
+        published = sink.publish_final(out, token)
+        self.stats.published[name] = published
+        log.info("job %s: published %s at %s", self.job, name, published)
+        return published
+
+
+def checkpointed(spark: SparkSession, job: str, **options: Any) -> CheckpointedJob:
+    """A run of ``job`` whose steps are checkpoints (see the module docstring): ``with
+    checkpointed(spark, job="daily") as ck: ...``. ``metastore``/``storage`` default to the
+    settings (``CKPT_METASTORE_URL``, ``CKPT_STORAGE_URL``, ``CKPT_HOME``); ``restore="none"``
+    starts from nothing; ``verify=False`` checks sizes instead of checksums on restore."""
+    return CheckpointedJob(spark, job, **options)

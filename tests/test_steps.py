@@ -1,0 +1,222 @@
+"""Checkpointed steps of an existing PySpark job (``checkpointed``, issue 39), in-process with
+the shared Spark session: a 4-step job (a join of two inputs, an aggregate, a window, a write)
+against DuckDB, each step a checkpoint whose subtasks are its Spark tasks, a rerun that reuses
+every step, a changed step rerun with its descendants while the step upstream of it is reused, a
+changed input file, and a non-deterministic step checkpointed whole."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+from pyspark.sql import Window
+from pyspark.sql import functions as F
+from sqlalchemy import func, select
+
+from checkpointing.errors import InvalidIdError
+from checkpointing.metastore.engine import Metastore
+from checkpointing.metastore.models import Checkpoint, CheckpointAck, CheckpointTask
+from checkpointing.spark.steps import checkpointed
+from checkpointing.state.storage import FileSystemCheckpointStorage
+
+ORACLE = """
+WITH enriched AS (SELECT o.*, c.region FROM orders o JOIN customers c USING (cid)),
+daily AS (SELECT day, region, sum(amount) AS rev, count(*) AS n FROM enriched GROUP BY day, region)
+SELECT day, region, rev, n,
+       rank() OVER (PARTITION BY day ORDER BY rev DESC, region) AS rank
+FROM daily ORDER BY day, region
+"""
+
+
+def write_inputs(root: Path, rows: int = 3000, files: int = 3) -> tuple[Path, Path]:
+    """Orders in ``files`` Parquet files, customers in one, written by pandas."""
+    orders, customers = root / "orders", root / "customers"
+    orders.mkdir(parents=True)
+    customers.mkdir(parents=True)
+    per = rows // files
+    for f in range(files):
+        ids = range(f * per, (f + 1) * per)
+        pd.DataFrame(
+            {
+                "oid": list(ids),
+                "cid": [i % 53 for i in ids],
+                "day": [i % 7 for i in ids],
+                "amount": [float((i * 37) % 101) for i in ids],
+            }
+        ).to_parquet(orders / f"part-{f}.parquet")
+    pd.DataFrame({"cid": range(53), "region": [f"r{i % 5}" for i in range(53)]}).to_parquet(
+        customers / "c.parquet"
+    )
+    return orders, customers
+
+
+def expected(orders: Path, customers: Path) -> pd.DataFrame:
+    """The independent computation: DuckDB's SQL over the same files."""
+    con = duckdb.connect()
+    con.execute(f"CREATE VIEW orders AS SELECT * FROM read_parquet('{orders}/*.parquet')")
+    con.execute(f"CREATE VIEW customers AS SELECT * FROM read_parquet('{customers}/*.parquet')")
+    return con.execute(ORACLE).df()
+
+
+def published(out: Path) -> pd.DataFrame:
+    """The published table as pyarrow reads ``<out>/final`` (the sink's documented layout)."""
+    frame = ds.dataset(out / "final", format="parquet").to_table().to_pandas()
+    return frame.sort_values(["day", "region"]).reset_index(drop=True)
+
+
+def run_job(spark, orders: Path, customers: Path, out: Path, metastore, storage, *, agg=None):  # type: ignore[no-untyped-def]
+    """The 4-step job as a user writes it with ``ck``."""
+    o, c = spark.read.parquet(str(orders)), spark.read.parquet(str(customers))
+    aggs = agg or [F.sum("amount").alias("rev"), F.count(F.lit(1)).alias("n")]
+    window = Window.partitionBy("day").orderBy(F.desc("rev"), "region")
+    with checkpointed(spark, "daily_revenue", metastore=metastore, storage=storage) as ck:
+        enriched = ck.step("enriched", lambda: o.join(c, "cid"))
+        daily = ck.step("daily", lambda: enriched.groupBy("day", "region").agg(*aggs))
+        ranked = ck.step("ranked", lambda: daily.withColumn("rank", F.rank().over(window)))
+        ck.write(ranked, str(out))
+    return ck
+
+
+def same(actual: pd.DataFrame, want: pd.DataFrame) -> None:
+    actual = actual[list(want.columns)].astype(want.dtypes.to_dict())
+    pd.testing.assert_frame_equal(actual, want, check_dtype=False)
+
+
+def test_a_four_step_job_equals_duckdb_and_each_step_is_a_checkpoint_of_its_tasks(
+    spark, tmp_path: Path, sqlite_metastore: Metastore
+) -> None:  # type: ignore[no-untyped-def]
+    orders, customers = write_inputs(tmp_path / "in")
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ck'}")
+    out = tmp_path / "out"
+    ck = run_job(spark, orders, customers, out, sqlite_metastore, storage)
+    want = expected(orders, customers)
+    same(published(out), want)
+    assert len(published(out)) == len(want) == 35  # every (day, region) once
+    assert ck.stats.computed == ["enriched", "daily", "ranked", "output"]
+    with sqlite_metastore.transaction() as s:
+        rows = s.scalars(
+            select(Checkpoint)
+            .where(Checkpoint.job_id == "daily_revenue")
+            .order_by(Checkpoint.checkpoint_id)
+        ).all()
+        assert len(rows) == 4  # a checkpoint per step
+        assert [r.status for r in rows] == ["SUBSUMED"] * 3 + ["COMPLETED"]
+        for row, step in zip(rows, ["enriched", "daily", "ranked", "output"], strict=True):
+            own = s.scalar(
+                select(func.count())
+                .select_from(CheckpointTask)
+                .where(
+                    CheckpointTask.checkpoint_id == row.checkpoint_id,
+                    CheckpointTask.operator_id == f"step-{step}",
+                )
+            )
+            assert own == ck.stats.partitions_computed[step]  # a subtask per Spark task
+        acks = s.scalars(
+            select(CheckpointAck).where(CheckpointAck.checkpoint_id == rows[1].checkpoint_id)
+        ).all()
+        files = [a for a in acks if a.state_handle]
+        assert files and all(a.checksum.startswith("sha256:") and a.state_size > 0 for a in files)
+    # the step files the last checkpoint holds are all there, the subsumed steps' own are kept
+    shared = tmp_path / "ck" / "daily_revenue" / "shared"
+    assert {p.parent.name for p in shared.glob("chk-*/*/part-*")} == {
+        "enriched",
+        "daily",
+        "ranked",
+        "output",
+    }
+    assert not list(shared.glob("chk-*/*/.*.crc"))  # the writer's leftovers are removed
+
+
+def test_a_rerun_reuses_every_step_and_a_changed_step_reruns_with_its_descendants(
+    spark, tmp_path: Path, sqlite_metastore: Metastore, caplog: pytest.LogCaptureFixture
+) -> None:  # type: ignore[no-untyped-def]
+    orders, customers = write_inputs(tmp_path / "in")
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ck'}")
+    out = tmp_path / "out"
+    run_job(spark, orders, customers, out, sqlite_metastore, storage)
+    first = sorted(p.name for p in out.iterdir())
+
+    again = run_job(spark, orders, customers, out, sqlite_metastore, storage)
+    assert again.stats.reused == ["enriched", "daily", "ranked", "output"]
+    assert again.stats.computed == []
+    assert sorted(p.name for p in out.iterdir()) == first  # published once: nothing new
+    same(published(out), expected(orders, customers))
+
+    changed = [F.sum("amount").alias("rev"), F.count("oid").alias("n")]  # count(1) -> count(oid)
+    with caplog.at_level(logging.INFO, logger="checkpointing.spark.steps"):
+        third = run_job(spark, orders, customers, out, sqlite_metastore, storage, agg=changed)
+    assert third.stats.reused == ["enriched"]  # upstream of the change: reused
+    assert third.stats.computed == ["daily", "ranked", "output"]
+    lines = [r.getMessage() for r in caplog.records if " changed:" in r.getMessage()]
+    assert lines == [
+        "job daily_revenue: step daily changed: rerunning daily, ranked, output; "
+        "reusing the steps upstream of it"
+    ]
+    same(published(out), expected(orders, customers))
+
+    frame = pd.read_parquet(customers / "c.parquet")
+    frame["region"] = [f"r{i % 3}" for i in range(len(frame))]
+    frame.to_parquet(customers / "c.parquet")  # a new version of an input file
+    fourth = run_job(spark, orders, customers, out, sqlite_metastore, storage, agg=changed)
+    assert fourth.stats.reused == []  # every step reads it, directly or through a step
+    same(published(out), expected(orders, customers))
+
+
+def test_a_non_deterministic_step_is_checkpointed_whole_and_read_back_as_written(
+    spark, tmp_path: Path, sqlite_metastore: Metastore, caplog: pytest.LogCaptureFixture
+) -> None:  # type: ignore[no-untyped-def]
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ck'}")
+    base = spark.range(0, 200, 1, 4)
+
+    def run():  # type: ignore[no-untyped-def]
+        with checkpointed(spark, "noisy", metastore=sqlite_metastore, storage=storage) as ck:
+            noisy = ck.step("noisy", lambda: base.withColumn("r", F.rand()))
+            rows = sorted(tuple(r) for r in noisy.collect())
+        return ck, rows
+
+    with caplog.at_level(logging.INFO, logger="checkpointing.spark.steps"):
+        _, rows = run()
+    assert any(
+        "step noisy is checkpointed whole: its plan is non-deterministic" in r.getMessage()
+        for r in caplog.records
+    )
+    second, again = run()
+    assert second.stats.reused == ["noisy"]
+    assert again == rows  # the checkpoint's rows, not new random ones
+    assert len({r[0] for r in rows}) == 200
+
+
+@pytest.mark.parametrize(
+    ("plan", "why"),
+    [
+        (lambda df: df.withColumn("t", F.current_timestamp()), "reads the clock"),
+        (lambda df: df.limit(5), "a limit without a sort"),
+        (lambda df: df.withColumn("u", F.expr("uuid()")), "non-deterministic"),
+    ],
+)
+def test_plans_that_differ_between_runs_are_named(plan, why: str, spark) -> None:  # type: ignore[no-untyped-def]
+    from checkpointing.spark.step_writer import describe
+
+    storage = FileSystemCheckpointStorage("file:///tmp/unused-ckpt-storage")
+    facts = describe(spark, plan(spark.range(10)), storage, "j")
+    assert facts.nondeterministic is not None and why in facts.nondeterministic
+    assert (
+        describe(spark, spark.range(10).orderBy("id").limit(5), storage, "j").nondeterministic
+        is None
+    )
+
+
+def test_a_bad_step_name_is_refused_before_anything_runs(
+    spark, tmp_path: Path, sqlite_metastore: Metastore
+) -> None:  # type: ignore[no-untyped-def]
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ck'}")
+    with (
+        checkpointed(spark, "names", metastore=sqlite_metastore, storage=storage) as ck,
+        pytest.raises(InvalidIdError, match=r"invalid step name '\.\./up'"),
+    ):
+        ck.step("../up", lambda: spark.range(3))
+    assert not (tmp_path / "ck" / "names" / "shared").exists()
