@@ -6,6 +6,7 @@ partial file. Each rerun must resume from the latest checkpoint completed before
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -92,10 +93,27 @@ def _upgrade(env: dict[str, str]) -> None:
     assert subprocess.run([CKPT, "db", "upgrade"], env=env, check=False).returncode == 0
 
 
-def _run_to_end(spec: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run_to_end(spec: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [CKPT, "run", str(spec)], env=env, capture_output=True, text=True, check=False
+        [CKPT, "run", str(spec), *args], env=env, capture_output=True, text=True, check=False
     )
+
+
+def _check_summary(
+    summary: dict[str, object], stderr: str, store: Metastore, earlier: set[int], workdir: Path
+) -> None:
+    """``ckpt run --json``: stdout is one JSON object (json.loads took all of it) saying what
+    the metastore and the epoch lines (on stderr under --json) say."""
+    taken = sorted(
+        r["checkpoint_id"]
+        for r in views.list_checkpoints(store, JOB)
+        if r["checkpoint_id"] not in earlier and r["status"] in ("COMPLETED", "SUBSUMED")
+    )
+    assert summary["job"] == JOB and summary["status"] == "FINISHED", summary
+    assert summary["checkpoints"] == taken, (summary, taken)
+    assert summary["epochs_total"] == FILES
+    assert summary["epochs_run"] == len(EPOCH_LINE.findall(stderr)) >= 2, stderr[-2000:]
+    assert summary["final"] == str(workdir / "out" / "final")  # read below, against pandas
 
 
 def _read_sink(out: Path) -> tuple[pd.DataFrame, dict[int, pd.DataFrame]]:
@@ -223,9 +241,13 @@ def test_kill_9_at_random_points_and_rerun_until_done(
             latest_at_kill.append(job.latest_completed())
 
         # the rerun after the last kill finishes in one go, as an automatic retry would: a
-        # rerun that failed and was retried again would hide a recovery that needs two tries
-        result = _run_to_end(spec, env)
+        # rerun that failed and was retried again would hide a recovery that needs two tries;
+        # the runs sink's rerun says what it did as JSON (`ckpt run --json`)
+        earlier = {r["checkpoint_id"] for r in views.list_checkpoints(store, JOB)}
+        result = _run_to_end(spec, env, *([] if changelog else ["--json"]))
         assert result.returncode == 0, f"plan {plan}: {result.stderr[-2000:]}"
+        if not changelog:
+            _check_summary(json.loads(result.stdout), result.stderr, store, earlier, tmp_path)
 
         # each retry restored the newest checkpoint completed before its predecessor was killed,
         # and there was exactly one restore per run: the killed ones and the last
@@ -234,9 +256,11 @@ def test_kill_9_at_random_points_and_rerun_until_done(
         assert len(restores) == len(plan) + 1, (plan, restores)
         assert restored[0] is None, restores[0]  # the first run started empty
         assert restored[1:] == latest_at_kill, (plan, restores)
-        assert latest_at_kill[-1] is None or f"restored from checkpoint {latest_at_kill[-1]}" in (
-            result.stdout
-        )
+        if changelog:
+            restored_from = f"restored from checkpoint {latest_at_kill[-1]}"
+            assert latest_at_kill[-1] is None or restored_from in result.stdout
+        else:
+            assert json.loads(result.stdout)["restored_from"] == latest_at_kill[-1]
     finally:
         store.dispose()
 

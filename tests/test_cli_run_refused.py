@@ -6,6 +6,7 @@ explicit ``ckpt db upgrade``. No test here starts Spark: its start is patched to
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ def finished_job(metastore: Metastore, tmp_path: Path) -> Metastore:
     [
         ({}, ["--parallelism", "9"], 1, "error: --parallelism 9 exceeds max_parallelism 8"),
         ({"source": "nothing/*.parquet"}, [], 1, "source.path: "),
-        ({"sink": "gs://bucket/out"}, [], 1, "sink.path: 'gs://bucket/out': expected s3://"),
+        ({"sink": "ftp://bucket/out"}, [], 1, "sink.path: 'ftp://bucket/out': expected "),
         ({}, ["--restore", "garbage"], 1, "error: --restore 'garbage': "),
         ({}, ["--restore", "42"], 1, "error: --restore '42': job etl has no checkpoint 42"),
         ({}, ["--restore", "99999999999999999999"], 1, "error: --restore '9999"),
@@ -194,7 +195,7 @@ def test_a_static_table_matching_no_files_is_refused_and_the_flag_is_accepted(
     url = finished_job.url.render_as_string(hide_password=False)
     result = CliRunner().invoke(app, ["--metastore-url", url, "run", str(spec)])
     assert result.exit_code == 1, result.output
-    assert "error: tables.planes.path: " in result.stderr
+    assert f"error: {spec}: tables.planes.path: " in result.stderr  # the file and the field
     assert "nothing/*.parquet' matches no files" in " ".join(result.stderr.split())
     assert snapshot(finished_job) == before
     assert not (tmp_path / "out").exists()
@@ -205,3 +206,24 @@ def test_a_static_table_matching_no_files_is_refused_and_the_flag_is_accepted(
         app, ["--metastore-url", url, "run", str(spec), "--allow-changed-tables"]
     )
     assert result.exit_code == 1 and "spark would start here" in result.stderr, result.output
+
+
+def test_with_json_an_error_is_one_json_object_on_stderr(
+    finished_job: Metastore, tmp_path: Path
+) -> None:
+    """``ckpt run --json``: stdout holds the run's summary or nothing; why there is none is a
+    JSON object on stderr, refused input and a failed start alike."""
+    url = finished_job.url.render_as_string(hide_password=False)
+    base = ["--metastore-url", url, "run"]
+    refused = CliRunner().invoke(
+        app, [*base, str(write_spec(tmp_path, source="no/*.pq")), "--json"]
+    )
+    assert refused.exit_code == 1 and refused.stdout == ""
+    error = json.loads(refused.stderr)
+    assert error["exit_code"] == 1
+    assert error["error"].startswith(f"{tmp_path / 'pipeline.yaml'}: source.path: "), error
+
+    started = CliRunner().invoke(app, [*base, str(write_spec(tmp_path)), "--json"])
+    assert started.exit_code == 1 and started.stdout == ""
+    assert json.loads(started.stderr) == {"error": "spark would start here", "exit_code": 1}
+    assert snapshot(finished_job)["checkpoints"] == 0

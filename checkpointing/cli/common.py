@@ -136,14 +136,36 @@ def choices(values: Iterable[Any], *param_decls: str, help: str, **kwargs: Any) 
         metavar=param_decls[0].lstrip("-").upper() if param_decls else "NAME",
         help=f"{help} One of: {', '.join(allowed)}.",
         autocompletion=lambda incomplete: [
-            v for v in allowed if canonical(v).startswith(canonical(incomplete))
+            # in the case typed (`co` → `completed`): the shell keeps only what starts with it
+            v.lower() if incomplete.islower() else v
+            for v in allowed
+            if canonical(v).startswith(canonical(incomplete))
         ],
         **kwargs,
     )
 
 
+def complete_job(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion of a job id: the metastore's jobs (the URL as given on the line or in
+    the environment); nothing when it cannot be read (a completion never prints an error)."""
+    try:
+        from checkpointing.config import Settings
+        from checkpointing.metastore.engine import Metastore
+        from checkpointing.metastore.views import list_jobs
+
+        url = state.metastore_url or ctx.find_root().params.get("metastore_url")
+        store = Metastore(Settings.resolve(url, None).metastore_url, create=False)
+        try:
+            jobs = [str(row["job_id"]) for row in list_jobs(store)]
+        finally:
+            store.dispose()
+    except Exception:  # a completion says nothing rather than a traceback
+        return []
+    return [job for job in jobs if job.startswith(incomplete)]
+
+
 #: arguments and options many commands take, with the same help everywhere
-JobArg = Annotated[str, typer.Argument(metavar="JOB", help="Job id.")]
+JobArg = Annotated[str, typer.Argument(metavar="JOB", help="Job id.", autocompletion=complete_job)]
 AsJson = Annotated[
     bool,
     typer.Option(

@@ -134,7 +134,7 @@ def check_before_spark(
             check_run(spec, options, storage, metastore if schema is not None else None)
         except RestoreSourceError as exc:  # "restore 'x': why" names the option
             raise ConfigError(f"--{exc}") from None
-        except SpecError as exc:  # "source.path: …": and the file, as load_spec's errors
+        except ConfigError as exc:  # "sink.path: …": and the file, as load_spec's errors
             raise SpecError(naming_the_file(pipeline, spec, exc)) from None
     except BaseException:
         metastore.dispose()
