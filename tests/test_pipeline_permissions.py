@@ -395,7 +395,7 @@ def test_ckpt_restore_plan_refuses_another_jobs_savepoint_unless_allowed(
     storage, theirs = two_jobs
     runner = CliRunner()
     base = ["--metastore-url", metastore.url, "--storage-url", storage.base_url]
-    plan = ["restore-plan", "mine", "--parallelism", "2", "--from", theirs]
+    plan = ["restore-plan", "mine", "--parallelism", "2", "--restore", theirs]
     refused = runner.invoke(ckpt_app, [*base, *plan])
     assert refused.exit_code != 0
     assert "of job theirs, not of job mine" in refused.output

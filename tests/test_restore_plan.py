@@ -189,7 +189,7 @@ def test_core_preview_matches_the_cli(crashed: Crashed) -> None:
 
 
 def test_plan_from_an_older_checkpoint(crashed: Crashed) -> None:
-    data = plan(crashed, "--parallelism", "2", "--from", str(crashed.previous))
+    data = plan(crashed, "--parallelism", "2", "--restore", str(crashed.previous))
     assert data["checkpoint_id"] == crashed.previous
     splits = source_splits(data["subtasks"], processed=False)
     assert splits == remaining_splits(crashed, CRASH_AFTER - 2)
@@ -199,7 +199,7 @@ def test_plan_from_an_older_checkpoint(crashed: Crashed) -> None:
 
 def test_plan_from_a_checkpoint_path(crashed: Crashed) -> None:
     path = crashed.storage.checkpoint_url(crashed.job, crashed.previous)
-    data = plan(crashed, "--parallelism", "3", "--from", path)
+    data = plan(crashed, "--parallelism", "3", "--restore", path)
     assert data["checkpoint_id"] == crashed.previous
     assert data["metadata_path"] == f"{path}/_metadata"
 
@@ -252,7 +252,7 @@ def test_latest_falls_back_past_a_corrupt_checkpoint_and_records_nothing(
             crashed.job,
             "--parallelism",
             "2",
-            "--from",
+            "--restore",
             str(crashed.newest),
         )
         assert chosen.exit_code == 1  # an explicit choice does not fall back
@@ -266,16 +266,16 @@ def test_errors_are_one_line_with_exit_1(crashed: Crashed) -> None:
     job = crashed.job
     cases = [
         (["restore-plan", "nope", "--parallelism", "2"], "unknown job 'nope'"),
-        (["restore-plan", job, "--parallelism", "2", "--from", "999"], "has no checkpoint 999"),
+        (["restore-plan", job, "--parallelism", "2", "--restore", "999"], "has no checkpoint 999"),
         (
-            ["restore-plan", job, "--parallelism", "2", "--from", str(crashed.subsumed)],
+            ["restore-plan", job, "--parallelism", "2", "--restore", str(crashed.subsumed)],
             f"checkpoint {crashed.subsumed} of job {job} is SUBSUMED, not COMPLETED",
         ),
         (
             ["restore-plan", job, "--parallelism", "17"],
             "new parallelism 17 exceeds max_parallelism 16",
         ),
-        (["restore-plan", job, "--parallelism", "2", "--from", "soon"], "expected 'latest'"),
+        (["restore-plan", job, "--parallelism", "2", "--restore", "soon"], "expected 'latest'"),
     ]
     for args, message in cases:
         result = ckpt(crashed, *args)
