@@ -193,5 +193,6 @@ checkpoint: {{every_epochs: 1, retained: 2}}
     assert [m["epoch"] for m in manifests] == list(range(EPOCHS)), seed  # each epoch once
     keys = [o.key for o in bucket.list("")]
     assert not [k for k in keys if "/_staging/" in k], seed  # nothing left staged
-    metadata = [k for k in keys if k.startswith(f"{prefix}ckpt/{job}/") and k.endswith("/_metadata")]
+    ours = [k for k in keys if k.startswith(f"{prefix}ckpt/{job}/")]
+    metadata = [k for k in ours if k.endswith("/_metadata")]
     assert metadata, keys  # the checkpoints are on the store
