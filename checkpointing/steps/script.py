@@ -1,0 +1,59 @@
+"""Run a user's PySpark script under the job's settings: what ``ckpt run script.py`` does for a
+job whose steps are checkpointed (:func:`checkpointing.spark.steps.checkpointed`).
+
+The script is the user's own, run as ``python script.py args`` would run it (``__main__``, its
+``sys.argv``, its folder first on ``sys.path``), with the metastore and checkpoint storage of
+``settings`` in the environment, where ``checkpointed(spark, job=...)`` finds them. Nothing is
+imported from Spark here: the script builds its own session.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from checkpointing.config import ENV_METASTORE_URL, ENV_STORAGE_URL, Settings
+from checkpointing.errors import ConfigError
+from checkpointing.metastore.engine import Metastore
+
+
+def check_script(path: str | Path) -> Path:
+    """The script's path, or one line naming it: a readable ``.py`` file."""
+    script = Path(path)
+    if script.suffix != ".py":
+        raise ConfigError(f"script {script}: not a Python file (.py)")
+    if not script.is_file():
+        raise ConfigError(f"script {script}: no such file")
+    return script.resolve()
+
+
+def run_script(path: str | Path, args: Sequence[str] = (), settings: Settings | None = None) -> int:
+    """Run the script at ``path`` with ``args``; its exit code (0 when it returns). The
+    embedded metastore's schema is created first (as ``ckpt run`` does for a spec)."""
+    script = check_script(path)
+    settings = settings or Settings.resolve()
+    if settings.embedded_metastore:
+        settings.home.mkdir(parents=True, exist_ok=True)
+        Metastore(settings.metastore_url, check_schema=False).upgrade()
+    saved_env = {k: os.environ.get(k) for k in (ENV_METASTORE_URL, ENV_STORAGE_URL)}
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    os.environ[ENV_METASTORE_URL] = settings.metastore_url
+    os.environ[ENV_STORAGE_URL] = settings.storage_url
+    sys.argv = [str(script), *args]
+    sys.path.insert(0, str(script.parent))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return 0
