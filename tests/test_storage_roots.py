@@ -51,6 +51,7 @@ def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "file://{t}/more/y",
         "s3://bkt/teams/a",
         "s3://bkt/teams/a/pipelines",
+        "s3a://bkt/teams/a/pipelines",  # Hadoop's name for the same store
     ],
 )
 def test_a_url_in_an_allowed_root_is_taken(roots: Path, url: str) -> None:

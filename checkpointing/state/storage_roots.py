@@ -70,6 +70,7 @@ def parse_place(url: str) -> StoragePlace:
             raise ValueError("expected file:///absolute/path or scheme://bucket/prefix")
     elif scheme == "file" and not rest.startswith("/"):
         raise ValueError("a file:// URL needs an absolute path")
+    scheme = "s3" if scheme == "s3a" else scheme  # one store (CheckpointStorage.from_url)
     bucket, path = ("", rest) if scheme == "file" else rest.partition("/")[::2]
     if scheme != "file" and (not bucket or not scheme.isalnum() or scheme != scheme.lower()):
         raise ValueError("expected file:///absolute/path or scheme://bucket/prefix")
