@@ -54,9 +54,21 @@ def aws_environment(aws_conn_id: str | None, storage_url: str) -> dict[str, str]
     return env
 
 
-def storage_environment(aws_conn_id: str | None, storage_url: str) -> dict[str, str]:
+def storage_environment(
+    aws_conn_id: str | None,
+    storage_url: str,
+    *,
+    gcp_conn_id: str | None = None,
+    azure_conn_id: str | None = None,
+) -> dict[str, str]:
     """:func:`aws_environment`, its credentials masked in the task's log: for this process's
-    own storage access (under ``process_environment``) and the driver's."""
+    own storage access (under ``process_environment``) and the driver's. GCS and Azure storage:
+    :func:`checkpointing_airflow.cloud_credentials.cloud_environment` of ``gcp_conn_id`` or
+    ``azure_conn_id``."""
+    if not storage_url.startswith(("s3://", "s3a://")):
+        from checkpointing_airflow.cloud_credentials import cloud_environment
+
+        return cloud_environment(storage_url, gcp_conn_id=gcp_conn_id, azure_conn_id=azure_conn_id)
     env = aws_environment(aws_conn_id, storage_url)
     if env:
         from airflow.sdk.log import mask_secret

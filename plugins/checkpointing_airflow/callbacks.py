@@ -155,12 +155,16 @@ def _storage(task: Any, spec: Any) -> Any:
 
 
 def _storage_access(task: Any, spec: Any) -> AbstractContextManager[None]:
-    """The checkpoint storage's credentials (the task's AWS connection) in this process's
-    environment while the callback reads or discards checkpoints there, as the try had them."""
+    """The checkpoint storage's credentials (the task's AWS, Google or Azure connection) in this
+    process's environment while the callback reads or discards checkpoints there, as the try
+    had them."""
     from checkpointing_airflow.aws_credentials import storage_environment
     from checkpointing_airflow.driver_secrets import process_environment
 
-    return process_environment(storage_environment(task.aws_conn_id, task.storage_for(spec)))
+    url = task.storage_for(spec)
+    credentials = getattr(task, "storage_credentials", None)
+    env = credentials(url) if credentials else storage_environment(task.aws_conn_id, url)
+    return process_environment(env)
 
 
 def _driver_lives(task: Any, metastore: Any, job_id: str, failed: str) -> bool:

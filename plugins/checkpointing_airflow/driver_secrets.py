@@ -12,7 +12,18 @@ from typing import Any
 
 #: driver variables that hold credentials: never on a command line, always masked in logs
 SECRET_ENV = frozenset(
-    {"CKPT_METASTORE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+    {
+        "CKPT_METASTORE_URL",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        # GCS and Azure (checkpointing_airflow.cloud_credentials)
+        "GOOGLE_SERVICE_ACCOUNT_KEY",
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_SAS_TOKEN",
+        "AZURE_STORAGE_CLIENT_SECRET",
+    }
 )
 #: further variable names taken for credentials (``env_vars`` given to the operator): a name
 #: that may hold one goes to spark-submit's environment rather than its command line, so

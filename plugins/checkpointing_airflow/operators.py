@@ -96,8 +96,13 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     :param aws_conn_id: AWS connection for S3 checkpoint storage, resolved by the Amazon provider
         (keys, session token, role, profile) once per try and handed to the driver and its
         executors; boto3's standard chain on each of them when it does not exist.
-    :param storage_url: checkpoint storage (``file://`` or ``s3://``); default: the spec's, else
-        ``CKPT_STORAGE_URL``, else the embedded default. (templated)
+    :param gcp_conn_id: Google Cloud connection for ``gs://`` checkpoint storage (its JSON key),
+        resolved once per try as ``aws_conn_id`` is; the machine's own account when it does not
+        exist (:mod:`checkpointing_airflow.cloud_credentials`).
+    :param azure_conn_id: Azure Blob Storage connection (``wasb``/``adls``) for ``abfs[s]://``
+        checkpoint storage, alike.
+    :param storage_url: checkpoint storage (``file://``, ``s3://``, ``gs://``, ``abfss://``);
+        default: the spec's, else ``CKPT_STORAGE_URL``, else the embedded default. (templated)
     :param fail_first_try_after_epochs: failure drill: the first try crashes after this many
         epochs, so that the retry's resume can be watched (the demo uses it).
     :param coordinator_poll: seconds between coordinator passes while the application runs.
@@ -176,6 +181,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         parallelism_on_retry: int | str | None = None,
         metastore_conn_id: str = CheckpointMetastoreHook.default_conn_name,
         aws_conn_id: str | None = "aws_default",
+        gcp_conn_id: str | None = "google_cloud_default",
+        azure_conn_id: str | None = "wasb_default",
         storage_url: str | None = None,
         fail_first_try_after_epochs: int | None = None,
         coordinator_poll: float = 1.0,
@@ -207,6 +214,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.parallelism_on_retry = parallelism_on_retry
         self.metastore_conn_id = metastore_conn_id
         self.aws_conn_id = aws_conn_id
+        self.gcp_conn_id = gcp_conn_id
+        self.azure_conn_id = azure_conn_id
         self.storage_url = storage_url
         self.fail_first_try_after_epochs = fail_first_try_after_epochs
         self.coordinator_poll = coordinator_poll
@@ -253,7 +262,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         spec = self.load_spec()
         storage_url = self.storage_for(spec)
         # this process reads and writes the storage too (restore lookup, retention): once per try
-        self._aws_env = storage_environment(self.aws_conn_id, storage_url)
+        self._aws_env = self.storage_credentials(storage_url)
         with process_environment(self._aws_env):
             if self.deferrable:  # submits a detached driver and defers: never returns here
                 DeferredSubmit(self).execute(context, spec, storage_url)
@@ -496,7 +505,16 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def _storage_env(self, storage_url: str) -> dict[str, str]:
         """The try's storage credentials, resolved once in ``execute`` (else now)."""
         env = getattr(self, "_aws_env", None)
-        return storage_environment(self.aws_conn_id, storage_url) if env is None else env
+        return self.storage_credentials(storage_url) if env is None else env
+
+    def storage_credentials(self, storage_url: str) -> dict[str, str]:
+        """The storage's credentials from this task's AWS, Google Cloud or Azure connection."""
+        return storage_environment(
+            self.aws_conn_id,
+            storage_url,
+            gcp_conn_id=getattr(self, "gcp_conn_id", None),
+            azure_conn_id=getattr(self, "azure_conn_id", None),
+        )
 
     def _outcome(self, spec: PipelineSpec, metastore: Metastore, attempt: str) -> dict[str, Any]:
         """The try's outcome (its XCom), from the metastore: the driver may have run elsewhere."""
