@@ -28,6 +28,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from checkpointing.clock import ManualClock
+from checkpointing.config import CheckpointConfig
 from checkpointing.coordination import shared_state
 from checkpointing.coordination.coordinator import CheckpointCoordinator
 from checkpointing.coordination.heartbeat import Heartbeat
@@ -457,7 +458,7 @@ def test_a_driver_can_neither_read_nor_change_another_jobs_rows(
 
 
 def test_a_driver_cannot_move_its_own_jobs_storage(
-    driver: tuple[Metastore, Metastore, URL], enabled: Scope
+    driver: tuple[Metastore, Metastore, URL], enabled: Scope, tmp_path: Path
 ) -> None:
     """Issue 38 (M1): the API server and gc read and delete under a job row's ``storage_url``,
     so a driver may not change it (nor ``job_id``, ``created_at``) on its own row, nor delete
@@ -513,6 +514,17 @@ def test_a_driver_cannot_move_its_own_jobs_storage(
     assert enable_driver_scope(store, group=enabled.group).enabled
     with pytest.raises(DBAPIError, match="permission denied"), mine.transaction() as s:
         s.execute(update(Job).where(Job.job_id == JOB).values(storage_url="file:///opt"))
+
+    # the driver's runtime registers the job's configuration and storage again, as the task
+    # did before it: unchanged, so it writes no fixed column; another storage is refused
+    config = CheckpointConfig.parse({"retained": 3, "max_concurrent": 3})
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'checkpoints'}")
+    CheckpointCoordinator(JOB, mine, storage, config, coordinator_id=ATTEMPT)
+    elsewhere = FileSystemCheckpointStorage(f"file://{tmp_path / 'elsewhere'}")
+    with pytest.raises(DBAPIError, match="permission denied"):
+        CheckpointCoordinator(JOB, mine, elsewhere, config, coordinator_id=ATTEMPT)
+    with store.reading() as s:
+        assert s.get(Job, JOB).storage_url == registered  # type: ignore[union-attr]
 
 
 def _login(url: URL) -> None:
