@@ -220,3 +220,32 @@ def test_a_bad_step_name_is_refused_before_anything_runs(
     ):
         ck.step("../up", lambda: spark.range(3))
     assert not (tmp_path / "ck" / "names" / "shared").exists()
+
+
+def test_which_steps_a_change_reruns_and_when_a_step_cut_short_resumes() -> None:
+    """The pure half: descendants of a changed step from the recorded graph, the decision, and
+    the reasons a step cut short reruns whole."""
+    from checkpointing.spark.step_salvage import KeptStep, resumable
+    from checkpointing.spark.step_writer import PlanFacts
+    from checkpointing.steps.plan import StepRecord, change_line, decide, downstream_of
+
+    def rec(name: str, *up: str) -> StepRecord:
+        return StepRecord(name, f"fp-{name}", up, "{}", 1, True)
+
+    steps = {r.name: r for r in [rec("a"), rec("b", "a"), rec("c"), rec("d", "b", "c")]}
+    assert downstream_of("a", steps) == ["b", "d"]
+    assert downstream_of("c", steps) == ["d"]
+    assert change_line("j", "a", steps).startswith("job j: step a changed: rerunning a, b, d;")
+    assert decide("a", "fp-a", steps, None).reused
+    assert decide("a", "other", steps, None).reason.startswith("changed")
+    assert decide("b", "other", steps, "it reads step a").reason == "it reads step a"
+    assert not decide("e", "fp-e", steps, None).reused
+
+    kept = KeptStep("s", "fp", 4, {0: ("file:///x", 1, None, None)})
+    facts = PlanFacts("p", "p", "{}", (), (), None, True)
+    assert resumable("s", kept, facts, input=object()) is None  # type: ignore[arg-type]
+    assert "names no checkpointed input" in resumable("s", kept, facts, None)
+    wide = PlanFacts("p", "p", "{}", (), (), None, False)
+    assert "not narrow" in resumable("s", kept, wide, object())  # type: ignore[arg-type]
+    noisy = PlanFacts("p", "p", "{}", (), (), "its plan reads the clock (now())", True)
+    assert "checkpointed whole" in resumable("s", kept, noisy, object())  # type: ignore[arg-type]

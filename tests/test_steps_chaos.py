@@ -53,7 +53,7 @@ with checkpointed(spark, job=f"chaos_{mode}") as ck:
         base = ck.step("base", lambda: items.repartition(8, "oid"))
         scored = ck.step(
             "scored",
-            lambda x: x.withColumn("h", F.sha2(F.repeat(F.col("tag"), 40000), 256)),
+            lambda x: x.withColumn("h", F.sha2(F.repeat(F.col("tag"), 10000), 256)),
             input=base,
         )
         ck.write(scored, out)
@@ -203,7 +203,7 @@ def test_a_narrow_step_killed_part_way_recomputes_only_its_missing_partitions(
     got = _published(tmp_path / "out", ["oid"])
     con = duckdb.connect()
     want = con.execute(
-        f"SELECT oid, tag, sha256(repeat(tag, 40000)) AS h "
+        f"SELECT oid, tag, sha256(repeat(tag, 10000)) AS h "
         f"FROM read_parquet('{items}/*.parquet') ORDER BY oid"
     ).df()
     assert not got.duplicated(["oid"]).any()

@@ -214,7 +214,12 @@ def checkpoint_step(
             f"{storage.shared_checkpoint_url(coordinator.job_id, pending.checkpoint_id)}/{name}"
         )
         if tasks.carried_acks:
-            coordinator.receive_acknowledge(pending.checkpoint_id, tasks.carried_acks)
+            outcome = coordinator.receive_acknowledge(pending.checkpoint_id, tasks.carried_acks)
+            if outcome.refused:
+                raise step_writer.StepCheckpointError(
+                    f"step {name}: the earlier steps' files were refused: "
+                    f"{next(iter(outcome.refused.values()))}"
+                )
         acker = step_writer.StepAcknowledger(
             coordinator, pending.checkpoint_id, record, tasks.own, directory
         )
