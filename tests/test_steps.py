@@ -7,6 +7,7 @@ changed input file, and a non-deterministic step checkpointed whole."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import duckdb
@@ -249,3 +250,42 @@ def test_which_steps_a_change_reruns_and_when_a_step_cut_short_resumes() -> None
     assert "not narrow" in resumable("s", kept, wide, object())  # type: ignore[arg-type]
     noisy = PlanFacts("p", "p", "{}", (), (), "its plan reads the clock (now())", True)
     assert "checkpointed whole" in resumable("s", kept, noisy, object())  # type: ignore[arg-type]
+
+
+def test_run_script_refuses_a_bad_path_in_one_line_and_runs_a_script_with_the_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ckpt run script.py``'s library side: a missing or non-Python file is named before
+    anything is created; a script runs as ``__main__`` with its arguments and the settings'
+    metastore and storage in its environment, and its exit code comes back."""
+    from checkpointing.config import Settings
+    from checkpointing.errors import ConfigError
+    from checkpointing.steps.script import run_script
+
+    home = tmp_path / "home"
+    settings = Settings(
+        metastore_url=f"sqlite:///{home / 'metastore.db'}",
+        storage_url=(home / "checkpoints").as_uri(),
+        home=home,
+        embedded_metastore=True,
+    )
+    with pytest.raises(ConfigError, match=r"script .*missing\.py: no such file"):
+        run_script(tmp_path / "missing.py", (), settings)
+    (tmp_path / "job.txt").write_text("")
+    with pytest.raises(ConfigError, match=r"not a Python file"):
+        run_script(tmp_path / "job.txt", (), settings)
+    assert not home.exists()  # refused before anything was created
+
+    monkeypatch.delenv("CKPT_STORAGE_URL", raising=False)
+    script = tmp_path / "job.py"
+    seen = tmp_path / "seen.txt"
+    script.write_text(
+        "import os, sys\n"
+        f"open({str(seen)!r}, 'w').write(' '.join([__name__, *sys.argv[1:], "
+        "os.environ['CKPT_STORAGE_URL']]))\n"
+        "sys.exit(3)\n"
+    )
+    assert run_script(script, ["--day", "2026-11-28"], settings) == 3
+    assert seen.read_text() == f"__main__ --day 2026-11-28 {settings.storage_url}"
+    assert "CKPT_STORAGE_URL" not in os.environ  # restored after the run
+    assert Metastore(settings.metastore_url).current_revision() is not None  # schema created
