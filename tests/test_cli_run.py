@@ -107,7 +107,8 @@ def _check_summary(
     taken = sorted(
         r["checkpoint_id"]
         for r in views.list_checkpoints(store, JOB)
-        if r["checkpoint_id"] not in earlier and r["status"] in ("COMPLETED", "SUBSUMED")
+        if r["checkpoint_id"] not in earlier
+        and r["status"] in ("COMPLETED", "SUBSUMED", "DISCARDED")
     )
     assert summary["job"] == JOB and summary["status"] == "FINISHED", summary
     assert summary["checkpoints"] == taken, (summary, taken)
