@@ -248,6 +248,9 @@ def test_list_shows_the_newest_limit_by_default_and_all_with_zero(
     assert shown == list(range(total, total - DEFAULT_LIMIT, -1))
     every = json.loads(CliRunner().invoke(app, [*base, "--limit", "0"]).stdout)
     assert len(every) == total
+    table = CliRunner().invoke(app, base[:-1]).stdout  # a person is told the rest exists
+    assert f"the newest {DEFAULT_LIMIT} shown; --limit N shows more, --limit 0 all" in table
+    assert "--limit 0 all" not in CliRunner().invoke(app, [*base[:-1], "--limit", "0"]).stdout
 
 
 # ------------------------------------------------------------------------------- 5. help

@@ -66,6 +66,7 @@ def list_checkpoints(
     from checkpointing.cli.render import checkpoints_table
 
     out.print(checkpoints_table(rows, f"Checkpoints of {job}") if rows else "no checkpoints")
+    _say_if_limited(len(rows), limit)
 
 
 @handles_errors
@@ -158,6 +159,7 @@ def requests(
     from checkpointing.cli.render import requests_table
 
     out.print(requests_table(rows, f"requests of job {job}"))
+    _say_if_limited(len(rows), limit)
 
 
 @handles_errors
@@ -181,3 +183,9 @@ def discard(
     storage = job_storage(metastore, job, state.storage_url)
     location = discard_savepoint(metastore, storage, job, cid)
     out.print(f"discarded savepoint {cid} of {job}: {location}")
+
+
+def _say_if_limited(shown: int, limit: int) -> None:
+    """Under a table that ``--limit`` may have cut: how to see the rest."""
+    if limit and shown == limit:
+        out.print(f"the newest {limit} shown; --limit N shows more, --limit 0 all")

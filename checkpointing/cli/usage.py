@@ -111,39 +111,37 @@ def _without_flag_placeholders(params: list[Any]) -> list[Any]:
     return params
 
 
-class Command(TyperCommand):
-    """A ``ckpt`` command: the root options accepted here too, its help rewrapped."""
+class _Tidy:
+    """Help rewrapped and no ``<bool>`` placeholders; with ``root_options``, the root options
+    accepted here too."""
+
+    root_options = True
+    help: str | None
+    params: list[Any]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.help = unwrap(self.help)
-        self.params.extend(_global_params())
+        if self.root_options:
+            self.params.extend(_global_params())
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return _without_flag_placeholders(super().get_params(ctx))
+        return _without_flag_placeholders(super().get_params(ctx))  # type: ignore[misc]
 
 
-class Group(TyperGroup):
-    """A group of ``ckpt`` commands (``ckpt db``): as :class:`Command`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.help = unwrap(self.help)
-        self.params.extend(_global_params())
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        return _without_flag_placeholders(super().get_params(ctx))
+class Command(_Tidy, TyperCommand):
+    """A ``ckpt`` command."""
 
 
-class RootGroup(TyperGroup):
-    """``ckpt`` itself: its usage errors one line off a terminal (:func:`usage_error`)."""
+class Group(_Tidy, TyperGroup):
+    """A group of ``ckpt`` commands (``ckpt db``)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.help = unwrap(self.help)
 
-    def get_params(self, ctx: Any) -> list[Any]:
-        return _without_flag_placeholders(super().get_params(ctx))
+class RootGroup(_Tidy, TyperGroup):
+    """``ckpt`` itself (its own root options): its usage errors one line off a terminal
+    (:func:`usage_error`)."""
+
+    root_options = False
 
     def make_context(
         self,
