@@ -6,10 +6,13 @@ scripts. Every error is one clear line on stderr and a non-zero exit code.
 
 One module per group of commands, each command a thin typer declaration over library functions
 (Alembic's ``command.py`` style): :mod:`.db`, :mod:`.history`, :mod:`.savepoint`,
-:mod:`.inspection`, :mod:`.maintenance`, :mod:`.run`, :mod:`.data`. What they share (consoles,
-error handling, the root options) is in :mod:`.common`, the tables in :mod:`.render`. A command
-imports what it needs when it runs, so that ``--help`` loads neither SQLAlchemy nor Spark.
-To add a command, write it in its group's module and wire it up below. :mod:`.spark_app` is the
+:mod:`.inspection`, :mod:`.maintenance`, :mod:`.run`, :mod:`.validate`, :mod:`.data`. What they
+share (consoles, error handling, the root options) is in :mod:`.common`, the tables in
+:mod:`.render`, the checks ``run`` and ``validate`` make before Spark in :mod:`.preflight`, and
+how the command line is parsed and its usage shown (the root options on every command, one-line
+usage errors) in :mod:`.usage`. A command imports what it needs when it runs, so that ``--help``
+loads neither SQLAlchemy nor Spark. To add a command, write it in its group's module and wire it
+up below with :func:`command`. :mod:`.spark_app` is the
 file ``spark-submit`` runs: this command line in a Spark driver.
 
 ``--help`` and the ``--json`` reads stay fast for scripts that poll them (a test checks what
