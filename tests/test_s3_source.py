@@ -235,3 +235,20 @@ def test_listing_matches_segments_like_a_local_glob(s3_bucket: str) -> None:
     objects = list_objects(f"s3://{s3_bucket}/x/*/*.parquet")
     assert [o.url for o in objects] == [f"s3://{s3_bucket}/x/y/3.parquet"]
     assert objects[0].size == 4 and objects[0].etag and '"' not in objects[0].etag
+
+
+def test_s3a_urls_are_s3(s3_bucket: str) -> None:
+    """``s3a://``, what Spark users type, names the same objects: listed, stored and sunk as
+    ``s3://``."""
+    from checkpointing.sinks.s3_parquet import SinkObjects
+    from checkpointing.state.storage import CheckpointStorage
+
+    _s3().put_object(Bucket=s3_bucket, Key="in/a.parquet", Body=_parquet(_frame(10, 1)))
+    listed = list_objects(f"s3a://{s3_bucket}/in/*.parquet")
+    assert [o.url for o in listed] == [f"s3://{s3_bucket}/in/a.parquet"]
+    storage = CheckpointStorage.from_url(f"s3a://{s3_bucket}/ckpt")
+    assert storage.base_url == f"s3://{s3_bucket}/ckpt"
+    info = storage.write_bytes(storage.checkpoint_url("j", 1) + "/_metadata", b"{}")
+    assert _s3().get_object(Bucket=s3_bucket, Key="ckpt/j/chk-1/_metadata")["Body"].read() == b"{}"
+    assert info.url == f"s3://{s3_bucket}/ckpt/j/chk-1/_metadata"
+    assert SinkObjects(f"s3a://{s3_bucket}/out").object_url("x") == f"s3://{s3_bucket}/out/x"
