@@ -106,22 +106,22 @@ def azure_variables(endpoint: str) -> dict[str, str]:
     return {"AZURE_STORAGE_CONNECTION_STRING": connection}
 
 
-@pytest.fixture(name="gcs_env")
-def fixture_gcs_env(gcs_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """This test's process pointed at the emulator through gcsfs's own variables."""
-    variables = gcs_variables(gcs_endpoint)
+def _set(variables: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     return variables
+
+
+@pytest.fixture(name="gcs_env")
+def fixture_gcs_env(gcs_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """This test's process pointed at the emulator through gcsfs's own variables."""
+    return _set(gcs_variables(gcs_endpoint), monkeypatch)
 
 
 @pytest.fixture(name="azure_env")
 def fixture_azure_env(azurite_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """This test's process pointed at Azurite through adlfs's own variables."""
-    variables = azure_variables(azurite_endpoint)
-    for name, value in variables.items():
-        monkeypatch.setenv(name, value)
-    return variables
+    return _set(azure_variables(azurite_endpoint), monkeypatch)
 
 
 def new_bucket(scheme: str) -> str:
@@ -196,3 +196,29 @@ checkpoint: {{every_epochs: 1, retained: 2}}
     ours = [k for k in keys if k.startswith(f"{prefix}ckpt/{job}/")]
     metadata = [k for k in ours if k.endswith("/_metadata")]
     assert metadata, keys  # the checkpoints are on the store
+
+
+def storage_round_trip(base: str) -> None:
+    """Checkpoint storage at ``base``: a write read back with its checksum, a corrupted read
+    refused, the checkpoint's directory discarded as its ids give it."""
+    from checkpointing.errors import CorruptSnapshotError
+    from checkpointing.state.storage import CheckpointStorage
+
+    storage = CheckpointStorage.from_url(base)
+    location = storage.initialize_location_for_checkpoint("job", 7)
+    info = storage.write_bytes(location.file_url("a"), b"state")
+    assert storage.read_bytes(info.url, checksum=info.checksum, size=5) == b"state"
+    assert storage.list_files(storage.job_url("job")) == [f"{base}/job/chk-7/a"]
+    with pytest.raises(CorruptSnapshotError, match="checksum mismatch"):
+        storage.read_bytes(info.url, checksum="sha256:" + "0" * 64)
+    assert storage.discard_directory("job", 7, "checkpoint") == f"{base}/job/chk-7"
+    assert storage.list_files(storage.job_url("job")) == [] and storage.size_of(info.url) is None
+
+
+def missing_bucket_refusal(scheme: str) -> str:
+    """The one-line refusal of a source glob in a bucket (container) that does not exist."""
+    from checkpointing.state.object_store import ObjectStoreError, list_objects
+
+    with pytest.raises(ObjectStoreError) as err:
+        list_objects(f"{scheme}://no-such-bucket-ckpt/in/*.parquet")
+    return str(err.value)

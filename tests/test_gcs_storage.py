@@ -1,7 +1,7 @@
 """gs:// end to end against Google's storage emulator on loopback (a real HTTP endpoint): a job
-whose input, checkpoint storage and Parquet sink are all on GCS, SIGKILLed and resumed at another
-parallelism, equals pandas (:func:`tests.cloud_emulators.killed_rescaled_case`); the checkpoint
-storage's own operations; a missing bucket refused in one line naming the URL."""
+whose input, checkpoint storage and Parquet sink are all on GCS, SIGKILLed and resumed at
+another parallelism, equals pandas (:func:`tests.cloud_emulators.killed_rescaled_case`); the
+checkpoint storage's own operations; a missing bucket refused in one line naming the URL."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from checkpointing.state.object_store import list_objects
-from checkpointing.state.storage import CheckpointStorage
 from tests.cloud_emulators import (
     fixture_gcs_endpoint,
     fixture_gcs_env,
     killed_rescaled_case,
+    missing_bucket_refusal,
     new_bucket,
+    storage_round_trip,
 )
 
 #: the session's emulator and this test's environment (pytest finds fixtures imported here)
@@ -23,32 +23,17 @@ __all__ = ["fixture_gcs_endpoint", "fixture_gcs_env"]
 
 
 @pytest.mark.timeout(600)
-def test_gcs_job_killed_then_rescaled_equals_pandas(
-    gcs_env: dict[str, str], tmp_path: Path
-) -> None:
+def test_gs_job_killed_then_rescaled_equals_pandas(gcs_env: dict[str, str], tmp_path: Path) -> None:
     killed_rescaled_case(f"gs://{new_bucket('gs')}/lake", gcs_env, tmp_path)
 
 
-def test_gcs_checkpoint_storage_round_trip(gcs_env: dict[str, str]) -> None:
-    from checkpointing.errors import CorruptSnapshotError
-
-    base = f"gs://{new_bucket('gs')}/ckpt"
-    storage = CheckpointStorage.from_url(base)
-    location = storage.initialize_location_for_checkpoint("job", 7)
-    info = storage.write_bytes(location.file_url("a"), b"state")
-    assert storage.read_bytes(info.url, checksum=info.checksum, size=5) == b"state"
-    assert storage.list_files(storage.job_url("job")) == [f"{base}/job/chk-7/a"]
-    with pytest.raises(CorruptSnapshotError, match="checksum mismatch"):
-        storage.read_bytes(info.url, checksum="sha256:" + "0" * 64)
-    assert storage.discard_directory("job", 7, "checkpoint") == f"{base}/job/chk-7"
-    assert storage.list_files(storage.job_url("job")) == [] and storage.size_of(info.url) is None
+@pytest.mark.usefixtures("gcs_env")
+def test_gs_checkpoint_storage_round_trip() -> None:
+    storage_round_trip(f"gs://{new_bucket('gs')}/ckpt")
 
 
-def test_gcs_missing_bucket_is_one_line(gcs_env: dict[str, str]) -> None:
-    from checkpointing.state.object_store import ObjectStoreError
-
-    with pytest.raises(ObjectStoreError) as err:
-        list_objects("gs://no-such-bucket-ckpt/in/*.parquet")
-    assert str(err.value) == (
+@pytest.mark.usefixtures("gcs_env")
+def test_gs_missing_bucket_is_one_line() -> None:
+    assert missing_bucket_refusal("gs") == (
         "gs://no-such-bucket-ckpt/in/*.parquet: bucket 'no-such-bucket-ckpt' does not exist"
     )
