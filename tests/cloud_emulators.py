@@ -211,6 +211,10 @@ def storage_round_trip(base: str) -> None:
     assert storage.list_files(storage.job_url("job")) == [f"{base}/job/chk-7/a"]
     with pytest.raises(CorruptSnapshotError, match="checksum mismatch"):
         storage.read_bytes(info.url, checksum="sha256:" + "0" * 64)
+    from checkpointing.state.inventory import list_stored
+
+    (stored,) = list_stored(storage, storage.job_url("job"))  # what gc sweeps
+    assert (stored.url, stored.size, stored.modified_at.year >= 2024) == (info.url, 5, True)
     assert storage.discard_directory("job", 7, "checkpoint") == f"{base}/job/chk-7"
     assert storage.list_files(storage.job_url("job")) == [] and storage.size_of(info.url) is None
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from checkpointing.state.object_storage import ObjectCheckpointStorage
 from checkpointing.state.s3_storage import S3CheckpointStorage, s3_errors
 from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
 
@@ -47,6 +48,17 @@ def list_stored(storage: CheckpointStorage, url: str) -> list[StoredFile]:
                     when = obj["LastModified"]
                     when = when.replace(tzinfo=UTC) if when.tzinfo is None else when
                     found.append(StoredFile(f"s3://{bucket}/{obj['Key']}", obj["Size"], when))
+        return sorted(found, key=lambda f: f.url)
+    if isinstance(storage, ObjectCheckpointStorage):  # GCS, Azure
+        now = datetime.now(UTC)  # an unknown modification time is never old enough to delete
+        found = [
+            StoredFile(
+                storage.bucket.url(o.key),
+                o.size,
+                now if o.modified is None else datetime.fromtimestamp(o.modified / 1e9, UTC),
+            )
+            for o in storage.listed(url)
+        ]
         return sorted(found, key=lambda f: f.url)
     raise TypeError(f"cannot list {type(storage).__name__}")
 

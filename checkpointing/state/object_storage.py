@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import IO, Any
 
 from checkpointing.errors import ConfigError, CorruptSnapshotError, InvalidIdError, StorageError
-from checkpointing.state.buckets import Bucket, TooBig, bucket_for, store_error
+from checkpointing.state.buckets import Bucket, Listed, TooBig, bucket_for, store_error
 from checkpointing.state.object_store import split_url
 from checkpointing.state.storage import CheckpointStorage, TooBigError, check_normalised
 
@@ -110,9 +110,12 @@ class ObjectCheckpointStorage(CheckpointStorage):
             raise self._fail("delete", url, exc) from exc
 
     def list_files(self, url: str) -> list[str]:
+        return sorted(self.bucket.url(o.key) for o in self.listed(url))
+
+    def listed(self, url: str) -> list[Listed]:
+        """The objects below directory ``url``, with their sizes and modification times."""
         prefix = self.key(url.rstrip("/") + "/x")[:-1]
         try:
-            listed = self.bucket.list(prefix)
+            return self.bucket.list(prefix)
         except Exception as exc:
             raise self._fail("list", url, exc) from exc
-        return sorted(self.bucket.url(o.key) for o in listed)
