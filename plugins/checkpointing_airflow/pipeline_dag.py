@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from checkpointing.config import format_duration
 from checkpointing.pipeline.interval import Scope
 from checkpointing.pipeline.spec import PipelineSpec, SpecError, load_spec
+from checkpointing.state.object_store import is_object_url
 from checkpointing_airflow.dag_defaults import (
     DEPLOY_DAG_ID,
     METASTORE_CONN_ID,
@@ -285,7 +286,7 @@ def _sink_doc(spec: PipelineSpec) -> str:
     parts = (
         f", partitioned by {', '.join(spec.sink.partition_by)}" if spec.sink.partition_by else ""
     )
-    if spec.sink.path.startswith("s3://"):
+    if is_object_url(spec.sink.path):  # s3://, s3a://, gs://, abfs[s]://
         final = "" if spec.stateless else ", the final table named by `_ckpt_final.json`"
         return (
             f"`{spec.sink.path}` (Parquet objects: each committed epoch listed by its manifest "
