@@ -356,9 +356,11 @@ def test_spec_refusals(tmp_path: Path) -> None:
         SpecError, match=r"sink\.mode: .*only a format: delta or iceberg sink has a mode"
     ):
         _load(tmp_path, "a", "{path: out, mode: upsert}")
-    with pytest.raises(SpecError) as err:  # S3 only (Parquet on S3: tests/test_s3_parquet_sink)
-        _load(tmp_path, "b", "{path: gs://bucket/tables/t, format: delta}")
-    assert "\n" not in str(err.value) and "sink.path: 'gs://bucket/tables/t'" in str(err.value)
+    with pytest.raises(SpecError) as err:  # a bucket with no table prefix
+        _load(tmp_path, "b", "{path: gs://bucket, format: delta}")
+    assert "\n" not in str(
+        err.value
+    ) and "sink.path: expected s3://bucket/prefix/table (got 'gs://bucket')" in str(err.value)
     with pytest.raises(SpecError, match=r"sink\.mode"):
         _load(tmp_path, "c", "{path: x, format: delta, mode: merge}")
     spec = _load(tmp_path, "d", "{path: s3://bucket/tables/t, format: delta}")
