@@ -224,7 +224,7 @@ def test_savepoint_target_refuses_an_occupied_savepoint_directory(
     ("target", "error", "match"),
     [
         ("s3://bkt/savepoints", InvalidIdError, "must use the job's storage"),
-        ("gs://bkt/savepoints", ConfigError, "expected file:///absolute/path"),
+        ("gs://bkt/savepoints", InvalidIdError, "must use the job's storage"),
         ("relative/savepoints", ConfigError, "expected file:///absolute/path"),
         ("file://relative/savepoints", ConfigError, "needs an absolute path"),
         ("file:///tmp/a/../../etc", InvalidIdError, "not a normalised path"),
