@@ -44,6 +44,9 @@ airflow: $(VENV)/.synced check-java ## a local Airflow 3 with this project's DAG
 	$(VENV)/bin/python -m demo airflow --port $(AIRFLOW_PORT)
 
 # CKPT_TEST_REQUIRE_ALL: a missing Airflow, Playwright or Chromium fails the run (tests/conftest.py)
+# every Spark driver JVM the tests start runs C1-only from a class-data-sharing archive of Spark's
+# classes, made once into .pytest_cache/ckpt-spark-cds/ (tests/spark_jvm.py; docs/operations.md,
+# "The test suite's time"); CKPT_TEST_SPARK_CDS=0 runs without it
 test: $(VENV)/.synced check-java lint browser-deps azurite ## the whole test suite (SQLite and PostgreSQL)
 	CKPT_TEST_REQUIRE_ALL=1 CKPT_TEST_CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 

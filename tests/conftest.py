@@ -127,6 +127,24 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["AIRFLOW_HOME"] = str(home)
     os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+    if not hasattr(config, "workerinput"):  # pytest-xdist's workers inherit the environment
+        _spark_driver_options(config.rootpath / ".pytest_cache" / "ckpt-spark-cds")
+
+
+def _spark_driver_options(cache: Path) -> None:
+    """Every Spark driver JVM the tests start (in this process, ``ckpt run``, ``spark-submit``
+    from Airflow, the demo) starts C1-only from a class-data-sharing archive of Spark's classes,
+    made once per JDK and pyspark and kept in ``cache`` (:mod:`tests.spark_jvm`), through
+    ``SPARK_SUBMIT_OPTS``, which they all inherit."""
+    from tests.spark_jvm import driver_java_options, ensure_archive
+
+    try:  # CKPT_TEST_SPARK_CDS=0: without the archive (to compare; C1 only still)
+        archive = None if os.environ.get("CKPT_TEST_SPARK_CDS") == "0" else ensure_archive(cache)
+    except Exception as exc:  # e.g. no pyspark: those tests fail on their own, with their error
+        print(f"note: no class-data-sharing archive for the tests' Spark drivers: {exc}")
+        archive = None
+    options = [os.environ.get("SPARK_SUBMIT_OPTS", ""), driver_java_options(archive)]
+    os.environ["SPARK_SUBMIT_OPTS"] = " ".join(o for o in options if o)
 
 
 PG_URL = os.environ.get("CKPT_TEST_PG_URL", "postgresql+psycopg://127.0.0.1:5432/test")
