@@ -289,3 +289,28 @@ def test_run_script_refuses_a_bad_path_in_one_line_and_runs_a_script_with_the_se
     assert seen.read_text() == f"__main__ --day 2026-11-28 {settings.storage_url}"
     assert "CKPT_STORAGE_URL" not in os.environ  # restored after the run
     assert Metastore(settings.metastore_url).current_revision() is not None  # schema created
+
+
+def test_ckpt_run_runs_a_script_and_names_a_missing_one(tmp_path: Path) -> None:
+    """``ckpt run script.py``: the script runs under the command's settings (its exit code is
+    the command's); a missing script is one line naming it, with a non-zero exit."""
+    from typer.testing import CliRunner
+
+    from checkpointing.cli import app
+
+    home = tmp_path / "home"
+    runner = CliRunner(env={"CKPT_HOME": str(home), "CKPT_METASTORE_URL": None})
+    script = tmp_path / "job.py"
+    seen = tmp_path / "seen.txt"
+    script.write_text(
+        "import os, sys\n"
+        f"open({str(seen)!r}, 'w').write(os.environ['CKPT_STORAGE_URL'])\n"
+        "sys.exit(4)\n"
+    )
+    done = runner.invoke(app, ["run", str(script)])
+    assert done.exit_code == 4, done.output
+    assert seen.read_text() == (home / "checkpoints").as_uri()
+    missing = runner.invoke(app, ["run", str(tmp_path / "gone.py")])
+    assert missing.exit_code != 0
+    assert "gone.py: no such file" in missing.output
+    assert len(missing.output.strip().splitlines()) == 1

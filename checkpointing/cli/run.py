@@ -98,7 +98,12 @@ def run(
     Everything `ckpt validate` checks is checked first, before Spark starts and before anything
     is written. A spec with pipeline: module.path:build runs the Pipeline that function
     returns, with the spec's deployment fields. With --json, the run's summary is one JSON
-    object on stdout (the epochs' lines go to stderr)."""
+    object on stdout (the epochs' lines go to stderr). A script (SPEC ending in .py) runs as
+    python would run it, its checkpointed steps under these settings (docs/steps.md)."""
+    if pipeline.suffix == ".py":
+        from checkpointing.steps.script import run_script
+
+        raise typer.Exit(run_script(pipeline, (), state.settings))
     from checkpointing.spark.preflight import RunOptions
 
     options = RunOptions(
