@@ -151,3 +151,66 @@ def test_deletable_directories_come_from_ids_only(storage: FileSystemCheckpointS
     for url in (storage.base_url, "file:///", storage.base_url.rsplit("/", 1)[0]):
         with pytest.raises(Exception, match="or above it"):
             storage.location_for(url)
+
+
+@pytest.mark.parametrize("where", ["outside", "other-job", "job"])
+def test_a_pending_row_pointed_elsewhere_steers_no_metadata_write(
+    sqlite_metastore: Metastore,
+    storage: FileSystemCheckpointStorage,
+    clock: ManualClock,
+    tmp_path: Path,
+    where: str,
+) -> None:
+    """A driver points its own job's PENDING row at another directory (outside every storage
+    root, another job's checkpoint, or the job's own directory) and acks with files there:
+    the coordinator declines that checkpoint and writes no ``_metadata`` anywhere."""
+    from checkpointing.coordination.pending import TaskAck
+
+    coord = new_coordinator(sqlite_metastore, storage, clock)
+    pending = coord.trigger_checkpoint()
+    cid = pending.checkpoint_id
+    forged = {
+        "outside": f"file://{tmp_path / 'opt-airflow' / 'x'}",
+        "other-job": storage.checkpoint_url("other-job", cid),
+        "job": storage.job_url(JOB),
+    }[where]
+    _plant(sqlite_metastore, cid, forged)
+    acks = []
+    for t in pending.tasks:  # the driver can write files wherever its host lets it
+        info = storage.write_bytes(f"{forged}/{t.operator_id}-{t.attempt_id}", b"state")
+        acks.append(TaskAck(t.attempt_id, info.url, info.size, info.checksum))
+    outcome = coord.receive_acknowledge(cid, acks)
+    assert outcome.completed is None
+    assert checkpoint_row(sqlite_metastore, cid).status == "ABORTED"
+    assert not storage.path_of(f"{forged}/_metadata").exists()
+    assert not list(storage.path_of(storage.base_url).rglob("_metadata"))
+
+
+def test_a_rows_location_is_taken_only_where_the_ids_put_it(
+    storage: FileSystemCheckpointStorage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``location_for`` with ids (the coordinator's write of ``_metadata``): the derived
+    directories, or a target's ``savepoint-<id>`` inside an allowed root; else one line
+    naming the job and the checkpoint."""
+    from checkpointing.state.storage_roots import DisallowedStorageError
+
+    monkeypatch.setenv("CKPT_STORAGE_URL", storage.base_url)
+    monkeypatch.setenv("CKPT_STORAGE_ROOTS", f"file://{tmp_path / 'targets'}")
+    ids = {"job_id": JOB, "checkpoint_id": 7}
+    for ok in (
+        storage.checkpoint_url(JOB, 7),
+        storage.savepoint_url(JOB, 7),
+        f"file://{tmp_path / 'targets' / 'release'}/savepoint-7",
+    ):
+        assert storage.location_for(ok, **ids).url == ok
+    for bad, why in (
+        (f"file://{tmp_path / 'opt'}/savepoint-7", "not under an allowed checkpoint storage"),
+        (f"file://{tmp_path / 'targets' / 'x'}", "is not where its ids put it"),
+        (storage.checkpoint_url(JOB, 8), "is not where its ids put it"),
+        (storage.checkpoint_url("other-job", 7), "is not where its ids put it"),
+    ):
+        with pytest.raises(DisallowedStorageError) as info:
+            storage.location_for(bad, **ids)
+        message = str(info.value)
+        assert message.startswith(f"job {JOB!r}: checkpoint 7's storage_location "), message
+        assert why in message and "\n" not in message

@@ -4,6 +4,7 @@ ones, and the restore record (``checkpointing.restore.lookup``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -329,3 +330,37 @@ def test_a_rows_metadata_path_is_read_only_where_the_ids_say_it_lives(
     assert elsewhere in moved.reason and "not where checkpoint 2 of job" in moved.reason
     with pytest.raises(CorruptSnapshotError, match="not where checkpoint 2"):
         load_checkpoint(metastore, storage, JOB, second.checkpoint_id)
+
+
+def test_a_savepoint_rows_target_path_is_read_only_inside_an_allowed_root(
+    metastore: Metastore,
+    storage: FileSystemCheckpointStorage,
+    clock: ManualClock,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 38: a COMPLETED savepoint row pointed at ``/anywhere/savepoint-<id>/_metadata``
+    (a copy of its own, checksum and all) is not read there: a target's path counts only
+    inside an allowed storage root, and is refused before any read."""
+    from sqlalchemy import update
+
+    from checkpointing.metastore.models import Checkpoint
+
+    monkeypatch.setenv("CKPT_STORAGE_URL", storage.base_url)
+    monkeypatch.delenv("CKPT_STORAGE_ROOTS", raising=False)
+    savepoint = complete(new_coordinator(metastore, storage, clock), savepoint=True)
+    anywhere = f"file://{tmp_path}/anywhere/savepoint-{savepoint.checkpoint_id}/_metadata"
+    copied = storage.write_bytes(anywhere, storage.read_bytes(savepoint.metadata_path))
+    with metastore.transaction() as s:
+        s.execute(
+            update(Checkpoint)
+            .where(Checkpoint.job_id == JOB, Checkpoint.checkpoint_id == savepoint.checkpoint_id)
+            .values(metadata_path=anywhere, metadata_checksum=copied.checksum)
+        )
+    refusal = f"job {JOB!r}: savepoint {savepoint.checkpoint_id}'s _metadata .* is not under an"
+    with pytest.raises(CorruptSnapshotError, match=refusal):
+        load_checkpoint(metastore, storage, JOB, savepoint.checkpoint_id)
+    decision = find_latest_valid(metastore, storage, JOB)
+    assert decision.checkpoint_id is None
+    [skipped] = decision.skipped
+    assert "not under an allowed checkpoint storage root" in skipped.reason

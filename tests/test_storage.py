@@ -28,6 +28,7 @@ from checkpointing.state.storage import (
     FileSystemCheckpointStorage,
     StorageLocation,
 )
+from checkpointing.state.storage_roots import DisallowedStorageError, require_allowed
 
 MiB = 1 << 20
 JOB = "job-1"
@@ -224,7 +225,10 @@ def test_savepoint_target_refuses_an_occupied_savepoint_directory(
     ("target", "error", "match"),
     [
         ("s3://bkt/savepoints", InvalidIdError, "must use the job's storage"),
+        # valid storage since gs:// is one (its roots are checked when it is requested:
+        # test_a_gs_target_is_storage_that_must_be_in_a_root), but not the job's
         ("gs://bkt/savepoints", InvalidIdError, "must use the job's storage"),
+        ("ftp://bkt/savepoints", ConfigError, "expected file:///absolute/path"),
         ("relative/savepoints", ConfigError, "expected file:///absolute/path"),
         ("file://relative/savepoints", ConfigError, "needs an absolute path"),
         ("file:///tmp/a/../../etc", InvalidIdError, "not a normalised path"),
@@ -257,15 +261,38 @@ def test_s3_savepoint_target_validation(
     assert physical_files(s3_storage) == set()
 
 
-def test_location_for(any_storage: CheckpointStorage, tmp_path: Path) -> None:
+def test_a_gs_target_is_storage_that_must_be_in_a_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gs:// is checkpoint storage (commit 920ab30): a gs:// target parses, and is then
+    taken only inside an allowed root, as any target is."""
+    assert not isinstance(CheckpointStorage.from_url("gs://bkt/sp"), FileSystemCheckpointStorage)
+    monkeypatch.setenv("CKPT_STORAGE_URL", f"file://{tmp_path / 'ckpt'}")
+    monkeypatch.delenv("CKPT_STORAGE_ROOTS", raising=False)
+    with pytest.raises(DisallowedStorageError, match="not under an allowed checkpoint storage"):
+        require_allowed("gs://bkt/savepoints", job_id=JOB, field="target_location")
+    monkeypatch.setenv("CKPT_STORAGE_ROOTS", "gs://bkt")
+    assert require_allowed("gs://bkt/savepoints", job_id=JOB, field="target_location")
+    with pytest.raises(DisallowedStorageError, match="not under an allowed checkpoint storage"):
+        require_allowed("gs://other/savepoints", job_id=JOB, field="target_location")
+
+
+def test_location_for(
+    any_storage: CheckpointStorage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     created = any_storage.initialize_location_for_checkpoint(JOB, 7)
     location = any_storage.location_for(created.url + "/")
     assert location.url == created.url
     assert location.metadata_url == created.metadata_url
     assert location.owns(f"{created.url}/op/0")
 
-    # an existing savepoint elsewhere: allowed, with exactly itself as the extra root
+    # an existing savepoint outside the base: only inside an allowed storage root
     outside = outside_url(any_storage, tmp_path) + "/savepoint-9"
+    monkeypatch.delenv("CKPT_STORAGE_ROOTS", raising=False)
+    with pytest.raises(DisallowedStorageError, match="not under an allowed checkpoint storage"):
+        any_storage.location_for(outside)
+    monkeypatch.setenv("CKPT_STORAGE_ROOTS", outside_url(any_storage, tmp_path))
+    # then allowed, with exactly itself as the extra root
     elsewhere = any_storage.location_for(outside)
     assert elsewhere.url == outside
     assert elsewhere.owns(f"{outside}/op/0")

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from checkpointing.cli import app
 from checkpointing.clock import ManualClock
-from checkpointing.errors import ConfigError
+from checkpointing.errors import ConfigError, StorageError
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Checkpoint, CheckpointRequest, Job
 from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
@@ -296,3 +296,41 @@ def test_a_queued_target_a_driver_inserted_steers_no_write(
     coord.request(CheckpointType.SAVEPOINT, requested_by="t")  # the job's own: as usual
     [pending] = coord.process_requests()
     assert pending.location == storage.savepoint_url(JOB, pending.checkpoint_id)
+
+
+# ============================================================================ a job's base
+
+
+def test_a_job_rows_storage_url_must_be_a_root_not_below_one(roots: Path) -> None:
+    """A job row's ``storage_url`` is taken only when it *is* a root: ``<root>/Y`` lies in job
+    ``Y``'s directory of the storage at ``<root>``, and a job with that base would take ``Y``'s
+    ``shared/chk-*`` for its own orphans (its gc deletes them). A savepoint target may still
+    lie below a root (``test_a_url_in_an_allowed_root_is_taken``)."""
+    for url, base in (
+        (f"file://{roots}/ckpt", f"file://{roots}/ckpt"),
+        (f"file://{roots}/more/", f"file://{roots}/more"),
+        ("s3a://bkt/teams/a", "s3://bkt/teams/a"),  # Hadoop's name for the same store
+    ):
+        assert CheckpointStorage.from_job_row(JOB, url).base_url == base
+    for url in (f"file://{roots}/ckpt/shared", "s3://bkt/teams/a/x"):
+        with pytest.raises(DisallowedStorageError) as info:
+            CheckpointStorage.from_job_row(JOB, url)
+        assert str(info.value).startswith(f"job {JOB!r}: storage_url {url!r} is below ")
+        assert "a job's storage must be a root itself" in str(info.value)
+    with pytest.raises(DisallowedStorageError, match="is not under an allowed"):
+        CheckpointStorage.from_job_row(JOB, "file:///opt/airflow")
+
+
+def test_a_delete_refuses_a_base_swapped_for_a_symlink(tmp_path: Path) -> None:
+    """The base was checked against the roots when the storage was made; a symlink swapped in
+    for it afterwards leads the delete nowhere (local storage)."""
+    base, victim = tmp_path / "ckpt", tmp_path / "victim"
+    (base / JOB / "chk-1").mkdir(parents=True)
+    (victim / JOB / "chk-1").mkdir(parents=True)
+    (victim / JOB / "chk-1" / "precious").write_text("theirs")
+    storage = FileSystemCheckpointStorage(f"file://{base}")
+    base.rename(tmp_path / "moved")
+    base.symlink_to(victim)
+    with pytest.raises(StorageError, match="a symlink swapped in"):
+        storage.discard_directory(JOB, 1, "checkpoint")
+    assert (victim / JOB / "chk-1" / "precious").read_text() == "theirs"

@@ -41,12 +41,12 @@ from checkpointing.coordination.gateway import AckOutcome
 from checkpointing.coordination.notifications import CompletionListener, CompletionNotifier
 from checkpointing.coordination.pending import AckResult, PendingCheckpoint, TaskAck
 from checkpointing.coordination.store import CompletedCheckpoint
-from checkpointing.errors import OutcomeUnknownError, StorageError
+from checkpointing.errors import InvalidIdError, OutcomeUnknownError, StorageError
 from checkpointing.ids import validate_checkpoint_id, validate_id
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Checkpoint, Job
 from checkpointing.state.metadata import CheckpointMetadata
-from checkpointing.state.storage import CheckpointStorage, FileInfo
+from checkpointing.state.storage import CheckpointStorage, FileInfo, StorageLocation
 from checkpointing.status import CheckpointType, RequestStatus
 
 log = logging.getLogger(__name__)
@@ -114,11 +114,19 @@ class CompletionHandler:
         refusal = self.fencing.refusal(job, owner)
         if refusal is not None:
             raise refusal
-        location = self.storage.location_for(location_url)
+        try:  # a forged row's location: every ack is refused, and the checkpoint declined
+            location: StorageLocation | None = self.storage.location_for(
+                location_url, job_id=self.job_id, checkpoint_id=checkpoint_id
+            )
+            misplaced = None
+        except (StorageError, InvalidIdError) as exc:
+            location, misplaced = None, str(exc)
         shared = self.storage.shared_url(self.job_id)
         refused: dict[str, str] = {}
         for a in acks:
-            problem = ack_problem(a, location, shared, self.storage)
+            problem = (
+                misplaced if location is None else ack_problem(a, location, shared, self.storage)
+            )
             if problem is not None:
                 refused.setdefault(a.attempt_id, problem)
         declined: dict[str, AckResult] = {}
@@ -261,7 +269,11 @@ class CompletionHandler:
                 checkpoint = PendingCheckpoint.load(s, self.job_id, checkpoint_id)
                 metadata = checkpoint.finalize(s, now)
             ctype = checkpoint.checkpoint_type
-            location = self.storage.location_for(checkpoint.location)
+            # the row's location is anyone's to write: only where the ids (or an allowed
+            # target) put it, else this checkpoint fails here and nothing is written
+            location = self.storage.location_for(
+                checkpoint.location, job_id=self.job_id, checkpoint_id=checkpoint_id
+            )
             data = metadata.to_bytes()
         except Exception as exc:  # e.g. a recorded ack that no _metadata can hold
             log.exception("job %s: checkpoint %d: no metadata", self.job_id, checkpoint_id)

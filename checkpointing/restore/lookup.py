@@ -32,6 +32,7 @@ from checkpointing.metastore.models import Checkpoint, RestoreEvent
 from checkpointing.restore.assignment import StateAssignment, plan_restore, snapshots_from_metadata
 from checkpointing.state.metadata import CheckpointMetadata, read_metadata, verify_handles
 from checkpointing.state.storage import METADATA_FILE, CheckpointStorage
+from checkpointing.state.storage_roots import DisallowedStorageError, require_allowed
 from checkpointing.status import CheckpointStatus, CheckpointType, RestoreStatus
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,11 @@ def _verified(
         raise CorruptSnapshotError(
             path, f"not where checkpoint {checkpoint_id} of job {job_id} lives: not read"
         )
+    if path not in derived and not storage.contains(path):
+        try:  # a target's savepoint: only inside an allowed storage root (a row chose it)
+            require_allowed(path, job_id=job_id, field=f"savepoint {checkpoint_id}'s _metadata")
+        except DisallowedStorageError as exc:
+            raise CorruptSnapshotError(path, f"{exc}: not read") from None
     if not checksum:
         raise CorruptSnapshotError(path, "no metadata checksum recorded: not read")
     metadata = read_metadata(storage, path, checksum)

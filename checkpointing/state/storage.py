@@ -42,7 +42,7 @@ from checkpointing.errors import (
     StorageError,
 )
 from checkpointing.ids import validate_checkpoint_id, validate_id
-from checkpointing.state.storage_roots import require_allowed
+from checkpointing.state.storage_roots import DisallowedStorageError, require_allowed
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +105,14 @@ class CheckpointStorage(ABC):
     def from_job_row(job_id: str, storage_url: str) -> CheckpointStorage:
         """The storage a job's metastore row names (its ``storage_url``), for a process that
         deletes or reads on the job's behalf (the API server, ``ckpt gc``/``inspect``): any
-        driver can write that row, so the URL must be an allowed root or strictly below one
-        (:func:`checkpointing.state.storage_roots.require_allowed`), else
+        driver can write that row, so the URL must equal an allowed root (below one, a base
+        ``<root>/Y`` would nest in job ``Y``'s directory and its gc would take ``Y``'s
+        ``shared/chk-*`` for orphans: :func:`~checkpointing.state.storage_roots.require_allowed`),
+        else
         :class:`~checkpointing.state.storage_roots.DisallowedStorageError`. The one way a
         row's URL becomes a storage."""
         validate_id(job_id, "job id")
-        require_allowed(storage_url, job_id=job_id, field="storage_url")
+        require_allowed(storage_url, job_id=job_id, field="storage_url", exact=True)
         return CheckpointStorage.from_url(storage_url)
 
     # ------------------------------------------------------------------ layout
@@ -169,15 +171,37 @@ class CheckpointStorage(ABC):
         check_normalised(target)
         return other.base_url  # a plain absolute path becomes a file:// URL
 
-    def location_for(self, url: str) -> StorageLocation:
+    def location_for(
+        self, url: str, *, job_id: str | None = None, checkpoint_id: int | None = None
+    ) -> StorageLocation:
         """The location of an existing checkpoint or savepoint directory (for reads and writes;
         deletes go through :meth:`discard_directory`). Never the base itself or a directory
-        above it."""
+        above it; outside the base, only inside an allowed storage root
+        (:func:`~checkpointing.state.storage_roots.require_allowed`): ``url`` may come from a
+        metastore row, which any driver can write. With ids, ``url`` must also be where they
+        put it: ``chk-<id>``, ``savepoints/savepoint-<id>`` or a target's ``savepoint-<id>``
+        (else :class:`DisallowedStorageError`, nothing written)."""
         url = url.rstrip("/")
         check_normalised(url)
         if url == self.base_url or self.base_url.startswith(url + "/"):
             raise InvalidIdError(f"{url!r} is checkpoint storage {self.base_url!r} or above it")
-        return StorageLocation(self, url, extra_root=None if self.contains(url) else url)
+        who = "checkpoint location"
+        if job_id is not None and checkpoint_id is not None:
+            who = f"checkpoint {checkpoint_id}'s storage_location"
+            derived = {
+                self.checkpoint_url(job_id, checkpoint_id),
+                self.savepoint_url(job_id, checkpoint_id),
+            }
+            if url not in derived and url.rsplit("/", 1)[-1] != f"savepoint-{checkpoint_id}":
+                raise DisallowedStorageError(
+                    f"job {job_id!r}: {who} {url!r} is not where its ids put it (chk-"
+                    f"{checkpoint_id}, savepoints/savepoint-{checkpoint_id} or a target's "
+                    f"savepoint-{checkpoint_id}): nothing written or read there"
+                )
+        if self.contains(url):
+            return StorageLocation(self, url)
+        require_allowed(url, job_id=job_id, field=who)
+        return StorageLocation(self, url, extra_root=url)
 
     def owned_directory(self, job_id: str, checkpoint_id: int, kind: str) -> str:
         """The directory of ``job_id``'s checkpoint ``checkpoint_id`` of ``kind``
@@ -413,6 +437,9 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             raise ConfigError(f"storage URL {base_url!r}: a file:// URL needs an absolute path")
         path = os.path.normpath(path)
         super().__init__("file://" + path)
+        #: the base as it resolved when this storage was made (and its roots checked): a delete
+        #: refuses a base that resolves elsewhere by then (a symlink swapped in)
+        self._real_base = os.path.realpath(path)
 
     def path_of(self, url: str) -> Path:
         if not url.startswith("file:///"):
@@ -489,15 +516,22 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         """The path of ``url``, once no component below the base is a symlink: "inside the
         base" is checked on URLs, and with ``base/job`` a symlink to another folder a delete of
         ``base/job/chk-7`` would remove that folder's ``chk-7``. The base itself may be a
-        symlink; a path outside the base (a savepoint target) is the user's own."""
+        symlink, but must resolve where it did when this storage was made (a row's base was
+        checked against the roots then); a path outside the base (a savepoint target) is the
+        user's own."""
         path = self.path_of(url)
         base = Path(self.base_url.removeprefix("file://"))
         try:
             below = path.relative_to(base)
         except ValueError:
             return path
+        if os.path.realpath(base) != self._real_base:
+            raise StorageError(
+                f"cannot delete {url}: checkpoint storage {self.base_url} now resolves to "
+                f"{os.path.realpath(base)}, not {self._real_base} (a symlink swapped in); refused"
+            )
         real = Path(os.path.realpath(path))
-        if real != Path(os.path.realpath(base)) / below:
+        if real != Path(self._real_base) / below:
             raise StorageError(
                 f"cannot delete {url}: it resolves to {real}, outside checkpoint storage "
                 f"{self.base_url} (a symlink below the base); refused"

@@ -3,7 +3,8 @@
 A job row's ``storage_url`` and a savepoint request's ``target_location`` can be written by any
 Spark driver that has the metastore URL. The API server, ``ckpt gc``, ``ckpt inspect`` and a
 job's coordinator act on them (delete, read, write), so a row must never choose *which* tree:
-each such URL must be one of the configured roots or strictly below one
+a job's ``storage_url`` must be one of the configured roots (below one, it would nest in
+another job's directory), and a target or a checkpoint's location one of them or below one
 (:func:`checkpointing.config.configured_storage_roots`: ``CKPT_STORAGE_URL`` or the default,
 and ``CKPT_STORAGE_ROOTS``). Below that base, a job's own directories are still derived from
 ids (:meth:`CheckpointStorage.owned_directory`).
@@ -98,19 +99,30 @@ def allowed_roots() -> list[tuple[str, StoragePlace]]:
     return roots
 
 
-def require_allowed(url: str, *, job_id: str, field: str) -> str:
+def require_allowed(url: str, *, job_id: str | None, field: str, exact: bool = False) -> str:
     """``url`` (``field`` of job ``job_id``'s row) once it is an allowed root or strictly
-    below one; else one line naming the job, the field and the roots
-    (:class:`DisallowedStorageError`)."""
+    below one (with ``exact``, once it *is* one: a job's storage base); else one line naming
+    the job, the field and the roots (:class:`DisallowedStorageError`)."""
     roots = allowed_roots()
+    who = f"job {job_id!r}: {field}" if job_id is not None else field
     try:
         place = parse_place(url)
     except ValueError as exc:
-        raise DisallowedStorageError(f"job {job_id!r}: {field} {_shown(url)} {exc}") from None
-    if any(place.within(root) for _, root in roots):
+        raise DisallowedStorageError(f"{who} {_shown(url)} {exc}") from None
+    inside = [name for name, root in roots if place.within(root)]
+    if inside and not exact:
         return url
+    if exact:
+        if any(place == root and place.within(root) for _, root in roots):
+            return url
+        if inside:  # '<root>/Y' nests in job Y's directory: Y's files would be its orphans
+            raise DisallowedStorageError(
+                f"{who} {_shown(url)} is below checkpoint storage root {inside[0]}, not one: "
+                f"a job's storage must be a root itself; add it to {ENV_STORAGE_ROOTS} if it "
+                "is yours"
+            )
     raise DisallowedStorageError(
-        f"job {job_id!r}: {field} {_shown(url)} is not under an allowed checkpoint storage root "
+        f"{who} {_shown(url)} is not under an allowed checkpoint storage root "
         f"({', '.join(r for r, _ in roots)}); add its root to {ENV_STORAGE_ROOTS} if it is yours"
     )
 
