@@ -229,8 +229,13 @@ def test_a_batch_repeating_the_last_ack_still_completes(
 
 
 def test_exactly_one_of_many_concurrent_ackers_completes(
-    metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
+    metastore: Metastore,
+    storage: FileSystemCheckpointStorage,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # the ackers take the storage the job row names, which must be a configured root
+    monkeypatch.setenv("CKPT_STORAGE_ROOTS", storage.base_url)
     plan = make_plan({"source": 8, "window": 4, "sink": 4})
     owner = new_coordinator(metastore, storage, clock, plan=plan)
     notified: list[int] = []

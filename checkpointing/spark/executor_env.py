@@ -32,6 +32,8 @@ FORWARDED = (
     # GCS and Azure (gs://, abfs://): gcsfs's, adlfs's and delta-rs's own variables
     *GCS_VARIABLES,
     *AZURE_VARIABLES,
+    # a savepoint's target outside the storage base is written only inside these
+    "CKPT_STORAGE_ROOTS",
 )
 #: Spark's default redaction regex
 SPARK_DEFAULT_REDACTION = "(?i)secret|password|token|access[.]?key"

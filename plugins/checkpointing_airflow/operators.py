@@ -500,6 +500,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
             **self._storage_env(storage_url),
         }
+        if roots := os.environ.get("CKPT_STORAGE_ROOTS"):  # a savepoint's target checks them
+            env["CKPT_STORAGE_ROOTS"] = roots
         return {**env, **{k: str(v) for k, v in (self.env_vars or {}).items()}}
 
     def _storage_env(self, storage_url: str) -> dict[str, str]:
