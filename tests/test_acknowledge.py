@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
+import pytest
+
 from checkpointing.clock import ManualClock
 from checkpointing.coordination.coordinator import CheckpointCoordinator
 from checkpointing.coordination.failure import CheckpointFailureReason, TolerableFailuresExceeded
