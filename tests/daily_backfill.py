@@ -349,11 +349,17 @@ def run_scenario(
     day, ti = wait_for("another day to defer", deferred_other, every=POLL_S)
     deferred_driver = read_state(d.metastore, instance_of(day)).driver
     assert deferred_driver is not None and process_alive(deferred_driver)
+
     # no task process holds the deferred day: the driver's parent (the task runner that
-    # started it) is gone
-    hosts = {p.pid for p in tree_of(task_hosts())}
-    assert psutil.Process(deferred_driver.pid).ppid() not in hosts
-    assert deferred_driver.pid not in hosts
+    # started it) is gone. Airflow marks the try deferred before its task runner has exited,
+    # so this waits for the exit (the driver must outlive it, checked on every poll)
+    def released() -> bool:
+        assert process_alive(deferred_driver), "the deferred day's driver died"
+        hosts = {p.pid for p in tree_of(task_hosts())}
+        parent = psutil.Process(deferred_driver.pid).ppid()
+        return parent not in hosts and deferred_driver.pid not in hosts
+
+    wait_for("the deferred day's task runner to exit", released, 120, every=0.5)
     old_triggerer = ti["trigger"]["triggerer_id"]
     killed_at = datetime.now(UTC)
     restart_triggerer(d.airflow)
