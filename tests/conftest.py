@@ -212,8 +212,12 @@ def sqlite_metastore(tmp_path: Path) -> Iterator[Metastore]:
 
 
 @pytest.fixture
-def storage(tmp_path: Path) -> FileSystemCheckpointStorage:
-    return FileSystemCheckpointStorage(f"file://{tmp_path / 'checkpoints'}")
+def storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FileSystemCheckpointStorage:
+    """The test's checkpoint storage, configured as a storage root as a deployment's is
+    (``CKPT_STORAGE_ROOTS``): a coordinator given no storage takes the job row's only then."""
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'checkpoints'}")
+    monkeypatch.setenv("CKPT_STORAGE_ROOTS", storage.base_url)
+    return storage
 
 
 @pytest.fixture
