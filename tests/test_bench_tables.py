@@ -1,7 +1,7 @@
 # ruff: noqa: RUF001  (Markdown: the multiplication sign and en dash are meant)
-"""docs/benchmarks.md's tables and README.md's headline cost are generated from
-bench/results/*.json, and the paired statistics they report are the median of per-round ratios,
-not a ratio of medians."""
+"""docs/benchmarks.md's tables, README.md's headline cost and its first screen's one-paragraph
+summary of it are generated from bench/results/*.json, and the paired statistics they report
+are the median of per-round ratios, not a ratio of medians."""
 
 from __future__ import annotations
 
@@ -34,15 +34,40 @@ def test_readme_first_screen_holds_the_generated_cost() -> None:
         "python bench/readme_tables.py"
     )
     assert readme_tables.BEGIN not in text  # the full tables live in docs/benchmarks.md
-    first = text.splitlines().index(readme_tables.COST_BEGIN)
-    assert first < 40, f"the cost starts on README.md's line {first + 1}: not its first screen"
+
+
+def test_readme_first_screen_summarises_the_generated_cost() -> None:
+    """The first screen's cost is generated from the same JSON, typed by no one: the range of
+    ours / W over the four sets, the crash against W's rerun, Structured Streaming against W;
+    it comes before the full table (tests/test_readme_first_screen.py renders where)."""
+    text = readme_tables.README.read_text()
+    glance = readme_tables.GLANCE.of(text, readme_tables.README)
+    assert glance == readme_tables.generate_glance(), (
+        "README.md's first-screen cost differs from bench/results/*.json: run "
+        "python bench/readme_tables.py"
+    )
+    lines = text.splitlines()
+    assert lines.index(readme_tables.GLANCE_BEGIN) < 15  # under the title's paragraph
+    assert lines.index(readme_tables.GLANCE_END) < lines.index(readme_tables.COST_BEGIN)
+    i37 = readme_tables.load("issue37.json")
+    assert i37, "bench/results/issue37.json is the README's source"
+    medians = sorted(s["ratios"]["ours_vs_w"]["median"] for s in i37["sets"].values())
+    assert f"**{medians[0]:.2f}–{medians[-1]:.2f}× W**" in glance
+    crashed = i37["sets"]["d"]["ratios"]
+    assert f"{crashed['crash_resume_vs_w']['median']:.2f}× W in all" in glance
+    assert f"costs {crashed['plain_rerun_vs_w']:.2f}×" in glance
+    assert "just be rerun" in glance  # resuming set d cost more than its rerun
+    assert "Structured Streaming `Trigger.AvailableNow` took **" in glance
+    assert f"]({readme_tables.COST_ANCHOR})" in glance and "## Should you use it?" in text
 
 
 def test_check_fails_on_a_changed_section_and_the_writer_fixes_it(tmp_path: Path) -> None:
     readme, bench = tmp_path / "README.md", tmp_path / "benchmarks.md"
     cost, tables = readme_tables.generate_cost(), readme_tables.generate()
+    glance = readme_tables.generate_glance()
     readme.write_text(
-        f"# x\n\n{readme_tables.COST_BEGIN}\n{cost}{readme_tables.COST_END}\n\nafter\n"
+        f"# x\n\n{readme_tables.GLANCE_BEGIN}\n{glance}{readme_tables.GLANCE_END}\n\n"
+        f"{readme_tables.COST_BEGIN}\n{cost}{readme_tables.COST_END}\n\nafter\n"
     )
     bench.write_text(f"# b\n\n{readme_tables.BEGIN}\n{tables}{readme_tables.END}\n\nend\n")
     paths = ["--readme", str(readme), "--benchmarks", str(bench)]
@@ -53,6 +78,10 @@ def test_check_fails_on_a_changed_section_and_the_writer_fixes_it(tmp_path: Path
         assert readme_tables.main(["--check", *paths]) == 1
         assert readme_tables.main(paths) == 0
         assert readme_tables.main(["--check", *paths]) == 0
+    readme.write_text(readme.read_text().replace("**What it costs**", "**Cost**"))
+    assert readme_tables.main(["--check", *paths]) == 1  # the first screen's summary too
+    assert readme_tables.main(paths) == 0
+    assert readme_tables.GLANCE.of(readme.read_text(), readme) == glance
     assert readme.read_text().endswith(f"{readme_tables.COST_END}\n\nafter\n")
     assert bench.read_text().endswith(f"{readme_tables.END}\n\nend\n")
     bench.write_text("# no markers\n")
@@ -176,6 +205,10 @@ def test_readme_cost_comes_from_the_four_sets_once_measured(monkeypatch) -> None
     assert "| a: 5 M events / ~510 k keys | 2.25× (1.50–3.00) | 1.25× (1.00–1.50) |" in cost
     assert "| d: 50 M events / 500 k keys | 2.25× (1.50–3.00) |" in cost
     assert "| 2.50× (2.00–3.00) (1.80×) |" in cost  # (crashed + resumed) / W, then W's rerun
+    glance = readme_tables.generate_glance()
+    assert "took **2.25× W**" in glance  # both sets' medians: one figure, not a range
+    assert "resumed, 2.50× W in all, where rerunning W from zero costs 1.80×" in glance
+    assert "just be rerun" in glance
     assert "1 of 10 runs flagged as under load" in cost
     assert "not measured" not in cost
     if real("spark-anchor.json"):
@@ -184,3 +217,4 @@ def test_readme_cost_comes_from_the_four_sets_once_measured(monkeypatch) -> None
         readme_tables, "load", lambda name: None if name == "issue37.json" else real(name)
     )
     assert readme_tables.NOT_MEASURED in readme_tables.generate_cost()
+    assert "1.80×" not in readme_tables.generate_glance()  # no crash figure without the sets
