@@ -10,9 +10,10 @@ VENV := .venv
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PYTEST_ARGS ?=
 # test processes (pytest-xdist, a file per process: a module's Spark or Airflow set-up stays in
-# one): 0 runs them in this process. On this 2-core machine two were no faster (35 min against
-# 32.5 serial: the suite is CPU-bound, ~36 CPU-minutes); a bigger machine may set more
-TEST_WORKERS ?= 0
+# one; 0 runs them in this process). Two on this 2-core machine: 23.7 min against 68.6 serial
+# (the Airflow and emulator scenarios wait on schedulers and servers; the other process fills
+# that time). More on a bigger machine (docs/operations.md, "The test suite's time")
+TEST_WORKERS ?= 2
 # make bench QUICK=1: short runs of both benchmarks (small data, one round) written to
 # bench/results/spark-quick.json and acks-quick.json, never the full runs' files; more, e.g.
 # make bench SPARK_BENCH_ARGS="--rounds 5 --no-growth" (python bench/spark_bench.py --help)

@@ -97,20 +97,25 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 #: collection order with ``--no-loadscope-reorder``) they start at once and the processes end
 #: together
 LONGEST_FIRST = (
-    "test_airflow_failover.py",
     "test_airflow_celery.py",
+    "test_airflow_failover.py",
     "test_airflow_deferrable.py",
+    "test_source_retention.py",
     "test_airflow_savepoints.py",
-    "test_demo.py",
     "test_delta_sink.py",
     "test_spark_cluster.py",
+    "test_demo.py",
     "test_cli_run.py",
-    "test_checkpoints_ui.py",
-    "test_cli.py",
     "test_iceberg_sink.py",
     "test_provider_package.py",
+    "test_checkpoints_ui.py",
+    "test_cli.py",
     "test_s3_parquet_sink.py",
     "test_savepoints.py",
+    "test_s3_source.py",
+    "test_gcs_storage.py",
+    "test_spark_runtime_failures.py",
+    "test_azure_storage.py",
 )
 
 
