@@ -360,7 +360,7 @@ def test_spec_refusals(tmp_path: Path) -> None:
         _load(tmp_path, "b", "{path: gs://bucket, format: delta}")
     assert "\n" not in str(
         err.value
-    ) and "sink.path: expected s3://bucket/prefix/table (got 'gs://bucket')" in str(err.value)
+    ) and "sink.path: expected gs://bucket/prefix/table (got 'gs://bucket')" in str(err.value)
     with pytest.raises(SpecError, match=r"sink\.mode"):
         _load(tmp_path, "c", "{path: x, format: delta, mode: merge}")
     spec = _load(tmp_path, "d", "{path: s3://bucket/tables/t, format: delta}")

@@ -84,7 +84,8 @@ def test_refusals_name_sink_path_and_write_nothing(s3_bucket: str, tmp_path: Pat
     spec = tmp_path / "spec.yaml"
     for sink, message in [
         ("s3://bucket", "expected s3://bucket/prefix/table"),
-        ("gs://bucket", "expected s3://bucket/prefix/table"),
+        ("gs://bucket", "expected gs://bucket/prefix/table"),
+        ("abfss://c@a.dfs.core.windows.net", "expected abfss://container/prefix/table"),
         (f"s3://{s3_bucket}/in/x", "lies inside the input prefix of source.path"),
     ]:
         spec.write_text(

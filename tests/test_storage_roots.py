@@ -199,6 +199,24 @@ def test_discard_inspect_and_restore_plan_refuse_a_storage_url_outside_the_roots
         assert s.get(Checkpoint, (JOB, sid)).status == "COMPLETED"  # type: ignore[union-attr]
 
 
+def test_a_coordinator_given_no_storage_takes_the_rows_only_inside_the_roots(
+    sqlite_metastore: Metastore,
+    storage: FileSystemCheckpointStorage,
+    clock: ManualClock,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from checkpointing.coordination.coordinator import CheckpointCoordinator
+
+    monkeypatch.setenv("CKPT_STORAGE_URL", storage.base_url)
+    complete(new_coordinator(sqlite_metastore, storage, clock))
+    joined = CheckpointCoordinator(JOB, sqlite_metastore, None, None, clock=clock)
+    assert joined.storage.base_url == storage.base_url
+    _forge(sqlite_metastore, f"file://{tmp_path / 'victim'}")
+    with pytest.raises(DisallowedStorageError, match=f"job '{JOB}': storage_url 'file://"):
+        CheckpointCoordinator(JOB, sqlite_metastore, None, None, clock=clock)
+
+
 # ============================================================================ targets (M3)
 
 

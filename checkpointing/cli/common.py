@@ -223,7 +223,7 @@ StorageUrlOption = Annotated[
         metavar="URL",
         envvar=ENV_STORAGE_URL,
         show_envvar=True,
-        help="Checkpoint storage: file:///… or s3://…",
+        help="Checkpoint storage: file:///…, s3://…, gs://… or abfss://…",
     ),
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens.")]

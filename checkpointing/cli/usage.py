@@ -67,7 +67,10 @@ def _global_options(
             callback=_storage_url,
             expose_value=False,
             rich_help_panel=GLOBAL_PANEL,
-            help=f"Checkpoint storage: file:///… or s3://… (or {ENV_STORAGE_URL}).",
+            help=(
+                "Checkpoint storage: file:///…, s3://…, gs://… or abfss://… "
+                f"(or {ENV_STORAGE_URL})."
+            ),
         ),
     ] = None,
     verbose: Annotated[

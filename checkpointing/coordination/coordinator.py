@@ -109,7 +109,8 @@ class CheckpointCoordinator:
         self.coordinator_id = coordinator_id or f"coord-{uuid.uuid4().hex[:12]}"
         config, storage_url = self._register(config, storage)
         self.config = config
-        self.storage = storage = storage or CheckpointStorage.from_url(storage_url)
+        # none given: the one the job's row names, only inside the configured storage roots
+        self.storage = storage = storage or CheckpointStorage.from_job_row(job_id, storage_url)
         self.fencing = CoordinatorFencing(job_id, self.coordinator_id, watcher)
         self.status_by = writer.of(self.coordinator_id)
         self.failure_manager = CheckpointFailureManager(

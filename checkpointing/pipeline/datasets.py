@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from checkpointing.errors import ConfigError
-from checkpointing.state.object_store import ObjectStoreError, split_url
+from checkpointing.state.object_store import ObjectStoreError, expected_form, split_url
 
 FLIGHT_COLUMNS = [
     "year", "month", "day", "dep_delay", "arr_delay", "carrier", "flight",
@@ -199,10 +199,10 @@ def object_prefix(dest: str) -> tuple[str, str]:
     try:
         bucket, key = split_url(dest)
     except ObjectStoreError:
-        raise ObjectStoreError(f"{dest}: expected s3://bucket/prefix") from None
+        raise ObjectStoreError(f"{dest}: {expected_form(dest, 'prefix')}") from None
     prefix = key.rstrip("/")
     if not prefix or prefix.startswith("/") or "//" in prefix:
-        raise ObjectStoreError(f"{dest}: expected s3://bucket/prefix")
+        raise ObjectStoreError(f"{dest}: {expected_form(dest, 'prefix')}")
     return bucket, prefix
 
 

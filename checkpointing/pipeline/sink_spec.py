@@ -15,7 +15,12 @@ from pydantic import (
 )
 
 from checkpointing.pipeline.columns import as_list, check_columns
-from checkpointing.state.object_store import ObjectStoreError, is_object_url, split_url
+from checkpointing.state.object_store import (
+    ObjectStoreError,
+    expected_form,
+    is_object_url,
+    split_url,
+)
 
 #: the column of the epoch in a sink's changelog (the parquet sink's directories, Delta's column)
 EPOCH_COLUMN = "epoch"
@@ -143,5 +148,5 @@ class SinkSpec(BaseModel):
             try:
                 split_url(v)
             except ObjectStoreError:
-                raise ValueError("expected s3://bucket/prefix/table") from None
+                raise ValueError(expected_form(v, "prefix/table")) from None
         return v

@@ -61,7 +61,12 @@ __all__ = [
     "TableSpec",
     "load_spec",
 ]
-from checkpointing.state.object_store import ObjectStoreError, is_object_url, split_url
+from checkpointing.state.object_store import (
+    ObjectStoreError,
+    expected_form,
+    is_object_url,
+    split_url,
+)
 
 if TYPE_CHECKING:
     from checkpointing.pipeline.entry import PipelineCode
@@ -139,7 +144,7 @@ def _object_input_path(v: str, info: ValidationInfo, what: str, field: str) -> s
     try:
         split_url(v)
     except ObjectStoreError:
-        raise ValueError("expected s3://bucket/prefix/*.parquet") from None
+        raise ValueError(expected_form(v, "prefix/*.parquet")) from None
     fmt = info.data.get("format")
     if fmt is not None and fmt != SourceFormat.PARQUET:
         raise ValueError(f"{what} read as Parquet only for now; {field} is {fmt}")

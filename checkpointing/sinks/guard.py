@@ -148,13 +148,13 @@ def check_object_sink(sink: str, *, inputs: Iterable[str] = (), storage: str | N
     refused when it is, contains or lies inside the checkpoint storage or an input prefix (the
     part of a source glob before its first wildcard), or is a whole bucket. Returns the URL
     without a trailing ``/``."""
-    from checkpointing.state.object_store import ObjectStoreError, split_url
+    from checkpointing.state.object_store import ObjectStoreError, expected_form, split_url
 
     url = sink.rstrip("/")
     try:
         split_url(url)
     except ObjectStoreError:
-        raise ConfigError(f"{FIELD}: {sink!r}: expected s3://bucket/prefix/table") from None
+        raise ConfigError(f"{FIELD}: {sink!r}: {expected_form(sink, 'prefix/table')}") from None
 
     def refuse(conflict: str) -> ConfigError:
         return ConfigError(f"{FIELD}: {url} {conflict}; use a dedicated table prefix")

@@ -40,7 +40,13 @@ import pyarrow as pa
 from checkpointing.errors import ConfigError, InvalidIdError, StorageError
 from checkpointing.ids import validate_id
 from checkpointing.state.buckets import TooBig, bucket_for, store_error
-from checkpointing.state.object_store import canonical_url, filesystem_for, scheme_of, split_url
+from checkpointing.state.object_store import (
+    canonical_url,
+    expected_form,
+    filesystem_for,
+    scheme_of,
+    split_url,
+)
 
 FIELD = "sink.path"
 MARKER = "_ckpt_sink"
@@ -205,7 +211,7 @@ class SinkObjects:
         try:
             self.bucket, key = split_url(self.url)
         except ConfigError:
-            raise ConfigError(f"{FIELD}: {url!r}: expected s3://bucket/prefix/table") from None
+            raise ConfigError(f"{FIELD}: {url!r}: {expected_form(url, 'prefix/table')}") from None
         self.prefix = key.strip("/") + "/"
         try:
             self.store = bucket_for(scheme_of(self.url), self.bucket)

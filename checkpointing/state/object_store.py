@@ -73,8 +73,16 @@ def split_url(url: str) -> tuple[str, str]:
     scheme, sep, rest = url.partition("://")
     bucket, _, key = rest.partition("/")
     if not sep or scheme.lower() not in SCHEMES or not bucket or not key:
-        raise ObjectStoreError(f"{url!r}: expected {scheme or 's3'}://bucket/key")
+        raise ObjectStoreError(f"{url!r}: {expected_form(url, 'key')}")
     return bucket, key
+
+
+def expected_form(url: str, rest: str) -> str:
+    """``expected gs://bucket/<rest>``: the form a refused object URL should have, in the
+    scheme the user typed (``s3`` when it has none of ours)."""
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    bucket = "container" if scheme in ("abfs", "abfss") else "bucket"
+    return f"expected {scheme if scheme in SCHEMES else 's3'}://{bucket}/{rest}"
 
 
 def scheme_of(url: str) -> str:
