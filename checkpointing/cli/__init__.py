@@ -78,7 +78,7 @@ PIPELINES, HISTORY, SAVEPOINTS, STATE, HOUSEKEEPING = (
     "Looking inside checkpoints",
     "Housekeeping",
 )
-command(app, "run", run.run, PIPELINES)
+command(app, "run", run.run, PIPELINES, context_settings={"allow_extra_args": True})
 command(app, "validate", validate.validate, PIPELINES)
 command(app, "generate-data", data.generate_data, PIPELINES)
 command(app, "jobs", history.jobs, HISTORY)

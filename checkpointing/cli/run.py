@@ -45,13 +45,16 @@ if TYPE_CHECKING:
 
 @handles_errors
 def run(
+    ctx: typer.Context,
     pipeline: Annotated[
         Path,
         typer.Argument(
             metavar="SPEC",
             help="The pipeline spec (YAML). It may name Python code: pipeline: my_pkg.jobs:build "
             "(a function returning a Pipeline) or transform: my_pkg.jobs:clean, imported from "
-            "the installed packages and the spec's py_files before Spark starts.",
+            "the installed packages and the spec's py_files before Spark starts. Or a PySpark "
+            "script (.py) whose steps are checkpointed, its own arguments after it (after -- "
+            "when they start with -).",
         ),
     ],
     restore: RestoreOption = "latest",
@@ -103,7 +106,29 @@ def run(
     if pipeline.suffix == ".py":
         from checkpointing.steps.script import run_script
 
-        raise typer.Exit(run_script(pipeline, (), state.settings))
+        given = {
+            "--parallelism": parallelism is not None,
+            "--master": master is not None,
+            "--attempt": attempt is not None,
+            "--allow-non-restored-state": allow_non_restored_state,
+            "--allow-other-job": allow_other_job,
+            "--allow-changed-tables": allow_changed_tables,
+            "--interval-start": interval_start is not None,
+            "--interval-end": interval_end is not None,
+            "--full-refresh": full_refresh,
+            "--json": as_json,
+        }
+        for flag in (f for f, set_ in given.items() if set_):
+            raise typer.BadParameter(
+                "applies to a spec; a script sets its own Spark session and options",
+                param_hint=flag,
+            )
+        raise typer.Exit(run_script(pipeline, ctx.args, state.settings, restore=restore))
+    if ctx.args:
+        raise typer.BadParameter(
+            f"unexpected {ctx.args[0]!r}: only a script (.py) takes arguments after it",
+            param_hint="SPEC",
+        )
     from checkpointing.spark.preflight import RunOptions
 
     options = RunOptions(

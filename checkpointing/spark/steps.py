@@ -22,6 +22,7 @@ recomputed (:mod:`checkpointing.spark.step_salvage`).
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from checkpointing.state.storage import CheckpointStorage
 from checkpointing.status import JobStatus
 from checkpointing.steps.identity import StepIdentity, step_name
 from checkpointing.steps.plan import StepRecord, change_line, decide, downstream_of, restored_steps
+from checkpointing.steps.script import ENV_RESTORE, RESTORES
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +76,12 @@ class CheckpointedJob:
         metastore: Metastore | None = None,
         storage: CheckpointStorage | None = None,
         settings: Settings | None = None,
-        restore: str = "latest",
+        restore: str | None = None,
         verify: bool = True,
     ) -> None:
-        if restore not in ("latest", "none"):
+        # none given: what `ckpt run script.py --restore` says, else the latest checkpoint
+        restore = restore or os.environ.get(ENV_RESTORE) or "latest"
+        if restore not in RESTORES:
             raise ValueError(f"restore: 'latest' or 'none', not {restore!r}")
         self.spark = spark
         self.job = step_name(job)
@@ -300,5 +304,6 @@ def checkpointed(spark: SparkSession, job: str, **options: Any) -> CheckpointedJ
     """A run of ``job`` whose steps are checkpoints (see the module docstring): ``with
     checkpointed(spark, job="daily") as ck: ...``. ``metastore``/``storage`` default to the
     settings (``CKPT_METASTORE_URL``, ``CKPT_STORAGE_URL``, ``CKPT_HOME``); ``restore="none"``
-    starts from nothing; ``verify=False`` checks sizes instead of checksums on restore."""
+    starts from nothing (default: ``ckpt run script.py --restore``'s, else ``latest``);
+    ``verify=False`` checks sizes instead of checksums on restore."""
     return CheckpointedJob(spark, job, **options)

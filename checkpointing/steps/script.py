@@ -3,8 +3,10 @@ job whose steps are checkpointed (:func:`checkpointing.spark.steps.checkpointed`
 
 The script is the user's own, run as ``python script.py args`` would run it (``__main__``, its
 ``sys.argv``, its folder first on ``sys.path``), with the metastore and checkpoint storage of
-``settings`` in the environment, where ``checkpointed(spark, job=...)`` finds them. Nothing is
-imported from Spark here: the script builds its own session.
+``settings`` in the environment, where ``checkpointed(spark, job=...)`` finds them, and the
+run's ``--restore`` (``latest`` or ``none``) in :data:`ENV_RESTORE`, the default of
+``checkpointed``'s ``restore``. Nothing is imported from Spark here: the script builds its own
+session.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from checkpointing.config import ENV_METASTORE_URL, ENV_STORAGE_URL, Settings
 from checkpointing.errors import ConfigError
 from checkpointing.metastore.engine import Metastore
 
+#: ``checkpointed``'s ``restore`` when its caller gives none: set by ``ckpt run script.py``
+ENV_RESTORE = "CKPT_RESTORE"
+#: what a script's run may restore: its latest checkpoint, or nothing
+RESTORES = ("latest", "none")
+
 
 def check_script(path: str | Path) -> Path:
     """The script's path, or one line naming it: a readable ``.py`` file."""
@@ -30,18 +37,36 @@ def check_script(path: str | Path) -> Path:
     return script.resolve()
 
 
-def run_script(path: str | Path, args: Sequence[str] = (), settings: Settings | None = None) -> int:
+def check_restore(restore: str) -> str:
+    """A script's ``--restore``, or one line naming it."""
+    if restore not in RESTORES:
+        raise ConfigError(
+            f"--restore {restore!r}: a script resumes from 'latest' (its latest checkpoint) or "
+            "starts over with 'none'"
+        )
+    return restore
+
+
+def run_script(
+    path: str | Path,
+    args: Sequence[str] = (),
+    settings: Settings | None = None,
+    *,
+    restore: str = "latest",
+) -> int:
     """Run the script at ``path`` with ``args``; its exit code (0 when it returns). The
     embedded metastore's schema is created first (as ``ckpt run`` does for a spec)."""
     script = check_script(path)
+    check_restore(restore)
     settings = settings or Settings.resolve()
     if settings.embedded_metastore:
         settings.home.mkdir(parents=True, exist_ok=True)
         Metastore(settings.metastore_url, check_schema=False).upgrade()
-    saved_env = {k: os.environ.get(k) for k in (ENV_METASTORE_URL, ENV_STORAGE_URL)}
+    saved_env = {k: os.environ.get(k) for k in (ENV_METASTORE_URL, ENV_STORAGE_URL, ENV_RESTORE)}
     saved_argv, saved_path = sys.argv, list(sys.path)
     os.environ[ENV_METASTORE_URL] = settings.metastore_url
     os.environ[ENV_STORAGE_URL] = settings.storage_url
+    os.environ[ENV_RESTORE] = restore
     sys.argv = [str(script), *args]
     sys.path.insert(0, str(script.parent))
     try:
