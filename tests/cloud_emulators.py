@@ -136,12 +136,16 @@ def new_bucket(scheme: str) -> str:
 # ============================================================================ the chaos case
 
 
-def killed_rescaled_case(base: str, env: dict[str, str], tmp_path: Path) -> None:
+def killed_rescaled_case(
+    base: str, env: dict[str, str], tmp_path: Path, sink_format: str = "parquet"
+) -> None:
     """The S3 chaos case on another store: input ``base/in/*.parquet``, checkpoint storage
     ``base/ckpt`` and the Parquet sink ``base/out``; ``ckpt run`` SIGKILLed at a seeded random
     moment, resumed at parallelism 2 from the store's checkpoint; the final table (read back
     through the sink's pointer) equals pandas' over every input row, each epoch committed
-    once, nothing staged, and the checkpoints are on the store."""
+    once, nothing staged, and the checkpoints are on the store. ``sink_format="delta"``: the
+    sink is an upsert Delta table at ``base/out`` instead, read back with delta-rs, each
+    checkpoint's app transaction in its log once."""
     from checkpointing.sinks import s3_parquet
     from checkpointing.state.buckets import bucket_for
     from checkpointing.state.object_store import split_url
@@ -157,6 +161,9 @@ def killed_rescaled_case(base: str, env: dict[str, str], tmp_path: Path) -> None
         bucket.put(f"{prefix}in/{f.name}", f.read_bytes())
     job = "cloud"
     aggs = "\n".join(f"  {k}: {f}({c or ''})" for k, (f, c) in AGGS.items())
+    sink = f'{{path: "{base}/out", changelog: true}}'
+    if sink_format == "delta":
+        sink = f'{{path: "{base}/out", format: delta}}'
     spec = tmp_path / "spec.yaml"
     spec.write_text(
         f"""
@@ -165,7 +172,7 @@ source: {{format: parquet, path: "{base}/in/*.parquet", splits_per_epoch: 1}}
 key: user
 aggregations:
 {aggs}
-sink: {{path: "{base}/out", changelog: true}}
+sink: {sink}
 storage: "{base}/ckpt"
 parallelism: 3
 max_parallelism: 16
@@ -186,16 +193,31 @@ checkpoint: {{every_epochs: 1, retained: 2}}
     assert ran is not None and int(ran[2]) == EPOCHS, (seed, resumed.stdout[-2000:])
     assert int(ran[1]) <= EPOCHS - done + 1, (seed, done, ran[0])  # resumed, not rerun
 
-    final = s3_parquet.read_final(f"{base}/out").to_pandas()
-    final = final.sort_values("user").reset_index(drop=True)
-    assert_matches_pandas(final, [pd.read_parquet(f) for f in files])
-    manifests = s3_parquet.committed_manifests(f"{base}/out")
-    assert [m["epoch"] for m in manifests] == list(range(EPOCHS)), seed  # each epoch once
+    if sink_format == "delta":
+        _check_delta_table(f"{base}/out", job, files, seed)
+    else:
+        final = s3_parquet.read_final(f"{base}/out").to_pandas()
+        final = final.sort_values("user").reset_index(drop=True)
+        assert_matches_pandas(final, [pd.read_parquet(f) for f in files])
+        manifests = s3_parquet.committed_manifests(f"{base}/out")
+        assert [m["epoch"] for m in manifests] == list(range(EPOCHS)), seed  # each epoch once
     keys = [o.key for o in bucket.list("")]
     assert not [k for k in keys if "/_staging/" in k], seed  # nothing left staged
     ours = [k for k in keys if k.startswith(f"{prefix}ckpt/{job}/")]
     metadata = [k for k in ours if k.endswith("/_metadata")]
     assert metadata, keys  # the checkpoints are on the store
+
+
+def _check_delta_table(url: str, job: str, files: list[Path], seed: int) -> None:
+    """The Delta table at ``url`` read with delta-rs equals pandas' aggregates over ``files``;
+    each checkpoint's app transaction is in its log once, the last one at the last epoch."""
+    from tests.delta_helpers import delta_log, read_table, txn_counts
+
+    assert_matches_pandas(read_table(url, ["user"]), [pd.read_parquet(f) for f in files])
+    counts = txn_counts(url, job)
+    assert counts and set(counts.values()) == {1}, (seed, counts)
+    infos = [next(a["commitInfo"] for a in c if "commitInfo" in a) for c in delta_log(url)]
+    assert int(infos[-1]["ckptEpoch"]) == EPOCHS - 1, (seed, infos[-1])
 
 
 def storage_round_trip(base: str) -> None:

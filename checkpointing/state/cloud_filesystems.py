@@ -22,6 +22,7 @@ import json
 import os
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from checkpointing.errors import ConfigError
 
@@ -136,7 +137,9 @@ SECRET_DELTA_OPTIONS = (
 
 def delta_options(scheme: str, authority: str, environ: Mapping[str, str]) -> dict[str, str]:
     """delta-rs (object_store) options reaching the same store as :func:`filesystem`, from the
-    same variables: delta-rs has no connection strings and no ``STORAGE_EMULATOR_HOST``."""
+    same variables: delta-rs has no connection strings and no ``STORAGE_EMULATOR_HOST``. A
+    connection string's path-style ``BlobEndpoint`` (Azurite) turns on object_store's emulator
+    mode (:func:`_point_object_store_at` says why)."""
     if scheme in GCS_SCHEMES:
         options: dict[str, str] = {}
         emulator = environ.get("STORAGE_EMULATOR_HOST")
@@ -169,8 +172,36 @@ def delta_options(scheme: str, authority: str, environ: Mapping[str, str]) -> di
         if environ.get(variable):
             options[option] = environ[variable]
     endpoint = fields.get("BlobEndpoint")
-    if endpoint:  # Azurite, or a sovereign cloud's endpoint
+    emulator = _emulator_base(endpoint, name) if endpoint else None
+    if emulator:
+        options["azure_storage_use_emulator"] = "true"
+        _point_object_store_at(emulator)
+    elif endpoint:  # a sovereign cloud's endpoint
         options["azure_storage_endpoint"] = endpoint.rstrip("/")
-        if endpoint.startswith("http://"):
-            options["allow_http"] = "true"
+    if endpoint and endpoint.startswith("http://"):
+        options["allow_http"] = "true"
     return options
+
+
+#: where object_store's emulator mode takes the emulator's address from (no option sets it)
+OBJECT_STORE_EMULATOR_VARIABLE = "AZURITE_BLOB_STORAGE_URL"
+
+
+def _emulator_base(endpoint: str, account: str | None) -> str | None:
+    """``http://host:port`` of an emulator's path-style Blob endpoint ``…/ACCOUNT`` (Azurite's
+    form; Azure's own endpoints name the account in the host and have no path), else None."""
+    parts = urlsplit(endpoint.strip())
+    if not account or not parts.netloc or parts.path.strip("/") != account:
+        return None
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _point_object_store_at(base: str) -> None:
+    """Name the emulator where object_store looks for it: in emulator mode it reads only this
+    process's ``AZURITE_BLOB_STORAGE_URL`` (else 127.0.0.1:10000) and ignores the endpoint
+    option. Emulator mode is needed because Azurite ignores List Blobs' ``startFrom``, which
+    object_store ≥ 0.13 sends to list a Delta log from a version on (then every older commit
+    comes back and delta-rs fails with "Invalid table version"); in emulator mode it lists all
+    and filters itself."""
+    if os.environ.get(OBJECT_STORE_EMULATOR_VARIABLE) != base:
+        os.environ[OBJECT_STORE_EMULATOR_VARIABLE] = base
