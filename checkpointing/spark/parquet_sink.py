@@ -229,9 +229,11 @@ class TwoPhaseCommitSink:
 
     # ------------------------------------------------------------------ final table
 
-    def publish_final(self, df: DataFrame, token: str) -> str:
+    def publish_final(self, df: DataFrame, token: str, files: Sequence[Path] | None = None) -> str:
         """Write ``df`` as ``final-<token>`` and point ``final`` at it atomically; older
         ``final-*`` tables are removed after the swap. Returns the new table's directory.
+        ``files``: Parquet files holding exactly ``df``'s rows (a checkpointed step's), linked
+        into the new table instead of writing it again (copied across file systems).
 
         The token is an idempotency key: if ``final`` already points at ``final-<token>``, nothing
         is written (only older tables are cleaned up). If the write fails, ``final`` is untouched.
@@ -253,7 +255,10 @@ class TwoPhaseCommitSink:
         if (target.exists() or target.is_symlink()) and not _published_here(target):
             raise StorageError(f"{target} was not published by this sink; refusing to replace")
         tmp = _hidden(target, ".inprogress")
-        _write_parquet(df, tmp, self.partition_by)
+        if files is not None and not self.partition_by:
+            _link_parquet(files, tmp)
+        else:
+            _write_parquet(df, tmp, self.partition_by)
         try:
             write_marker(tmp, {"job": self.job, "token": token})
         except StorageError:
@@ -426,6 +431,23 @@ def _write_parquet(df: DataFrame, dest: Path, partition_by: Sequence[str] = ()) 
         if partition_by:
             writer = writer.partitionBy(*partition_by)
         writer.parquet(_uri(dest))
+        _fsync_tree(dest)
+    except BaseException:
+        _remove_quietly(dest)
+        raise
+
+
+def _link_parquet(files: Sequence[Path], dest: Path) -> None:
+    """``dest`` (a fresh hidden directory) holding ``files`` under their own names: hard links
+    (the files are immutable; a checkpoint's later release leaves the table's link), else
+    copies; fsynced as :func:`_write_parquet`'s. On any failure ``dest`` is removed."""
+    try:
+        dest.mkdir()
+        for f in files:
+            try:
+                os.link(f, dest / f.name)
+            except OSError:  # another file system, or links not supported
+                shutil.copyfile(f, dest / f.name)
         _fsync_tree(dest)
     except BaseException:
         _remove_quietly(dest)

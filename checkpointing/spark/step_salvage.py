@@ -32,7 +32,7 @@ from checkpointing.metastore.models import Checkpoint, CheckpointAck
 from checkpointing.spark import step_writer
 from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
 from checkpointing.status import CheckpointStatus
-from checkpointing.steps.plan import STEP_KEY, StepRecord
+from checkpointing.steps.plan import STEP_KEY, StepFile, StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -184,13 +184,16 @@ def checkpoint_step(
     narrow: bool,
     input: DataFrame | None,
     fn: Any,
+    input_bytes: int = 0,
 ) -> tuple[StepRecord, int, int]:
     """Trigger the step's checkpoint, acknowledge what it carries, write its partitions (or
     only the missing ones) and acknowledge each; returns its record, the partitions computed
-    and those kept from a crashed run."""
+    and those kept from a crashed run. ``input_bytes``: what the step reads, which sizes its
+    shuffles (:func:`~checkpointing.spark.step_writer.shuffle_partitions`)."""
     storage = coordinator.storage
     extra = NARROW_SQL if narrow and input is not None else {}
-    with step_writer.step_settings(spark, extra):
+    sized = step_writer.shuffle_partitions(spark, input_bytes)
+    with step_writer.step_settings(spark, {**sized, **extra}):
         fresh = df.select("*")
         n = step_writer.partition_count(spark, fresh)
         inputs = scan_inputs(fresh) if extra else [None] * n
@@ -255,10 +258,12 @@ def _link_kept(
     assert isinstance(storage, FileSystemCheckpointStorage)
     target_dir = storage.path_of(directory)
     target_dir.mkdir(parents=True, exist_ok=True)
+    linked = []
     for p, (url, size, checksum, _) in sorted(kept.files.items()):
         name = f"part-{p:05d}-{uuid.uuid4()}-c000.snappy.parquet"
         os.link(storage.path_of(url), target_dir / name)
-        acker.ack(p, f"{directory}/{name}", size, checksum)
+        linked.append(StepFile(p, f"{directory}/{name}", size, checksum))
+    acker.ack_many(linked)
     return len(kept.files)
 
 
@@ -282,6 +287,7 @@ def _write_missing(
         order = scan_inputs(part)
         scratch = f"{directory}/_missing"
         step_writer.write_partitions(spark, part, scratch)
+        written = []
         for entry in sorted(storage.path_of(scratch).iterdir()):
             match = step_writer._PART.match(entry.name)
             if match is None:
@@ -291,5 +297,6 @@ def _write_missing(
             name = f"part-{p:05d}-{uuid.uuid4()}-c000.snappy.parquet"
             os.rename(entry, storage.path_of(directory) / name)
             size, checksum = step_writer.file_checksum(storage, f"{directory}/{name}")
-            acker.ack(p, f"{directory}/{name}", size, checksum)
+            written.append(StepFile(p, f"{directory}/{name}", size, checksum))
+        acker.ack_many(written)
         shutil.rmtree(storage.path_of(scratch), ignore_errors=True)

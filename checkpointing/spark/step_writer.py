@@ -229,33 +229,42 @@ class StepAcknowledger:
         self._thread: threading.Thread | None = None
 
     def ack(self, partition: int, handle: str | None, size: int, checksum: str | None) -> None:
+        self.ack_many([StepFile(partition, handle, size, checksum)])
+
+    def ack_many(self, files: Sequence[StepFile]) -> None:
+        """Acknowledge ``files`` (each a subtask's) in one metastore transaction: a step of
+        hundreds of tasks is not hundreds of round trips."""
         with self._lock:
-            if partition in self.files or partition not in self.attempts:
+            fresh = {
+                f.partition: f
+                for f in files
+                if f.partition not in self.files and f.partition in self.attempts
+            }
+            if not fresh:
                 return
-            item = self.record.item(partition)
-            outcome = self.coordinator.receive_acknowledge(
-                self.checkpoint_id,
-                [
-                    TaskAck(
-                        self.attempts[partition],
-                        handle,
-                        size,
-                        checksum,
-                        state_meta={"list_state": [item]},
-                    )
-                ],
-            )
-            if outcome.refused:
-                raise StepCheckpointError(
-                    f"step {self.record.name}: ack of partition {partition} refused: "
-                    f"{next(iter(outcome.refused.values()))}"
+            acks = [
+                TaskAck(
+                    self.attempts[p],
+                    f.handle,
+                    f.size,
+                    f.checksum,
+                    state_meta={"list_state": [self.record.item(p)]},
                 )
-            self.files[partition] = StepFile(partition, handle, size, checksum)
+                for p, f in sorted(fresh.items())
+            ]
+            outcome = self.coordinator.receive_acknowledge(self.checkpoint_id, acks)
+            if outcome.refused:
+                attempt, why = next(iter(outcome.refused.items()))
+                raise StepCheckpointError(
+                    f"step {self.record.name}: ack of subtask {attempt} refused: {why}"
+                )
+            self.files.update(fresh)
             if outcome.completed is not None:
                 self.completed = outcome.completed
 
     def scan(self) -> None:
         """Acknowledge every committed file not acknowledged yet."""
+        found = []
         for name in self._listing():
             match = _PART.match(name)
             if match is None:
@@ -265,7 +274,8 @@ class StepAcknowledger:
                 continue
             url = f"{self.directory}/{name}"
             size, checksum = file_checksum(self.storage, url)
-            self.ack(partition, url, size, checksum)
+            found.append(StepFile(partition, url, size, checksum))
+        self.ack_many(found)
 
     def _listing(self) -> list[str]:
         storage = self.storage
@@ -291,8 +301,8 @@ class StepAcknowledger:
         """After the write: the last files, then the tasks that wrote none."""
         self.stop()
         self.scan()
-        for partition in sorted(set(self.attempts) - set(self.files)):
-            self.ack(partition, None, 0, None)
+        missing = sorted(set(self.attempts) - set(self.files))
+        self.ack_many([StepFile(p, None, 0, None) for p in missing])
 
     def stop(self) -> None:
         self._stop.set()
@@ -320,6 +330,33 @@ def partition_count(spark: SparkSession, df: DataFrame) -> int:
     """The number of tasks ``df``'s write runs (planning and file listing only; a broadcast
     side is built). Call under :data:`STEP_SQL`."""
     return int(df._jdf.queryExecution().toRdd().getNumPartitions())
+
+
+#: shuffle bytes per byte of Parquet read: Spark's shuffle blocks (rows, LZ4) are larger than
+#: the columnar, encoded files they come from
+SHUFFLE_EXPANSION = 3
+
+
+def shuffle_partitions(spark: SparkSession, input_bytes: int) -> dict[str, str]:
+    """The shuffle partitions a step is planned with, sized as adaptive execution would have
+    coalesced them: with adaptive execution off while a step is written (its task plan is
+    fixed first), the session's ``spark.sql.shuffle.partitions`` (200 by default) would make
+    a task and a file per partition however small the step. From the bytes the step reads:
+    one partition per ``advisoryPartitionSizeInBytes`` of estimated shuffle data, at least
+    the default parallelism, at most the session's setting. Nothing changes when the session
+    itself runs without adaptive execution or its coalescing: its user chose the count."""
+    conf = spark.conf
+    if conf.get("spark.sql.adaptive.enabled", "true").lower() != "true":
+        return {}
+    if conf.get("spark.sql.adaptive.coalescePartitions.enabled", "true").lower() != "true":
+        return {}
+    most = int(conf.get("spark.sql.shuffle.partitions", "200"))
+    advisory = spark.sparkContext._jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(
+        conf.get("spark.sql.adaptive.advisoryPartitionSizeInBytes", "64MB")
+    )
+    wanted = -(-SHUFFLE_EXPANSION * input_bytes // max(1, int(advisory)))
+    least = spark.sparkContext.defaultParallelism
+    return {"spark.sql.shuffle.partitions": str(max(1, min(most, max(least, wanted))))}
 
 
 def step_settings(spark: SparkSession, extra: dict[str, str] | None = None) -> Any:

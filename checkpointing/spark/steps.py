@@ -37,7 +37,7 @@ from checkpointing.metastore.engine import Metastore
 from checkpointing.restore.lookup import find_latest_valid
 from checkpointing.spark import step_salvage, step_writer
 from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
-from checkpointing.state.storage import CheckpointStorage
+from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
 from checkpointing.status import JobStatus
 from checkpointing.steps.identity import StepIdentity, step_name
 from checkpointing.steps.plan import StepRecord, change_line, decide, downstream_of, restored_steps
@@ -273,12 +273,18 @@ class CheckpointedJob:
             narrow=facts.narrow and facts.nondeterministic is None,
             input=input,
             fn=fn,
+            input_bytes=self._bytes_read(facts),
         )
         self.stats.partitions_computed[name] = computed
         if salvaged:
             self.stats.partitions_salvaged[name] = salvaged
         self.stats.bytes_written += record.size
         return record
+
+    def _bytes_read(self, facts: step_writer.PlanFacts) -> int:
+        """The bytes a step reads: its input files' and the checkpointed steps' files."""
+        sizes = {f.handle: f.size for r in self._done.values() for f in r.files if f.handle}
+        return sum(i.size for i in facts.inputs) + sum(sizes.get(u, 0) for u in facts.step_files)
 
     # ------------------------------------------------------------------ output
 
@@ -293,8 +299,18 @@ class CheckpointedJob:
             raise ValueError(f"format: only 'parquet' is supported, not {format!r}")
         sink = TwoPhaseCommitSink(path, job=self.job)  # refused before anything runs
         out = self.step(name, lambda: df)
-        token = self._done[name].fingerprint.split(":", 1)[1][:32]
-        published = sink.publish_final(out, token)
+        record = self._done[name]
+        token = record.fingerprint.split(":", 1)[1][:32]
+        # the step's files are the table: linked, not written a second time (only files inside
+        # this job's shared state, as the step's own writer put them)
+        shared = self.storage.shared_url(self.job)
+        files = (
+            [self.storage.path_of(u) for u in record.urls]
+            if isinstance(self.storage, FileSystemCheckpointStorage)
+            and all(self.storage.contains(u, shared) for u in record.urls)
+            else None
+        )
+        published = sink.publish_final(out, token, files)
         self.stats.published[name] = published
         log.info("job %s: published %s at %s", self.job, name, published)
         return published

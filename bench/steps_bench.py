@@ -1,0 +1,197 @@
+"""What the step API costs (issue 39), as whole processes against W, the same script without
+``ck`` (``bench/steps_job.py``), in paired rounds on the same data:
+
+* ``steps / W``: every step checkpointed (the join, the aggregate, the window, the write);
+* ``crashed + resumed / W``: the checkpointed job SIGKILLed at 80 % of that round's W time,
+  then rerun: the killed part (0.8 W) plus the resume, against 1.8 for rerunning W from zero.
+
+Each figure is the median of the per-round ratios (min-max); each run records the share of the
+cores busy just before it and other JVMs seen (``bench/machine.py``). Every checkpointed run's
+output is compared with W's (pyarrow, after the timing). Results: ``bench/results/steps.json``
+(``--quick``: ``steps-quick.json``, small data, one round)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from machine import cpu_busy, load_flags, loadavg, machine_info, other_spark_jvms
+from spark_stats import paired_ratios
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+JOB = BENCH / "steps_job.py"
+CRASH_AT = 0.8
+REGIONS = [f"region-{i:02d}" for i in range(20)]
+
+
+def write_data(root: Path, orders: int, customers: int, seed: int = 7) -> None:
+    """``orders/`` (8 files) and ``customers/`` (2 files), deterministic."""
+    rng = np.random.default_rng(seed)
+    for name, rows, files in (("orders", orders, 8), ("customers", customers, 2)):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        per = rows // files
+        for i in range(files):
+            lo = i * per
+            if name == "orders":
+                table = pa.table(
+                    {
+                        "oid": np.arange(lo, lo + per, dtype=np.int64),
+                        "cid": rng.integers(0, customers, per, dtype=np.int64),
+                        "day": rng.integers(0, 365, per, dtype=np.int32),
+                        "amount": np.round(rng.gamma(2.0, 30.0, per), 2),
+                        "qty": rng.integers(1, 10, per, dtype=np.int32),
+                    }
+                )
+            else:
+                cid = np.arange(lo, lo + per, dtype=np.int64)
+                table = pa.table(
+                    {
+                        "cid": cid,
+                        "region": pa.array(np.array(REGIONS)[cid % len(REGIONS)]),
+                        "segment": pa.array(np.where(cid % 3 == 0, "retail", "business")),
+                        "signup_day": rng.integers(0, 3650, per, dtype=np.int32),
+                    }
+                )
+            pq.write_table(table, root / name / f"part-{i:02d}.parquet")
+
+
+def run(
+    mode: str, data: Path, out: Path, home: Path, master: str, kill_after: float | None = None
+) -> dict[str, Any]:
+    """One whole process, timed from spawn to exit (or to its SIGKILL)."""
+    home.mkdir(parents=True, exist_ok=True)
+    result = home / f"{out.name}.json"
+    env = {**os.environ, "CKPT_HOME": str(home)}
+    for key in ("CKPT_METASTORE_URL", "CKPT_STORAGE_URL"):
+        env.pop(key, None)
+    record: dict[str, Any] = {
+        "mode": mode,
+        "cpu_busy_before": cpu_busy(),
+        "loadavg_1m": loadavg(),
+        "other_spark_jvms": other_spark_jvms(),
+    }
+    cmd = [sys.executable, str(JOB), mode, str(data), str(out), "--master", master]
+    start = time.monotonic()
+    # its own process group: the SIGKILL reaches the driver's JVM too, as a lost node's would
+    with open(home / f"{out.name}.log", "ab") as log:
+        proc = subprocess.Popen(
+            [*cmd, "--result-json", str(result)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    if kill_after is not None:
+        try:
+            proc.wait(timeout=kill_after)
+            record["finished_before_kill"] = True
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        record["seconds"] = round(time.monotonic() - start, 3)
+        return record
+    code = proc.wait()
+    record["seconds"] = round(time.monotonic() - start, 3)
+    if code != 0:
+        tail = (home / f"{out.name}.log").read_text(errors="replace")[-3000:]
+        raise SystemExit(f"{mode} run failed with exit code {code}:\n{tail}")
+    if result.exists():
+        record.update({k: v for k, v in json.loads(result.read_text()).items() if k != "process_s"})
+    return record
+
+
+def rows_of(path: Path) -> list[tuple[Any, ...]]:
+    """A published table's rows, sorted (W's directory, or the step API's ``final``)."""
+    table = pq.read_table(path)
+    cols = ["day", "region", "rev", "n", "qty", "rank"]
+    rows = [tuple(r[c] for c in cols) for r in table.select(cols).to_pylist()]
+    return sorted((d, g, round(rv, 4), n, round(q, 6), k) for d, g, rv, n, q, k in rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--orders", type=int, default=4_000_000)
+    p.add_argument("--customers", type=int, default=400_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--quick", action="store_true", help="400 k orders, one round")
+    p.add_argument("--output", type=Path)
+    args = p.parse_args()
+    if args.quick:
+        args.orders, args.customers, args.rounds = 400_000, 40_000, 1
+    output = args.output or RESULTS / ("steps-quick.json" if args.quick else "steps.json")
+
+    work = Path(tempfile.mkdtemp(prefix="steps-bench-"))
+    try:
+        data = work / "data"
+        write_data(data, args.orders, args.customers)
+        runs: list[dict[str, Any]] = []
+        w: dict[int, float] = {}
+        steps: dict[int, float] = {}
+        crashed: dict[int, float] = {}
+        for rnd in range(args.rounds):
+            plain = run("plain", data, work / f"w-{rnd}", work / f"hw-{rnd}", args.master)
+            w[rnd] = plain["seconds"]
+            full = run("steps", data, work / f"s-{rnd}", work / f"hs-{rnd}", args.master)
+            steps[rnd] = full["seconds"]
+            same = rows_of(work / f"w-{rnd}") == rows_of(work / f"s-{rnd}" / "final")
+            home = work / f"hc-{rnd}"
+            killed = run(
+                "steps", data, work / f"c-{rnd}", home, args.master, kill_after=CRASH_AT * w[rnd]
+            )
+            resumed = run("steps", data, work / f"c-{rnd}", home, args.master)
+            crashed[rnd] = CRASH_AT * w[rnd] + resumed["seconds"]
+            same_after = rows_of(work / f"w-{rnd}") == rows_of(work / f"c-{rnd}" / "final")
+            for record in (plain, full, killed, resumed):
+                record["round"] = rnd
+                record["load_flags"] = load_flags(record)
+            full["output_equals_w"], resumed["output_equals_w"] = same, same_after
+            killed["variant"], resumed["variant"] = "killed", "resumed"
+            runs += [plain, full, killed, resumed]
+            print(
+                f"round {rnd}: W {w[rnd]:.1f} s, steps {steps[rnd]:.1f} s "
+                f"({steps[rnd] / w[rnd]:.2f}x), killed at {CRASH_AT * w[rnd]:.1f} s + resumed "
+                f"{resumed['seconds']:.1f} s ({crashed[rnd] / w[rnd]:.2f}x; reused "
+                f"{resumed.get('reused')}), outputs equal: {same and same_after}",
+                flush=True,
+            )
+        report = {
+            "benchmark": "steps (issue 39)",
+            "job": "orders.join(customers) -> groupBy(day, region) -> rank() over day -> write",
+            "orders": args.orders,
+            "customers": args.customers,
+            "master": args.master,
+            "rounds": args.rounds,
+            "crash_at": CRASH_AT,
+            "machine": machine_info(),
+            "ratios": {
+                "steps_over_w": paired_ratios(steps, w),
+                "crashed_resumed_over_w": paired_ratios(crashed, w),
+                "w_rerun_over_w": 1 + CRASH_AT,
+            },
+            "w_seconds": w,
+            "runs": runs,
+        }
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(json.dumps(report["ratios"], indent=2))
+        print(f"written: {output}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
