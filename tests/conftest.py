@@ -114,6 +114,7 @@ LONGEST_FIRST = (
     "test_savepoints.py",
     "test_s3_source.py",
     "test_gcs_storage.py",
+    "test_delta_azure.py",
     "test_spark_runtime_failures.py",
     "test_azure_storage.py",
 )
