@@ -263,6 +263,20 @@ def test_a_checkpoint_in_detail_per_operator_and_subtask(server: Server) -> None
         assert task["state_size"] > 0 and task["acked_at"] is not None
         assert "sync_ms" in task and "async_ms" in task
     assert sum(t["state_size"] for t in detail["tasks"]) == detail["state_size"]
+    # per operator (as Flink's checkpoint details): the subtasks' acks and bytes summed
+    by_operator = {
+        op: [t for t in detail["tasks"] if t["operator_id"] == op] for op in ("sink", "source")
+    }
+    assert detail["operators"] == [
+        {
+            "operator_id": op,
+            "subtasks": len(ts),
+            "acked": len(ts),
+            "state_size": sum(t["state_size"] for t in ts),
+            "latest_ack": max(t["acked_at"] for t in ts),
+        }
+        for op, ts in by_operator.items()
+    ]
     # the input its runs consumed, from the source's acks (the seed's SOURCE_STATE)
     consumed = detail["input"]
     assert [
@@ -277,6 +291,8 @@ def test_a_checkpoint_in_detail_per_operator_and_subtask(server: Server) -> None
     assert (new["path"], new["remaining_splits"]) == ("s3://in/new.parquet", 1)
     aborted = server.call("GET", f"/api/pipelines/{FINISHED}/checkpoints/8", user="viewer").body
     assert aborted["status"] == "ABORTED" and not any(t["acked"] for t in aborted["tasks"])
+    assert all(o["acked"] == 0 and o["state_size"] == 0 for o in aborted["operators"])
+    assert sum(o["subtasks"] for o in aborted["operators"]) == len(aborted["tasks"]) > 0
     assert aborted["input"] is None  # its source never acknowledged it
     previous = server.call("GET", f"/api/pipelines/{FINISHED}/checkpoints/6", user="viewer").body
     assert previous["input"]["runs"] == [] and previous["input"]["files"] == []  # no list state

@@ -208,6 +208,9 @@ def test_a_finished_pipelines_history_summary_details_and_restores(
 
     history_row(page, 7).click()
     expect(page.locator("#detail-title")).to_have_text("Checkpoint #7 (SAVEPOINT, COMPLETED)")
+    operators = page.locator("#detail-operators tbody tr")
+    expect(operators).to_have_count(2)  # sink and source, their subtasks summed
+    expect(operators.nth(1)).to_contain_text(re.compile(r"source\s*2/2"))
     tasks = page.locator("#detail-tasks tbody tr")
     expect(tasks).to_have_count(3)
     expect(tasks.nth(0)).to_contain_text("sink")

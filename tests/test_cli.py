@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -102,8 +103,12 @@ def test_list_show_jobs_tables_and_json(metastore: Metastore, tmp_path: Path) ->
         ("agg", 0, 10, 2),
         ("agg", 1, 10, 2),
     ]
-    result = runner.invoke(app, ["--metastore-url", url, "show", "etl", "2"])
+    assert [
+        (o["operator_id"], o["acked"], o["subtasks"], o["state_size"]) for o in detail["operators"]
+    ] == [("agg", 2, 2, 20)]
+    result = runner.invoke(app, ["--metastore-url", url, "show", "etl", "2"], terminal_width=200)
     assert result.exit_code == 0 and "att-1" in result.stdout
+    assert re.search(r"agg\s*│\s*2/2\s*│\s*20 B", result.stdout), result.stdout  # Operators
 
     result = runner.invoke(app, ["--metastore-url", url, "jobs", "--json"])
     jobs = json.loads(result.stdout)

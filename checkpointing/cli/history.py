@@ -94,6 +94,7 @@ def show(
         input_files_table,
         input_table,
         input_totals,
+        operators_table,
         tasks_table,
     )
 
@@ -102,6 +103,7 @@ def show(
     out.print(f"metadata: {detail['metadata_path'] or '-'}")
     if detail["notify_error"]:
         out.print(Text("notification error:", style="red"), detail["notify_error"])
+    out.print(operators_table(detail["operators"]))
     out.print(tasks_table(detail["tasks"]))
     section = detail["input"]
     if section is None:

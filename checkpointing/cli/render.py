@@ -141,6 +141,22 @@ def jobs_table(rows: list[Row]) -> Table:
     return table
 
 
+def operators_table(operators: list[Row]) -> Table:
+    """Per operator of one checkpoint: subtasks acknowledged, state bytes, the latest ack (a
+    step's operator, ``step-<name>``, is the step: its bytes are its output's)."""
+    table = Table(title="Operators", title_justify="left")
+    for col in ("Operator", "Acked", "State size", "Latest ack"):
+        table.add_column(col, overflow="fold")
+    for o in operators:
+        table.add_row(
+            o["operator_id"],
+            f"{o['acked']}/{o['subtasks']}",
+            human_bytes(o["state_size"]),
+            when(o["latest_ack"]) if o["latest_ack"] else "-",
+        )
+    return table
+
+
 def tasks_table(tasks: list[Row]) -> Table:
     """Every task of one checkpoint (:func:`checkpointing.metastore.views.checkpoint_detail`) and
     its ack."""

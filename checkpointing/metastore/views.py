@@ -201,10 +201,36 @@ def checkpoint_detail(metastore: Metastore, job_id: str, checkpoint_id: int) -> 
             request=None
             if request is None
             else {"request_id": request.request_id, "requested_by": request.requested_by},
+            operators=operator_summaries(tasks),
             tasks=tasks,
             input=input_section(s, job_id, checkpoint_id),
         )
         return detail
+
+
+def operator_summaries(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per operator of a checkpoint, as Flink's checkpoint details show each vertex: its
+    subtasks, those acknowledged, their state's bytes and the latest ack. A step's operator
+    (``step-<name>``, docs/steps.md) is the step: its bytes are the step output's."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in tasks:
+        o = out.setdefault(
+            t["operator_id"],
+            {
+                "operator_id": t["operator_id"],
+                "subtasks": 0,
+                "acked": 0,
+                "state_size": 0,
+                "latest_ack": None,
+            },
+        )
+        o["subtasks"] += 1
+        if t["acked"]:
+            o["acked"] += 1
+            o["state_size"] += t["state_size"] or 0
+            if t["acked_at"] and (o["latest_ack"] is None or t["acked_at"] > o["latest_ack"]):
+                o["latest_ack"] = t["acked_at"]
+    return list(out.values())
 
 
 def consumed_input(

@@ -150,6 +150,16 @@ class TaskAck(BaseModel):
     acked_at: datetime | None
 
 
+class OperatorSummary(BaseModel):
+    """One operator of a checkpoint, its subtasks taken together (a step's: the step)."""
+
+    operator_id: str
+    subtasks: int
+    acked: int = Field(description="subtasks acknowledged")
+    state_size: int = Field(description="bytes of the acknowledged subtasks' state")
+    latest_ack: datetime | None
+
+
 class RequestRef(BaseModel):
     request_id: int
     requested_by: str
@@ -221,6 +231,7 @@ class CheckpointDetail(CheckpointSummary):
     notified_at: datetime | None
     notify_error: str | None
     request: RequestRef | None
+    operators: list[OperatorSummary] = Field(description="per operator, in operator order")
     tasks: list[TaskAck]
     input: ConsumedInput | None = Field(
         description="the input consumed: None when the source did not acknowledge it"
