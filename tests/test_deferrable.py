@@ -441,6 +441,7 @@ def test_a_deferred_try_detaches_its_driver_and_the_trigger_coordinates_it_to_th
     d.metastore.dispose()
 
 
+@pytest.mark.usefixtures("storage")  # its storage a root: a coordinator joins without one
 def test_a_lost_driver_fails_the_try_and_a_superseded_trigger_stops(
     airflow_in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -482,6 +483,7 @@ def test_a_lost_driver_fails_the_try_and_a_superseded_trigger_stops(
     second.metastore.dispose()
 
 
+@pytest.mark.usefixtures("storage")  # its storage a root: a coordinator joins without one
 def test_a_retry_re_attaches_to_the_live_driver_of_the_try_before_it(
     airflow_in_process: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

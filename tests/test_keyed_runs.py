@@ -65,6 +65,7 @@ def test_runs_are_the_state_across_crashes_rescale_merges_and_savepoints(
     spec = make_spec(tmp_path, "runs", source, sink=f"{{path: {out}}}")
     assert spec.sink.changelog is False
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ck'}")
+    monkeypatch.setenv("CKPT_STORAGE_ROOTS", storage.base_url)  # another coordinator joins
     shared = storage.shared_url("runs")
 
     with pytest.raises(SimulatedCrash):

@@ -265,12 +265,14 @@ def _scale(url: str, tmp_path: Path, n_workers: int, n_tasks: int) -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.usefixtures("storage")  # its storage a root: the ackers join without one
 def test_32_processes_ack_one_1024_task_checkpoint_on_postgresql(
     pg_url: str, tmp_path: Path
 ) -> None:
     _scale(pg_url, tmp_path, n_workers=32, n_tasks=1024)
 
 
+@pytest.mark.usefixtures("storage")  # its storage a root: the ackers join without one
 def test_8_processes_ack_one_256_task_checkpoint_on_sqlite_without_lock_errors(
     tmp_path: Path,
 ) -> None:
@@ -308,6 +310,7 @@ def _race_batches(
     return outcomes
 
 
+@pytest.mark.usefixtures("storage")  # its storage a root: the ackers join without one
 def test_overlapping_batches_in_any_order_never_deadlock(
     metastore_url: str, tmp_path: Path
 ) -> None:

@@ -321,11 +321,17 @@ def test_incremental_runs_process_only_new_files_and_equal_one_run(
 # PostgreSQL: two coordinators of one job, as in production (the protocol's unit tests run on both)
 @pytest.mark.parametrize("metastore_url", ["postgresql"], indirect=True)
 def test_savepoint_requested_by_another_coordinator_restores_into_a_fresh_job(
-    spark: Any, events: Path, tmp_path: Path, metastore_url: str, reference: Any
+    spark: Any,
+    events: Path,
+    tmp_path: Path,
+    metastore_url: str,
+    reference: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     spec = events_spec(tmp_path, events, "origin")
     metastore = Metastore(metastore_url)
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ckpt'}")
+    monkeypatch.setenv("CKPT_STORAGE_ROOTS", storage.base_url)  # the other coordinator joins
     requests: list[int] = []
 
     def after_epoch(epoch: int, _elapsed_ms: int) -> None:
