@@ -24,6 +24,9 @@ SPARK_BENCH_ARGS ?=
 # --rounds 5"; docs/benchmarks.md's tables and the README's cost are then generated from
 # bench/results/ (bench/readme_tables.py)
 ISSUE37_BENCH_ARGS ?=
+# the step API against the same script without ck (issue 39), e.g. STEPS_BENCH_ARGS="--rounds 5
+# --orders 4000000": bench/results/steps.json, its table in docs/steps.md
+STEPS_BENCH_ARGS ?= --orders 12000000 --customers 1200000
 # the browser test (tests/test_checkpoints_ui.py) drives Debian's Chromium there
 CHROMIUM ?= /usr/bin/chromium
 # make airflow AIRFLOW_PORT=8081 when 8080 is taken
@@ -92,6 +95,7 @@ bench: $(VENV)/.synced check-java ## benchmark figures, written to bench/results
 	$(VENV)/bin/python bench/ack_bench.py $(if $(QUICK),--quick --output bench/results/acks-quick.json) $(ACK_BENCH_ARGS)
 	$(VENV)/bin/python bench/spark_bench.py $(if $(QUICK),--quick) $(SPARK_BENCH_ARGS)
 	$(VENV)/bin/python bench/spark_bench.py --issue37 $(if $(QUICK),--quick) $(ISSUE37_BENCH_ARGS)
+	$(VENV)/bin/python bench/steps_bench.py $(if $(QUICK),--quick) $(STEPS_BENCH_ARGS)
 	$(if $(QUICK),,$(VENV)/bin/python bench/readme_tables.py)
 
 ddl: $(VENV)/.synced ## regenerate the reference DDL in sql/ from the models

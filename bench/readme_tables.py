@@ -7,17 +7,15 @@
   (ours and the hand-written design against the plain Spark job W on the four data sets,
   Structured Streaming ``Trigger.AvailableNow`` against W);
 * ``README.md``, between ``<!-- glance:begin -->`` and ``<!-- glance:end -->``: the same in one
-  paragraph, for the README's first screen (so that not even its summary is typed by hand)::
+  paragraph, for its first screen; the step API's sections: ``bench/steps_tables.py``::
 
-    python bench/readme_tables.py            # rewrite the three sections
+    python bench/readme_tables.py            # rewrite the sections (and bench/steps_tables.py's)
     python bench/readme_tables.py --check    # exit 1 when any section differs
-    python bench/readme_tables.py --print    # print the three sections
 
 Every ratio is the median of the paired per-round ratios with their min–max (the runs of a round
 run back to back); the load each run was taken under is stated from the JSON's per-run records
-(``machine.load_flags``), never assumed. Sources: ``acks.json``, ``issue37.json`` (one line when it
-does not exist yet), ``spark-anchor.json``, ``spark-anchor-50m.json`` and ``spark.json``.
-"""
+(``machine.load_flags``), never assumed. Sources: ``acks.json``, ``issue37.json``,
+``spark-anchor.json``, ``spark-anchor-50m.json``, ``spark.json`` and ``steps.json``."""
 
 from __future__ import annotations
 
@@ -31,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/'s modules, beside this file
 
+import steps_tables as st
 from machine import BUSY_LIMIT, BUSY_WINDOW_S, LOAD_LIMIT, load_flags
 
 BENCH = Path(__file__).resolve().parent
@@ -550,13 +549,17 @@ class Section:
 TABLES = Section("benchmark tables", BEGIN, END)
 COST = Section("headline cost", COST_BEGIN, COST_END)
 GLANCE = Section("first screen's cost", GLANCE_BEGIN, GLANCE_END)
+STEPS_LINE, STEPS_TABLE = Section("step API's line", *st.GLANCE), Section("step table", *st.STEPS)
 
 
-def targets(readme: Path, benchmarks: Path) -> list[tuple[Path, Section, str]]:
+def targets(readme: Path, benchmarks: Path, steps_doc: Path) -> list[tuple[Path, Section, str]]:
+    steps = load("steps.json")
     return [
         (benchmarks, TABLES, generate()),
         (readme, COST, generate_cost()),
         (readme, GLANCE, generate_glance()),
+        (readme, STEPS_LINE, st.steps_glance(steps, GENERATED)),
+        (steps_doc, STEPS_TABLE, st.steps_section(steps, GENERATED)),
     ]
 
 
@@ -570,8 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--print", action="store_true", help="print the generated sections")
     p.add_argument("--readme", type=Path, default=README)
     p.add_argument("--benchmarks", type=Path, default=BENCHMARKS)
+    p.add_argument("--steps", type=Path, default=BENCHMARKS.with_name("steps.md"))
     args = p.parse_args(argv)
-    found = targets(args.readme, args.benchmarks)
+    found = targets(args.readme, args.benchmarks, args.steps)
     if args.print:
         for path, section, body in found:
             print(f"{path}: {section.begin}\n{body}{section.end}\n")

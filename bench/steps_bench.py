@@ -3,7 +3,9 @@
 
 * ``steps / W``: every step checkpointed (the join, the aggregate, the window, the write);
 * ``crashed + resumed / W``: the checkpointed job SIGKILLed at 80 % of that round's W time,
-  then rerun: the killed part (0.8 W) plus the resume, against 1.8 for rerunning W from zero.
+  then rerun: the killed part (0.8 W) plus the resume, against 1.8 for rerunning W from zero;
+* ``killed in step 4 + resumed / W``: SIGKILLed as its 4th step (the write) starts, whenever
+  that is, then rerun: the time until the kill plus the resume.
 
 Each figure is the median of the per-round ratios (min-max); each run records the share of the
 cores busy just before it and other JVMs seen (``bench/machine.py``). Every checkpointed run's
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,8 @@ BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 JOB = BENCH / "steps_job.py"
 CRASH_AT = 0.8
+#: the log line of the step API starting the job's 4th step (ck.write's ``output``)
+LAST_STEP = "step output: computing it"
 REGIONS = [f"region-{i:02d}" for i in range(20)]
 
 
@@ -69,9 +74,16 @@ def write_data(root: Path, orders: int, customers: int, seed: int = 7) -> None:
 
 
 def run(
-    mode: str, data: Path, out: Path, home: Path, master: str, kill_after: float | None = None
+    mode: str,
+    data: Path,
+    out: Path,
+    home: Path,
+    master: str,
+    kill_after: float | None = None,
+    kill_at_line: str | None = None,
 ) -> dict[str, Any]:
-    """One whole process, timed from spawn to exit (or to its SIGKILL)."""
+    """One whole process, timed from spawn to exit, or to its SIGKILL: ``kill_after`` seconds
+    after its spawn, or as soon as its log has a line containing ``kill_at_line``."""
     home.mkdir(parents=True, exist_ok=True)
     result = home / f"{out.name}.json"
     env = {**os.environ, "CKPT_HOME": str(home)}
@@ -94,13 +106,18 @@ def run(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    if kill_after is not None:
-        try:
-            proc.wait(timeout=kill_after)
-            record["finished_before_kill"] = True
-        except subprocess.TimeoutExpired:
+    if kill_after is not None or kill_at_line is not None:
+        deadline = start + (kill_after if kill_after is not None else 3600)
+        log_path = home / f"{out.name}.log"
+        while proc.poll() is None and time.monotonic() < deadline:
+            if kill_at_line is not None and kill_at_line in log_path.read_text(errors="replace"):
+                break
+            time.sleep(0.05)
+        if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        else:
+            record["finished_before_kill"] = True
         record["seconds"] = round(time.monotonic() - start, 3)
         return record
     code = proc.wait()
@@ -142,6 +159,7 @@ def main() -> None:
         w: dict[int, float] = {}
         steps: dict[int, float] = {}
         crashed: dict[int, float] = {}
+        in_last: dict[int, float] = {}
         for rnd in range(args.rounds):
             plain = run("plain", data, work / f"w-{rnd}", work / f"hw-{rnd}", args.master)
             w[rnd] = plain["seconds"]
@@ -155,7 +173,19 @@ def main() -> None:
             resumed = run("steps", data, work / f"c-{rnd}", home, args.master)
             crashed[rnd] = CRASH_AT * w[rnd] + resumed["seconds"]
             same_after = rows_of(work / f"w-{rnd}") == rows_of(work / f"c-{rnd}" / "final")
-            for record in (plain, full, killed, resumed):
+            # killed in step 4 (the write), whenever it starts
+            home4 = work / f"h4-{rnd}"
+            killed4 = run(
+                "steps", data, work / f"k-{rnd}", home4, args.master, kill_at_line=LAST_STEP
+            )
+            resumed4 = run("steps", data, work / f"k-{rnd}", home4, args.master)
+            in_last[rnd] = killed4["seconds"] + resumed4["seconds"]
+            same_after = same_after and rows_of(work / f"w-{rnd}") == rows_of(
+                work / f"k-{rnd}" / "final"
+            )
+            killed4["variant"], resumed4["variant"] = "killed-in-step-4", "resumed-after-step-4"
+            runs += [killed4, resumed4]
+            for record in (plain, full, killed, resumed, killed4, resumed4):
                 record["round"] = rnd
                 record["load_flags"] = load_flags(record)
             full["output_equals_w"], resumed["output_equals_w"] = same, same_after
@@ -165,11 +195,14 @@ def main() -> None:
                 f"round {rnd}: W {w[rnd]:.1f} s, steps {steps[rnd]:.1f} s "
                 f"({steps[rnd] / w[rnd]:.2f}x), killed at {CRASH_AT * w[rnd]:.1f} s + resumed "
                 f"{resumed['seconds']:.1f} s ({crashed[rnd] / w[rnd]:.2f}x; reused "
-                f"{resumed.get('reused')}), outputs equal: {same and same_after}",
+                f"{resumed.get('reused')}); killed in step 4 at {killed4['seconds']:.1f} s + "
+                f"resumed {resumed4['seconds']:.1f} s ({in_last[rnd] / w[rnd]:.2f}x; reused "
+                f"{resumed4.get('reused')}), outputs equal: {same and same_after}",
                 flush=True,
             )
         report = {
             "benchmark": "steps (issue 39)",
+            "date": datetime.now(UTC).date().isoformat(),
             "job": "orders.join(customers) -> groupBy(day, region) -> rank() over day -> write",
             "orders": args.orders,
             "customers": args.customers,
@@ -180,6 +213,7 @@ def main() -> None:
             "ratios": {
                 "steps_over_w": paired_ratios(steps, w),
                 "crashed_resumed_over_w": paired_ratios(crashed, w),
+                "killed_in_step_4_resumed_over_w": paired_ratios(in_last, w),
                 "w_rerun_over_w": 1 + CRASH_AT,
             },
             "w_seconds": w,

@@ -31,6 +31,12 @@ def main() -> None:
     p.add_argument("--result-json", type=Path)
     args = p.parse_args()
 
+    import logging
+
+    # the step API's lines (which step runs, reused or computed), timestamped for the bench
+    logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("checkpointing").setLevel(logging.INFO)
+
     from pyspark.sql import SparkSession, Window
     from pyspark.sql import functions as F
 

@@ -5,12 +5,15 @@ are the median of per-round ratios, not a ratio of medians."""
 
 from __future__ import annotations
 
+import json
+import statistics
 import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
 import readme_tables  # noqa: E402
@@ -63,16 +66,23 @@ def test_readme_first_screen_summarises_the_generated_cost() -> None:
 
 def test_check_fails_on_a_changed_section_and_the_writer_fixes_it(tmp_path: Path) -> None:
     readme, bench = tmp_path / "README.md", tmp_path / "benchmarks.md"
+    steps_doc = tmp_path / "steps.md"
     cost, tables = readme_tables.generate_cost(), readme_tables.generate()
     glance = readme_tables.generate_glance()
+    line, table = (section.begin + "\n" + section.end for section in (
+        readme_tables.STEPS_LINE, readme_tables.STEPS_TABLE
+    ))  # fmt: skip
     readme.write_text(
-        f"# x\n\n{readme_tables.GLANCE_BEGIN}\n{glance}{readme_tables.GLANCE_END}\n\n"
+        f"# x\n\n{readme_tables.GLANCE_BEGIN}\n{glance}{readme_tables.GLANCE_END}\n\n{line}\n\n"
         f"{readme_tables.COST_BEGIN}\n{cost}{readme_tables.COST_END}\n\nafter\n"
     )
     bench.write_text(f"# b\n\n{readme_tables.BEGIN}\n{tables}{readme_tables.END}\n\nend\n")
-    paths = ["--readme", str(readme), "--benchmarks", str(bench)]
+    steps_doc.write_text(f"# s\n\n{table}\n")
+    paths = ["--readme", str(readme), "--benchmarks", str(bench), "--steps", str(steps_doc)]
+    assert readme_tables.main(["--check", *paths]) == 1  # the step sections are empty
+    assert readme_tables.main(paths) == 0
     assert readme_tables.main(["--check", *paths]) == 0
-    for path in (bench, readme):
+    for path in (bench, readme, steps_doc):
         assert "edit those or the script" in path.read_text()
         path.write_text(path.read_text().replace("edit those or the script", "hand-edited"))
         assert readme_tables.main(["--check", *paths]) == 1
@@ -218,3 +228,25 @@ def test_readme_cost_comes_from_the_four_sets_once_measured(monkeypatch) -> None
     )
     assert readme_tables.NOT_MEASURED in readme_tables.generate_cost()
     assert "1.80×" not in readme_tables.generate_glance()  # no crash figure without the sets
+
+
+def test_the_step_figures_are_the_runs_paired_ratios() -> None:
+    """docs/steps.md's table and the README's step line, against steps.json's own runs: per
+    round, the checkpointed run's seconds over W's, then the median (computed here)."""
+    report = json.loads((ROOT / "bench" / "results" / "steps.json").read_text())
+    runs = report["runs"]
+
+    def seconds(variant: str | None, mode: str) -> dict[int, float]:
+        return {
+            r["round"]: r["seconds"]
+            for r in runs
+            if r.get("variant") == variant and r["mode"] == mode
+        }
+
+    w, full = seconds(None, "plain"), seconds(None, "steps")
+    killed, resumed = seconds("killed-in-step-4", "steps"), seconds("resumed-after-step-4", "steps")
+    steps_ratio = statistics.median(full[k] / w[k] for k in w)
+    in_step_4 = statistics.median((killed[k] + resumed[k]) / w[k] for k in w)
+    doc = (ROOT / "docs" / "steps.md").read_text()
+    assert f"| {steps_ratio:.2f}× (" in doc and f"| {in_step_4:.2f}× (" in doc
+    assert f"every step checkpointed, {steps_ratio:.2f}× W" in (ROOT / "README.md").read_text()
