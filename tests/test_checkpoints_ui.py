@@ -9,7 +9,6 @@ checkpoints-ui/`` (look at them: they are the evidence that the page renders rig
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import urllib.request
@@ -22,22 +21,13 @@ from urllib.parse import quote, urlsplit
 import pytest
 
 from tests.airflow_api_server import FINISHED, IDLE, LIVE, Server, running_api_server, take_requests
+from tests.browser import CHROMIUM, playwright_or_skip
 from tests.helpers import location_exists, request_rows
 
-#: Debian's chromium (Playwright's own browser download is not used)
-CHROMIUM = Path(os.environ.get("CKPT_TEST_CHROMIUM", "/usr/bin/chromium"))
 ARTIFACTS = Path(__file__).resolve().parent.parent / ".ckpt" / "test-artifacts" / "checkpoints-ui"
 TIMEOUT_MS = 30_000
 
-if not CHROMIUM.exists():
-    pytest.skip(
-        f"the browser test needs Debian's Chromium at {CHROMIUM}: install it with "
-        "`apt-get install chromium` as root (make test does when it can)",
-        allow_module_level=True,
-    )
-playwright_api = pytest.importorskip(
-    "playwright.sync_api", reason="needs Playwright's Python package: run `uv sync`"
-)
+playwright_api = playwright_or_skip()
 expect = playwright_api.expect
 
 

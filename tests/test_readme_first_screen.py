@@ -19,22 +19,14 @@ from typing import Any
 import pytest
 from markdown_it import MarkdownIt
 
-#: Debian's chromium (Playwright's own browser download is not used)
-CHROMIUM = Path(os.environ.get("CKPT_TEST_CHROMIUM", "/usr/bin/chromium"))
+from tests.browser import CHROMIUM, playwright_or_skip
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 SCREENSHOT = ROOT / "docs" / "images" / "readme-first-screen.png"
 WIDTH, HEIGHT = 1280, 900
 
-if not CHROMIUM.exists():
-    pytest.skip(
-        f"the browser test needs Debian's Chromium at {CHROMIUM}: install it with "
-        "`apt-get install chromium` as root (make test does when it can)",
-        allow_module_level=True,
-    )
-playwright_api = pytest.importorskip(
-    "playwright.sync_api", reason="needs Playwright's Python package: run `uv sync`"
-)
+playwright_api = playwright_or_skip()
 
 #: github.com's README look, roughly (github-markdown-css): 16px text in a box of at most 980px
 STYLE = """
