@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -325,3 +326,18 @@ def runtime_reference(
     url = f"sqlite:///{workdir / 'metastore.db'}"
     Metastore(url, check_schema=False).upgrade()
     return reference_run(spark, runtime_events, workdir, url)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """A headless Chromium (Debian's: :mod:`tests.browser`) for a browser test module."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser import CHROMIUM
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()

@@ -21,7 +21,7 @@ from urllib.parse import quote, urlsplit
 import pytest
 
 from tests.airflow_api_server import FINISHED, IDLE, LIVE, Server, running_api_server, take_requests
-from tests.browser import CHROMIUM, playwright_or_skip
+from tests.browser import playwright_or_skip
 from tests.helpers import location_exists, request_rows
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / ".ckpt" / "test-artifacts" / "checkpoints-ui"
@@ -55,16 +55,6 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
 @pytest.fixture(scope="module")
 def server(servers: dict[str, Server]) -> Server:
     return servers[""]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 #: a time zone chosen in Airflow's header (its UI keeps it in localStorage "timezone"), with a

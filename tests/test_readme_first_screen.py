@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from markdown_it import MarkdownIt
 
-from tests.browser import CHROMIUM, playwright_or_skip
+from tests.browser import playwright_or_skip
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -96,16 +94,6 @@ def rendered(markdown: str) -> str:
         f"<style>{STYLE}</style></head><body><article class='markdown-body'>"
         f"{md.render(markdown)}</article></body></html>"
     )
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 def first_screen(browser: Any, markdown: str, screenshot: Path | None = None) -> list[str]:
