@@ -68,6 +68,7 @@ def test_the_scripts_exit_code_is_the_runs(script: Path, tmp_path: Path) -> None
         (["--master", "local[1]"], "--master"),
         (["--full-refresh"], "--full-refresh"),
         (["--json"], "--json"),
+        (["--fail-after-epochs", "2"], "--fail-after-epochs"),
         (["--restore", "7"], "--restore '7'"),
     ],
 )

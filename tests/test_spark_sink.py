@@ -380,3 +380,30 @@ def test_sink_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ["s3://bucket/prefix", "s3a://bucket/x", "file://relative/x", "", f"{tmp_path}/a*"]:
         with pytest.raises(ConfigError):
             TwoPhaseCommitSink(bad)
+
+
+def test_a_step_output_is_published_by_links_marked_and_never_through_a_symlink(
+    tmp_path: Path,
+) -> None:
+    """``ck.write``'s publish links the output step's files (the same bytes, no second write),
+    marks the table as Spark's writer does (``_SUCCESS``) and refuses a symbolic link."""
+    from checkpointing.errors import StorageError
+    from checkpointing.spark.parquet_sink import _link_parquet
+
+    step = tmp_path / "step"
+    step.mkdir()
+    part = step / "part-00000-x.snappy.parquet"
+    part.write_bytes(b"PAR1 rows PAR1")
+    _link_parquet([part], tmp_path / "table")
+    linked = tmp_path / "table" / part.name
+    assert linked.read_bytes() == part.read_bytes() and linked.stat().st_ino == part.stat().st_ino
+    assert (tmp_path / "table" / "_SUCCESS").is_file()
+    part.unlink()  # a checkpoint released later: the table keeps its file
+    assert linked.read_bytes() == b"PAR1 rows PAR1"
+
+    (tmp_path / "secret").write_bytes(b"not ours")
+    planted = step / "part-00001-y.snappy.parquet"
+    planted.symlink_to(tmp_path / "secret")
+    with pytest.raises(StorageError, match="symbolic link"):
+        _link_parquet([planted], tmp_path / "table2")
+    assert not (tmp_path / "table2").exists()  # nothing left behind

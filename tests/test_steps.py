@@ -211,6 +211,28 @@ def test_plans_that_differ_between_runs_are_named(plan, why: str, spark) -> None
     )
 
 
+def test_a_step_is_narrow_only_without_a_shuffle_in_its_physical_plan(
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    """Partial resume runs a narrow step over its missing partitions' files only: a step whose
+    shuffle only the physical plan shows (applyInPandas, a rebalance hint) must not count as
+    narrow, or a resume would compute groups from part of their rows."""
+    from checkpointing.spark.step_writer import describe
+
+    storage = FileSystemCheckpointStorage((tmp_path / "ck").as_uri())
+    spark.range(40).withColumn("k", F.col("id") % 4).write.parquet(str(tmp_path / "in"))
+    data = spark.read.parquet(str(tmp_path / "in"))
+
+    def total(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame.groupby("k", as_index=False)["id"].sum()
+
+    grouped = data.groupBy("k").applyInPandas(total, "k long, id long")
+    assert describe(spark, data.withColumn("x", F.col("id") * 2), storage, "j").narrow
+    assert not describe(spark, grouped, storage, "j").narrow
+    assert not describe(spark, data.hint("rebalance"), storage, "j").narrow
+
+
 def test_a_bad_step_name_is_refused_before_anything_runs(
     spark, tmp_path: Path, sqlite_metastore: Metastore
 ) -> None:  # type: ignore[no-untyped-def]

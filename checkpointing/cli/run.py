@@ -117,6 +117,9 @@ def run(
             "--interval-end": interval_end is not None,
             "--full-refresh": full_refresh,
             "--json": as_json,
+            "--coordinator-id": coordinator_id is not None,
+            "--refresh-token": refresh_token is not None,
+            "--fail-after-epochs": fail_after_epochs is not None,
         }
         for flag in (f for f, set_ in given.items() if set_):
             raise typer.BadParameter(

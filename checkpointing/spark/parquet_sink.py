@@ -52,6 +52,7 @@ Limits:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -444,10 +445,15 @@ def _link_parquet(files: Sequence[Path], dest: Path) -> None:
     try:
         dest.mkdir()
         for f in files:
+            if f.is_symlink():  # a step's own files are regular files
+                raise StorageError(f"{f} is a symbolic link, not a step's file")
             try:
-                os.link(f, dest / f.name)
-            except OSError:  # another file system, or links not supported
+                os.link(f, dest / f.name, follow_symlinks=False)
+            except OSError as exc:  # another file system, or links not supported
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EMLINK):
+                    raise
                 shutil.copyfile(f, dest / f.name)
+        (dest / "_SUCCESS").touch()  # as Spark's writer marks a table it wrote
         _fsync_tree(dest)
     except BaseException:
         _remove_quietly(dest)

@@ -197,6 +197,9 @@ def checkpoint_step(
         fresh = df.select("*")
         n = step_writer.partition_count(spark, fresh)
         inputs = scan_inputs(fresh) if extra else [None] * n
+        if extra and len(inputs) != n:  # not one partition per input file after all
+            log.info("step %s: %d tasks over %d input splits: not resumable", name, n, len(inputs))
+            inputs, kept = [None] * n, None
         if kept is not None and (
             kept.parallelism != n or any(inputs[p] != f[3] for p, f in kept.files.items())
         ):

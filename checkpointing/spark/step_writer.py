@@ -80,6 +80,9 @@ def describe(spark: SparkSession, df: DataFrame, storage: CheckpointStorage, job
     qe = df._jdf.queryExecution()
     analyzed = qe.analyzed()
     optimized = qe.optimizedPlan().toString()
+    # planning only: a shuffle some logical nodes hide (applyInPandas, a rebalance hint) shows
+    # here as an Exchange
+    physical = qe.executedPlan().toString()
     shared = storage.shared_url(job)
     inputs, step_files = [], []
     for path in df.inputFiles():
@@ -97,7 +100,9 @@ def describe(spark: SparkSession, df: DataFrame, storage: CheckpointStorage, job
         nondeterministic=nondeterminism(
             bool(analyzed.deterministic()), analyzed.toString(), optimized
         ),
-        narrow=optimized.count("Relation [") == 1 and not _has_exchange(optimized),
+        narrow=optimized.count("Relation [") == 1
+        and not _has_exchange(optimized)
+        and "Exchange" not in physical,
     )
 
 
@@ -344,8 +349,11 @@ def shuffle_partitions(spark: SparkSession, input_bytes: int) -> dict[str, str]:
     a task and a file per partition however small the step. From the bytes the step reads:
     one partition per ``advisoryPartitionSizeInBytes`` of estimated shuffle data, at least
     the default parallelism, at most the session's setting. Nothing changes when the session
-    itself runs without adaptive execution or its coalescing: its user chose the count."""
+    itself runs without adaptive execution or its coalescing (its user chose the count), or
+    when the step reads no files (its size is unknown)."""
     conf = spark.conf
+    if input_bytes <= 0:  # not files (JDBC, a DataFrame built in Python): nothing to size by
+        return {}
     if conf.get("spark.sql.adaptive.enabled", "true").lower() != "true":
         return {}
     if conf.get("spark.sql.adaptive.coalescePartitions.enabled", "true").lower() != "true":
