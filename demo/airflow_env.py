@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -28,6 +29,13 @@ LOCAL_SPARK = {"conn_type": "spark", "host": "local[2]"}
 def airflow_command() -> str:
     """The ``airflow`` of this interpreter's environment (never another one on ``PATH``)."""
     return str(Path(sys.executable).with_name("airflow"))
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def airflow_env(
@@ -58,6 +66,10 @@ def airflow_env(
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url,
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            # the log servers of its task runners and triggerer on ports of their own: another
+            # Airflow on this machine (a user's, another test's) holds 8793 and 8794
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(LOCAL_SPARK),
             "CKPT_HOME": str(ckpt_home),
             # plugins/ for DAG files run outside Airflow's loader (``dags test``, workers)

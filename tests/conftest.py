@@ -98,8 +98,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 #: collection order with ``--no-loadscope-reorder``) they start at once and the processes end
 #: together
 LONGEST_FIRST = (
-    "test_airflow_celery.py",
+    # the failover scenario first: the LocalExecutor backfill scenario (deferrable) timed out
+    # twice when the two ran at once (an unexplained interference); after it, it passes
     "test_airflow_failover.py",
+    "test_airflow_celery.py",
     "test_airflow_deferrable.py",
     "test_source_retention.py",
     "test_airflow_savepoints.py",
