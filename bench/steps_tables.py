@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from machine import load_flags
@@ -27,19 +28,13 @@ def _x(p: dict[str, Any] | None) -> str:
     return f"{p['median']:.2f}× ({p['min']:.2f}–{p['max']:.2f})"
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def steps_section(report: dict[str, Any] | None, generated: str) -> str:
     """docs/steps.md's table."""
     if report is None:
         return f"{generated}\n{NOT_MEASURED}\n"
     r = report["ratios"]
     runs = report["runs"]
-    w_s = _median([float(v) for v in report["w_seconds"].values()])
+    w_s = statistics.median(float(v) for v in report["w_seconds"].values())
     flagged = sum(1 for run in runs if load_flags(run))
     equal = all(run.get("output_equals_w", True) for run in runs)
     reused = sorted(

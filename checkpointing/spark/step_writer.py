@@ -233,9 +233,6 @@ class StepAcknowledger:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def ack(self, partition: int, handle: str | None, size: int, checksum: str | None) -> None:
-        self.ack_many([StepFile(partition, handle, size, checksum)])
-
     def ack_many(self, files: Sequence[StepFile]) -> None:
         """Acknowledge ``files`` (each a subtask's) in one metastore transaction: a step of
         hundreds of tasks is not hundreds of round trips."""
