@@ -16,7 +16,9 @@ fingerprint (:mod:`checkpointing.steps.identity`) is unchanged; a changed step r
 step downstream of it (:mod:`checkpointing.steps.plan`). A step cut short by a crash keeps the
 files its committed tasks acknowledged; when the step is narrow over a checkpointed input and
 deterministic (``ck.step(name, fn, input=upstream)``), only its missing partitions are
-recomputed (:mod:`checkpointing.spark.step_salvage`).
+recomputed (:mod:`checkpointing.spark.step_salvage`). Savepoints requested from outside (the UI,
+the API, ``ckpt savepoint``) are taken at step boundaries, and ``restore=<savepoint path>``
+restores one (:mod:`checkpointing.spark.step_savepoints`).
 """
 
 from __future__ import annotations
@@ -32,16 +34,15 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from checkpointing.config import CheckpointConfig, Settings
-from checkpointing.coordination.coordinator import CheckpointCoordinator
 from checkpointing.metastore.engine import Metastore
 from checkpointing.restore.lookup import find_latest_valid
-from checkpointing.spark import step_salvage, step_writer
+from checkpointing.spark import step_salvage, step_savepoints, step_writer
 from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
 from checkpointing.status import JobStatus
 from checkpointing.steps.identity import StepIdentity, step_name
 from checkpointing.steps.plan import StepRecord, change_line, decide, downstream_of, restored_steps
-from checkpointing.steps.script import ENV_RESTORE, RESTORES
+from checkpointing.steps.script import ENV_RESTORE, RESTORES, check_restore
 
 log = logging.getLogger(__name__)
 
@@ -80,23 +81,30 @@ class CheckpointedJob:
         verify: bool = True,
     ) -> None:
         # none given: what `ckpt run script.py --restore` says, else the latest checkpoint
-        restore = restore or os.environ.get(ENV_RESTORE) or "latest"
-        if restore not in RESTORES:
-            raise ValueError(f"restore: 'latest' or 'none', not {restore!r}")
+        restore = check_restore(restore or os.environ.get(ENV_RESTORE) or "latest")
         self.spark = spark
         self.job = step_name(job)
         settings = settings or Settings.resolve()
+        self.storage = storage or CheckpointStorage.from_url(settings.storage_url)
+        #: a savepoint given by path: read and verified before anything is written
+        self._savepoint = (
+            None
+            if restore in RESTORES
+            else step_savepoints.load_savepoint(self.storage, restore, self.job, deep=verify)
+        )
         if metastore is None:
             if settings.embedded_metastore:
                 Metastore(settings.metastore_url, check_schema=False).upgrade()
             metastore = Metastore(settings.metastore_url)
         self.metastore = metastore
-        self.storage = storage or CheckpointStorage.from_url(settings.storage_url)
         self.restore = restore
         self.verify = verify
         self.run_id = uuid.uuid4().hex[:8]
         self.stats = StepStats()
-        self.coordinator: CheckpointCoordinator | None = None
+        self.coordinator: step_savepoints.StepCoordinator | None = None
+        #: where a stop-with-savepoint ended the run (``restore=`` it to resume)
+        self.stopped_with_savepoint: str | None = None
+        self._publishing = False
         self.restored: dict[str, StepRecord] = {}
         self._done: dict[str, StepRecord] = {}
         #: steps this run computes: whatever reads them is computed too
@@ -113,18 +121,22 @@ class CheckpointedJob:
         self.start()
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.close(JobStatus.FAILED if exc_type is not None else JobStatus.FINISHED)
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        stopped = isinstance(exc, step_savepoints.StoppedWithSavepoint)
+        self.close(JobStatus.FAILED if exc_type is not None and not stopped else JobStatus.FINISHED)
+        return stopped  # a stop-with-savepoint ends the `with` block, not the script
 
     def start(self) -> None:
         """Register the job, restore its latest completed checkpoint, keep what a crashed
         run's step had acknowledged, then become its coordinator."""
         config = CheckpointConfig(timeout=STEP_TIMEOUT)
-        coordinator = CheckpointCoordinator(
+        coordinator = step_savepoints.StepCoordinator(
             self.job, self.metastore, self.storage, config, coordinator_id=f"steps-{self.run_id}"
         )
+        decision = self._savepoint
         if self.restore == "latest":
             decision = find_latest_valid(self.metastore, self.storage, self.job, deep=self.verify)
+        if decision is not None:
             self.restored = restored_steps(decision.metadata)
             self.stats.restored_from = decision.checkpoint_id
             if decision.checkpoint_id is not None:
@@ -134,11 +146,20 @@ class CheckpointedJob:
                     decision.checkpoint_id,
                     sorted(self.restored),
                 )
+        if self.restore == "latest":
             # before the takeover aborts (and deletes) the crashed run's pending checkpoint
             self._salvage = step_salvage.Salvage.collect(self.metastore, self.storage, self.job)
         coordinator.activate()
         coordinator.job_status_changed(JobStatus.RUNNING)
         self.coordinator = coordinator
+        if decision is not None and step_savepoints.needs_adoption(
+            decision, self.storage, self.job
+        ):
+            try:  # a savepoint's files become the job's shared state (the savepoint is left)
+                self.restored = step_savepoints.adopt(coordinator, self.restored, self.run_id)
+            except BaseException:
+                self.close(JobStatus.FAILED)
+                raise
 
     def close(self, status: JobStatus = JobStatus.FINISHED) -> None:
         if self.coordinator is None:
@@ -225,7 +246,18 @@ class CheckpointedJob:
             self.stats.computed.append(name)
         self._done[name] = record
         self._by_file.update({u: name for u in record.urls})
+        if not self._publishing:
+            self._boundary()
         return step_writer.read_step(self.spark, record)
+
+    def _boundary(self) -> None:
+        """A step boundary: take the savepoint requests queued meanwhile; a stop-with-savepoint
+        ends the run (:class:`~checkpointing.spark.step_savepoints.StoppedWithSavepoint`)."""
+        assert self.coordinator is not None
+        stop = step_savepoints.take_requests(self.coordinator, self._carried(), self.run_id)
+        if stop is not None:
+            self.stopped_with_savepoint = stop.location
+            raise step_savepoints.StoppedWithSavepoint(stop.checkpoint_id, stop.location)
 
     def _carried(self) -> list[StepRecord]:
         """What the next step checkpoint carries: this run's steps, and the restored ones not
@@ -298,7 +330,11 @@ class CheckpointedJob:
         if format != "parquet":
             raise ValueError(f"format: only 'parquet' is supported, not {format!r}")
         sink = TwoPhaseCommitSink(path, job=self.job)  # refused before anything runs
-        out = self.step(name, lambda: df)
+        self._publishing = True  # its boundary is after the publish
+        try:
+            out = self.step(name, lambda: df)
+        finally:
+            self._publishing = False
         record = self._done[name]
         token = record.fingerprint.split(":", 1)[1][:32]
         # the step's files are the table: linked, not written a second time (only files inside
@@ -313,6 +349,7 @@ class CheckpointedJob:
         published = sink.publish_final(out, token, files)
         self.stats.published[name] = published
         log.info("job %s: published %s at %s", self.job, name, published)
+        self._boundary()
         return published
 
 

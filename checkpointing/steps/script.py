@@ -23,7 +23,8 @@ from checkpointing.metastore.engine import Metastore
 
 #: ``checkpointed``'s ``restore`` when its caller gives none: set by ``ckpt run script.py``
 ENV_RESTORE = "CKPT_RESTORE"
-#: what a script's run may restore: its latest checkpoint, or nothing
+#: what a script's run may restore by name: its latest checkpoint, or nothing (else a
+#: savepoint's path, :func:`check_restore`)
 RESTORES = ("latest", "none")
 
 
@@ -38,13 +39,25 @@ def check_script(path: str | Path) -> Path:
 
 
 def check_restore(restore: str) -> str:
-    """A script's ``--restore``, or one line naming it."""
-    if restore not in RESTORES:
+    """A script's ``--restore``: ``latest``, ``none``, or a savepoint's path (its directory or
+    its ``_metadata``; a local one made absolute, and it must hold a ``_metadata``; a URL of
+    other storage is read when the run restores it), else one line naming it. Nothing is
+    written here: the job's own check (another job's savepoint is refused) is the run's."""
+    from checkpointing.state.storage import METADATA_FILE
+
+    if restore in RESTORES:
+        return restore
+    local = restore.removeprefix("file://") if restore.startswith("file:///") else None
+    if local is None and "://" in restore:
+        return restore.rstrip("/")
+    path = Path(os.path.abspath(os.path.expanduser(local if local is not None else restore)))
+    metadata = path if path.name == METADATA_FILE else path / METADATA_FILE
+    if not metadata.is_file():
         raise ConfigError(
-            f"--restore {restore!r}: a script resumes from 'latest' (its latest checkpoint) or "
-            "starts over with 'none'"
+            f"--restore {restore!r}: not 'latest' (the job's latest checkpoint), 'none' (start "
+            f"over) or a savepoint's directory (no {metadata})"
         )
-    return restore
+    return str(metadata.parent)
 
 
 def run_script(
