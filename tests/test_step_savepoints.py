@@ -199,6 +199,9 @@ def test_stop_with_savepoint_ends_the_run_and_ckpt_run_resumes_from_its_path(
         refused.value
     )
     assert rows(metastore, Job, job_id="other_job") == []
+    # a job id like an interval's job instance would be authorised as another DAG (the API's)
+    with pytest.raises(ValueError, match="ends like an interval's job instance"):
+        checkpointed(spark, "daily.20261125T000000", metastore=metastore, storage=storage)
     assert not (tmp_path / "ck" / "other_job").exists()
 
     # the stop's savepoint is the job's newest completion: the next run's `latest` (adopted

@@ -30,7 +30,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from checkpointing.coordination.coordinator import CheckpointCoordinator
-from checkpointing.coordination.failure import CheckpointException, CheckpointFailureReason
+from checkpointing.coordination.failure import (
+    CheckpointException,
+    CheckpointFailureReason,
+    CoordinatorSuperseded,
+)
 from checkpointing.coordination.pending import PendingCheckpoint, TaskAck, TaskSpec
 from checkpointing.coordination.request_queue import trigger_queued
 from checkpointing.coordination.store import CompletedCheckpoint
@@ -137,15 +141,22 @@ def _savepoint(
                 _copy(storage, f, handle, link=False)
             acks.append(_ack(spec.attempt_id, record, f, handle))
         outcome = coordinator.receive_acknowledge(pending.checkpoint_id, acks)
-    except Exception as exc:
+    except CoordinatorSuperseded:
+        raise  # the job, and its requests, are another coordinator's
+    except Exception as exc:  # a failed savepoint fails its request, never the job
         why = f"copying the steps' files into savepoint {pending.checkpoint_id}: {exc}"
         log.error("job %s: %s", coordinator.job_id, why)
-        coordinator.receive_decline(
-            pending.checkpoint_id,
-            subtasks[0][0].attempt_id,
-            CheckpointFailureReason.IO_EXCEPTION,
-            why,
-        )
+        try:  # aborted: its directory deleted, its request FAILED
+            coordinator.receive_decline(
+                pending.checkpoint_id,
+                subtasks[0][0].attempt_id,
+                CheckpointFailureReason.IO_EXCEPTION,
+                why,
+            )
+        except Exception:
+            log.exception(
+                "job %s: declining savepoint %d", coordinator.job_id, pending.checkpoint_id
+            )
         raise CheckpointException(CheckpointFailureReason.IO_EXCEPTION, why) from exc
     if outcome.completed is None:
         why = next(iter(outcome.refused.values()), "it did not complete")

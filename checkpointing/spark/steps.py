@@ -35,6 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from checkpointing.config import CheckpointConfig, Settings
 from checkpointing.metastore.engine import Metastore
+from checkpointing.pipeline.interval import check_job_name
 from checkpointing.restore.lookup import find_latest_valid
 from checkpointing.spark import step_salvage, step_savepoints, step_writer
 from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
@@ -83,7 +84,8 @@ class CheckpointedJob:
         # none given: what `ckpt run script.py --restore` says, else the latest checkpoint
         restore = check_restore(restore or os.environ.get(ENV_RESTORE) or "latest")
         self.spark = spark
-        self.job = step_name(job)
+        # an interval's job instance id would be authorised as its pipeline's DAG (the API)
+        self.job = check_job_name(step_name(job))
         settings = settings or Settings.resolve()
         self.storage = storage or CheckpointStorage.from_url(settings.storage_url)
         #: a savepoint given by path: read and verified before anything is written
