@@ -252,15 +252,19 @@ def load_savepoint(
     return load_external(storage, url, deep=deep, job_id=job)
 
 
-def needs_adoption(decision: RestoreDecision, storage: CheckpointStorage, job: str) -> bool:
-    """Whether the restored steps' files lie outside the job's shared state (a savepoint's,
-    or a checkpoint given by path, whose files may no longer be registered)."""
-    return decision.metadata is not None and (
-        decision.checkpoint_type != CheckpointType.CHECKPOINT
-        or any(
-            not storage.contains(f.handle, storage.shared_url(job))
-            for f in decision.metadata.files()
-        )
+def needs_adoption(
+    decision: RestoreDecision, storage: CheckpointStorage, job: str, *, by_path: bool
+) -> bool:
+    """Whether the restored steps' files must become the job's own first: a savepoint's (never
+    referred to by a checkpoint), or anything given by path (a retained checkpoint's files may
+    no longer be registered by a completed checkpoint of the job)."""
+    if decision.metadata is None:
+        return False
+    shared = storage.shared_url(job)
+    return (
+        by_path
+        or decision.checkpoint_type != CheckpointType.CHECKPOINT
+        or any(not storage.contains(f.handle, shared) for f in decision.metadata.files())
     )
 
 

@@ -154,8 +154,9 @@ class CheckpointedJob:
         coordinator.activate()
         coordinator.job_status_changed(JobStatus.RUNNING)
         self.coordinator = coordinator
+        by_path = self._savepoint is not None
         if decision is not None and step_savepoints.needs_adoption(
-            decision, self.storage, self.job
+            decision, self.storage, self.job, by_path=by_path
         ):
             try:  # a savepoint's files become the job's shared state (the savepoint is left)
                 self.restored = step_savepoints.adopt(coordinator, self.restored, self.run_id)
