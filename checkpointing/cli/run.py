@@ -3,6 +3,7 @@ checked before Spark starts, with a progress bar (or a line per epoch in logs)."
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -126,6 +127,8 @@ def run(
                 "applies to a spec; a script sets its own Spark session and options",
                 param_hint=flag,
             )
+        # the run's progress, as a spec's epochs are: each step reused or computed, and why
+        logging.getLogger("checkpointing.spark.steps").setLevel(logging.INFO)
         raise typer.Exit(run_script(pipeline, ctx.args, state.settings, restore=restore))
     if ctx.args:
         raise typer.BadParameter(

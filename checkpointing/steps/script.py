@@ -7,6 +7,11 @@ The script is the user's own, run as ``python script.py args`` would run it (``_
 run's ``--restore`` (``latest`` or ``none``) in :data:`ENV_RESTORE`, the default of
 ``checkpointed``'s ``restore``. Nothing is imported from Spark here: the script builds its own
 session.
+
+Deployed by the Airflow operator (``CheckpointedSparkSubmitOperator(application=..., job=...)``),
+the driver's environment also names the job the task was declared for (:data:`ENV_JOB`):
+:func:`check_job` refuses a script whose ``checkpointed(spark, job=...)`` names another one, so
+that the task's Checkpoints page, metrics and retries never watch a job the script does not run.
 """
 
 from __future__ import annotations
@@ -26,6 +31,26 @@ ENV_RESTORE = "CKPT_RESTORE"
 #: what a script's run may restore by name: its latest checkpoint, or nothing (else a
 #: savepoint's path, :func:`check_restore`)
 RESTORES = ("latest", "none")
+#: the job the deploying task declared (``job=`` of the Airflow operator), set in the driver
+ENV_JOB = "CKPT_JOB"
+
+
+def expected_job() -> str | None:
+    """The job the deploying task declared for this script (:data:`ENV_JOB`), None when the
+    script runs on its own (``python job.py``, ``ckpt run job.py``)."""
+    return os.environ.get(ENV_JOB) or None
+
+
+def check_job(job: str) -> None:
+    """Refuse, in one line naming both, a ``checkpointed(spark, job=...)`` whose job is not the
+    one the deploying task declared: its checkpoints would be another job's than the task's
+    retries restore and its page shows."""
+    declared = expected_job()
+    if declared is not None and declared != job:
+        raise ConfigError(
+            f"job {job!r}: the script's checkpointed(spark, job={job!r}) is not the task's "
+            f"job={declared!r} ({ENV_JOB}); make them equal"
+        )
 
 
 def check_script(path: str | Path) -> Path:

@@ -35,6 +35,10 @@ def restore_from_latest(context: Any) -> None:
     from checkpointing_airflow.attempts import attempt_id, run_started
 
     task, ti = _rendered_task(context), context["ti"]
+    if getattr(task, "pipeline", "") is None:  # a script: its retry's checkpointed takes over
+        from checkpointing_airflow.script_submit import script_retry_callback
+
+        return script_retry_callback(context, task)
     spec = task.load_spec()
     metastore = _metastore(task)
     failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
@@ -77,6 +81,10 @@ def job_failed(context: Any) -> None:
     from checkpointing_airflow.attempts import attempt_id
 
     task, ti = _rendered_task(context), context["ti"]
+    if getattr(task, "pipeline", "") is None:  # a script: its checkpoints stay for a rerun
+        from checkpointing_airflow.script_submit import script_failed_callback
+
+        return script_failed_callback(context, task)
     spec = task.load_spec()
     metastore = _metastore(task)
     failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)

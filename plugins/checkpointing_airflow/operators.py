@@ -83,9 +83,19 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     try logs one line: how the driver ended (a signal by name), the last completed checkpoint
     and what the retry restores.
 
+    A user's PySpark script whose steps are checkpointed runs instead of a spec when
+    ``pipeline`` is omitted: ``application="jobs/daily.py"`` (as for ``SparkSubmitOperator``),
+    ``application_args``, and ``job``, the job of its ``checkpointed(spark, job=...)``. Every
+    try resumes from the job's latest checkpoint (completed steps reused); the spec-only options
+    below are refused for it (:mod:`checkpointing_airflow.script_submit`, docs/steps.md).
+
     :param pipeline: path of the pipeline spec (YAML); one naming Python code
         (``pipeline: my_pkg.jobs:build``) is imported here too, and its ``py_files`` are
-        passed to spark-submit as ``--py-files``. (templated)
+        passed to spark-submit as ``--py-files``. Omitted: ``application`` is a script.
+        (templated)
+    :param job: with ``application`` (a script): the job its ``checkpointed(spark, job=...)``
+        names; the driver refuses another one. The Checkpoints page, metrics and retries follow
+        it. (templated)
     :param restore: the first try's restore: ``latest``, ``none``, a checkpoint id, or a
         savepoint path. Retries always resume from this run's latest checkpoint. (templated)
     :param parallelism: the job's parallelism; default: the spec's. (templated)
@@ -158,6 +168,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
         "pipeline",
+        "job",
         "restore",
         "parallelism",
         "parallelism_on_retry",
@@ -175,7 +186,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
+        pipeline: str | None = None,
+        job: str | None = None,
         restore: str = "latest",
         parallelism: int | str | None = None,
         parallelism_on_retry: int | str | None = None,
@@ -204,11 +216,15 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
 
         kwargs["on_retry_callback"] = _with(restore_from_latest, kwargs.get("on_retry_callback"))
         kwargs["on_failure_callback"] = _with(job_failed, kwargs.get("on_failure_callback"))
-        kwargs.setdefault("application", spark_application())
+        if pipeline is not None:
+            if job is not None:
+                raise ValueError(f"job={job!r}: a spec names its own job; job= is for a script")
+            kwargs.setdefault("application", spark_application())
         kwargs.setdefault("name", "ckpt-{{ ti.dag_id }}")
         kwargs.setdefault("durable", False)  # a retry resumes from checkpoints, not the old driver
         super().__init__(**kwargs)
         self.pipeline = pipeline
+        self.job = job
         self.restore = restore
         self.parallelism = parallelism
         self.parallelism_on_retry = parallelism_on_retry
@@ -230,13 +246,20 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.deferrable = deferrable
         self.driver_heartbeat_timeout = driver_heartbeat_timeout
         self.driver_role_ttl = driver_role_ttl
+        if pipeline is None:
+            from checkpointing_airflow.script_submit import refuse_at_parse
+
+            refuse_at_parse(self)
 
     # ------------------------------------------------------------------ what this try runs
 
     def load_spec(self) -> PipelineSpec:
+        from checkpointing.errors import ConfigError
         from checkpointing.pipeline.interval import DataInterval
         from checkpointing.pipeline.spec import load_spec
 
+        if self.pipeline is None:
+            raise ConfigError(f"task {self.task_id}: runs the script {self.application}, no spec")
         interval = None
         if self.interval_start not in (None, "") and self.interval_end not in (None, ""):
             interval = DataInterval.parse(str(self.interval_start), str(self.interval_end))
@@ -259,6 +282,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     # ------------------------------------------------------------------ execute
 
     def execute(self, context: Context) -> dict[str, Any]:
+        if self.pipeline is None:  # a script: checkpointing_airflow.script_submit
+            from checkpointing_airflow.script_submit import ScriptSubmit
+
+            return ScriptSubmit(self).execute(context)
         spec = self.load_spec()
         storage_url = self.storage_for(spec)
         # this process reads and writes the storage too (restore lookup, retention): once per try
@@ -387,8 +414,12 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
 
     def get_openlineage_facets_on_start(self) -> OperatorLineage:
         """The OpenLineage provider's START event: the spec's input datasets and sink."""
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
         from checkpointing_airflow.lineage import operator_lineage
 
+        if self.pipeline is None:  # a script's datasets are its own: only the facet is ours
+            return OperatorLineage()
         return operator_lineage(self.load_spec())
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage:
@@ -400,6 +431,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         watched = getattr(self, "_lineage", None) or TryLineage(
             attempt_id(ti.dag_id, ti.run_id, ti.try_number)
         )
+        if self.pipeline is None:
+            from airflow.providers.openlineage.extractors import OperatorLineage
+
+            return OperatorLineage(run_facets={"checkpointing": watched.facet()})
         return operator_lineage(self.load_spec(), watched.facet())
 
     def get_openlineage_facets_on_failure(self, task_instance: Any) -> OperatorLineage:

@@ -1,0 +1,386 @@
+"""``CheckpointedSparkSubmitOperator(application="jobs/daily.py", job="daily_revenue")``: a
+user's PySpark script whose steps are checkpointed (:func:`checkpointing.spark.steps.checkpointed`)
+deployed as the task, instead of a pipeline spec.
+
+spark-submit runs ``checkpointing/cli/spark_app.py run <script> --restore <r> -- <args>`` (what
+``ckpt run script.py`` does), so the script runs inside the spark-submit driver and its
+``SparkSession`` picks up spark-submit's master and ``--conf``. Its ``checkpointed(spark,
+job=...)`` is the job's coordinator: each ``ck.step`` is a checkpoint it triggers and completes,
+and its start takes coordination over from a killed predecessor (after keeping the files the
+crashed step's tasks had acknowledged). The task therefore runs no coordinator loop of its own
+(no periodic checkpoints: a step is the checkpoint); it watches the job by its id as the spec
+path does (metrics, alerts, the lineage facet, the Checkpoints page), and every retry resumes
+from the job's latest checkpoint: completed steps are read back, not recomputed.
+
+What needs a spec is refused for a script, in one line, before anything is submitted: a restore
+other than ``latest``/``none``, ``allow_other_job``, ``allow_changed_tables``, an interval,
+``full_refresh``, ``fail_first_try_after_epochs``, ``authorize_restore`` and ``deferrable``
+(the deferred path watches a driver that reports heartbeats and its outcome, which a script's
+driver does not).
+
+``parallelism`` (first try) and ``parallelism_on_retry`` (retries) become the driver's
+``spark.default.parallelism`` and ``spark.sql.shuffle.partitions``: the number of tasks, and of
+checkpoint files, of each wide step (a step's shuffles are sized between the two). The executors
+(cores, instances) stay what the Spark connection and ``conf`` give; a script that sets these
+two options on its own session wins over them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from checkpointing.steps.script import ENV_JOB, RESTORES
+from checkpointing_airflow.attempts import attempt_id, driver_ending
+from checkpointing_airflow.try_plan import truthy
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from checkpointing.metastore.engine import Metastore
+
+#: the spec-only options, with their "unset" values: a script run refuses any other value
+SPEC_ONLY: dict[str, tuple[Any, ...]] = {
+    "allow_other_job": (False, None, ""),
+    "allow_changed_tables": (False, None, ""),
+    "interval_start": (None, ""),
+    "interval_end": (None, ""),
+    "full_refresh": (False, None, ""),
+    "fail_first_try_after_epochs": (None, 0),
+    "authorize_restore": (False,),
+}
+
+
+@dataclass(frozen=True)
+class ScriptJob:
+    """What a script's try runs: the job it checkpoints, the script and its arguments."""
+
+    job: str
+    script: Path
+    args: tuple[str, ...]
+
+
+def refuse_at_parse(op: Any) -> None:
+    """The DAG file's own mistakes, refused when it is parsed (an import error of that file):
+    no ``job``, no ``application``, or ``deferrable``."""
+    if not op.job:
+        raise ValueError(
+            f"task {op.task_id}: job= is required with application= (the job that the "
+            "script's checkpointed(spark, job=...) names)"
+        )
+    if not op.application:
+        raise ValueError(f"task {op.task_id}: give pipeline= (a spec) or application= (a script)")
+    if op.deferrable:
+        raise ValueError(
+            f"task {op.task_id}: deferrable=True runs specs only: a script's driver reports no "
+            "heartbeat or outcome for the triggerer to watch"
+        )
+
+
+def script_job(op: Any) -> ScriptJob:
+    """The try's script job, its rendered fields checked: one line naming the field, raised as
+    ``AirflowFailException`` (no retry) before anything is submitted."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from checkpointing.errors import ConfigError
+    from checkpointing.steps.identity import step_name
+    from checkpointing.steps.script import check_script
+
+    try:
+        refuse_at_parse(op)
+        for name, unset in SPEC_ONLY.items():
+            value = getattr(op, name, None)
+            # a templated switch renders as text: "False" is off
+            off = False in unset and isinstance(value, str) and not truthy(value)
+            if value not in unset and not off:
+                raise ConfigError(f"{name}={value!r}: applies to a pipeline spec, not a script")
+        if str(op.restore) not in RESTORES:
+            raise ConfigError(
+                f"restore={str(op.restore)!r}: a script resumes from 'latest' or starts over "
+                "with 'none' (restore plans of checkpoint ids and savepoints need a spec)"
+            )
+        for name in ("parallelism", "parallelism_on_retry"):
+            value = getattr(op, name)
+            if value not in (None, "") and (not str(value).isdigit() or int(value) < 1):
+                raise ConfigError(f"{name}={value!r}: a positive number of tasks")
+        return ScriptJob(
+            step_name(str(op.job)),
+            check_script(script_path(op)),
+            tuple(str(a) for a in (op.application_args or ())),
+        )
+    except (ConfigError, ValueError) as exc:
+        raise AirflowFailException(f"task {op.task_id}: {exc}") from None
+
+
+def script_path(op: Any) -> Path:
+    """``application``: a relative path is the DAG file's folder's (where the DAG's author put
+    it), else as given."""
+    path = Path(str(op.application))
+    dag = op.dag if op.has_dag() else None
+    fileloc = getattr(dag, "fileloc", None)
+    if not path.is_absolute() and fileloc and (Path(fileloc).parent / path).exists():
+        return Path(fileloc).parent / path
+    return path
+
+
+def script_parallelism(op: Any, try_number: int) -> int | None:
+    """The try's parallelism: ``parallelism_on_retry`` on a retry when set, else
+    ``parallelism``; None leaves the script's and the connection's."""
+    chosen = op.parallelism_on_retry if try_number > 1 else None
+    if chosen in (None, ""):
+        chosen = op.parallelism
+    return None if chosen in (None, "") else int(chosen)
+
+
+class ScriptSubmit:
+    """The script path of one operator instance (composed into it, as the deferred path is)."""
+
+    def __init__(self, operator: Any) -> None:
+        self.op = operator
+        self.secrets: dict[str, str] = {}
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.log import mask_secret
+
+        from checkpointing.metastore.jobs import storage_url_for_run
+        from checkpointing_airflow.driver_secrets import process_environment
+        from checkpointing_airflow.hooks import open_metastore
+
+        op = self.op
+        job = script_job(op)  # every refusal before anything else
+        storage_url = storage_url_for_run(op.storage_url)
+        op._aws_env = op.storage_credentials(storage_url)
+        url = op.metastore_url()
+        mask_secret(url)
+        with process_environment(op._aws_env):
+            metastore = open_metastore(url)
+            try:
+                return self._run(context, job, metastore, url, storage_url)
+            finally:
+                if (alerting := getattr(op, "_alerting", None)) is not None:
+                    alerting.close()
+                metastore.dispose()
+
+    def _run(
+        self, context: Context, job: ScriptJob, metastore: Metastore, url: str, storage_url: str
+    ) -> dict[str, Any]:
+        from checkpointing_airflow.driver_scope import (
+            driver_metastore_url,
+            release_driver,
+            withheld_environment,
+            withheld_variables,
+        )
+
+        op, ti = self.op, context["ti"]
+        attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+        restore = "latest" if ti.try_number > 1 else str(op.restore)
+        parallelism = script_parallelism(op, ti.try_number)
+        before = job_coordinator(metastore, job.job)
+        op.log.info(
+            "job %s: try %d runs script %s, restore %s, parallelism %s",
+            job.job,
+            ti.try_number,
+            job.script,
+            restore,
+            parallelism if parallelism is not None else "(the script's)",
+        )
+        tracker = op.stats_tracker(context, job, metastore, attempt)  # type: ignore[arg-type]
+        watch = Watch(tracker, float(op.coordinator_poll))
+        watch.start()
+        driver_url = driver_metastore_url(op, metastore, job.job, attempt, url)
+        try:
+            self.prepare(job, restore, parallelism, driver_url, storage_url)
+            with withheld_environment(withheld_variables(op, scoped=driver_url != url)):
+                self.submit(context, job, metastore, parallelism)
+        finally:
+            watch.stop()
+            if driver_url != url:
+                release_driver(metastore, job.job, attempt)
+        return self.outcome(job, metastore, before, parallelism)
+
+    def prepare(
+        self,
+        job: ScriptJob,
+        restore: str,
+        parallelism: int | None,
+        metastore_url: str,
+        storage_url: str,
+    ) -> None:
+        """spark-submit's application (``ckpt run <script>``), conf and the driver's
+        environment (the job it must run in :data:`ENV_JOB`); the credentials for
+        spark-submit's own process environment are kept for :meth:`submit`."""
+        from checkpointing_airflow.operators import spark_application
+
+        op = self.op
+        op.application = spark_application()
+        op.application_args = ["run", str(job.script), "--restore", restore, "--", *job.args]
+        conf = {"spark.pyspark.python": sys.executable, **(op.conf or {})}
+        if parallelism is not None:
+            conf["spark.default.parallelism"] = str(parallelism)
+            conf["spark.sql.shuffle.partitions"] = str(parallelism)
+        op.conf = conf
+        op.env_vars = {**(op.env_vars or {}), ENV_JOB: job.job}
+        self.secrets = op.prepare_submit(op._driver_env(metastore_url, storage_url))
+
+    def submit(
+        self, context: Context, job: ScriptJob, metastore: Metastore, parallelism: int | None
+    ) -> None:
+        """spark-submit, credentials in its process environment only; a failed try logs one
+        line: how the driver ended, the job's last checkpoint and what the retry does."""
+        from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+        from checkpointing_airflow.driver_secrets import process_environment
+
+        op = self.op
+        try:
+            with process_environment(self.secrets):
+                SparkSubmitOperator.execute(op, context)
+        except BaseException as exc:
+            op.log.error("%s", failed_line(op, job, metastore, context["ti"].try_number, exc))
+            raise
+
+    def outcome(
+        self, job: ScriptJob, metastore: Metastore, before: str | None, parallelism: int | None
+    ) -> dict[str, Any]:
+        """The try's XCom, from the metastore; a script that ended without running its job
+        (``checkpointed`` never started, or under another job name) fails the try here."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from checkpointing.metastore.outcome import latest_completed
+
+        after = job_coordinator(metastore, job.job)
+        if after is None or after == before:
+            raise AirflowFailException(
+                f"job {job.job}: the script {job.script} ended without running "
+                f"checkpointed(spark, job={job.job!r}) (does it name another job?)"
+            )
+        latest = latest_completed(metastore, job.job)
+        outcome = {
+            "job": job.job,
+            "script": str(job.script),
+            "status": "FINISHED",
+            "parallelism": parallelism,
+            "last_checkpoint": None if latest is None else latest.checkpoint_id,
+        }
+        self.op.log.info("job %s: script finished; %s", job.job, outcome)
+        return outcome
+
+
+def job_coordinator(metastore: Metastore, job_id: str) -> str | None:
+    """The coordinator the job row names (a script run's ``checkpointed`` names a new one each
+    time it starts): None for a job never run. Compared only, never acted on."""
+    from checkpointing.coordination.drivers import read_state
+
+    return read_state(metastore, job_id).coordinator_id
+
+
+def failed_line(op: Any, job: ScriptJob, metastore: Any, try_number: int, exc: Any) -> str:
+    """The one line a failed script try logs."""
+    from checkpointing.metastore.outcome import latest_completed
+    from checkpointing_airflow.spark_submit_internals import submit_returncode
+
+    try:
+        latest = latest_completed(metastore, job.job)
+        last = (
+            "no completed checkpoint" if latest is None else f"last completed {latest.describe()}"
+        )
+    except Exception as error:  # the metastore may be what failed
+        last = f"last completed checkpoint unknown ({type(error).__name__})"
+    ending = driver_ending(submit_returncode(getattr(op, "_hook", None)), exc)
+    if (op.retries or 0) >= try_number:
+        nxt = script_parallelism(op, try_number + 1)
+        shown = "the script's" if nxt is None else str(nxt)
+        then = (
+            f"the retry (try {try_number + 1}) resumes from the latest checkpoint, reusing its "
+            f"completed steps, parallelism {shown}"
+        )
+    else:
+        then = "no retry left"
+    return f"job {job.job}: try {try_number}: the Spark driver {ending}; {last}; {then}"
+
+
+class Watch:
+    """Polls the try's stats tracker (metrics, alerts, lineage) while the driver runs: the
+    script's ``checkpointed`` coordinates, so no coordinator loop polls it here."""
+
+    def __init__(self, tracker: Any, every: float) -> None:
+        self.tracker = tracker
+        self.every = max(0.2, every)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="ckpt-script-watch", daemon=True)
+
+    def start(self) -> None:
+        self._poll(self.tracker.start)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.every):
+            self._poll(self.tracker.poll)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+        self._poll(self.tracker.poll)  # the try's last checkpoints
+
+    @staticmethod
+    def _poll(step: Any) -> None:
+        import logging
+
+        try:
+            step()
+        except Exception:  # the try's outcome is the job's, never the watch's
+            logging.getLogger(__name__).exception("checkpoint stats tracker failed")
+
+
+def script_retry_callback(context: Any, task: Any) -> None:
+    """``on_retry_callback`` for a script: nothing to abort or plan (the retry's
+    ``checkpointed`` takes over, keeping what the dead step's tasks had acknowledged, and
+    restores the latest checkpoint); the log says what it resumes from."""
+    import logging
+
+    from checkpointing.metastore.outcome import latest_completed
+    from checkpointing_airflow.hooks import open_metastore
+
+    log = logging.getLogger("checkpointing_airflow.callbacks")
+    job = str(task.job)
+    metastore = open_metastore(task.metastore_url())
+    try:
+        latest = latest_completed(metastore, job)
+    finally:
+        metastore.dispose()
+    nxt = script_parallelism(task, context["ti"].try_number + 1)
+    log.warning(
+        "failover: job %s: the retry runs the script again from %s, parallelism %s",
+        job,
+        "nothing" if latest is None else latest.describe(),
+        nxt if nxt is not None else "(the script's)",
+    )
+
+
+def script_failed_callback(context: Any, task: Any) -> None:
+    """``on_failure_callback`` for a script: the job's checkpoints stay as they are (a pending
+    step's acknowledged files too), so that a rerun resumes; the log says how."""
+    import logging
+
+    from checkpointing.metastore.outcome import latest_completed
+    from checkpointing_airflow.hooks import open_metastore
+
+    log = logging.getLogger("checkpointing_airflow.callbacks")
+    job = str(task.job)
+    metastore = open_metastore(task.metastore_url())
+    try:
+        latest = latest_completed(metastore, job)
+    finally:
+        metastore.dispose()
+    log.error(
+        "job %s failed after %d tries; %s: clear the task (or `ckpt run %s --restore latest`) "
+        "to resume from it",
+        job,
+        context["ti"].try_number,
+        "no completed checkpoint" if latest is None else f"its latest is {latest.describe()}",
+        os.fspath(task.application),
+    )
