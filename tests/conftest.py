@@ -105,6 +105,7 @@ LONGEST_FIRST = (
     "test_airflow_deferrable.py",
     "test_source_retention.py",
     "test_airflow_savepoints.py",
+    "test_airflow_steps.py",
     "test_delta_sink.py",
     "test_spark_cluster.py",
     "test_demo.py",
