@@ -12,6 +12,7 @@ checked in this process first: they fail before anything is submitted.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import random
 import secrets
@@ -40,6 +41,7 @@ from tests.airflow_harness import (
     migrate_airflow_db,
     wait_for,
 )
+from tests.test_airflow_failover import StatsD
 from tests.test_steps import expected, write_inputs
 
 EXAMPLE = REPO / "examples" / "steps"
@@ -106,9 +108,17 @@ def test_the_driver_refuses_a_job_the_task_does_not_declare(
 
 
 @pytest.fixture
-def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
+def statsd() -> Iterator[StatsD]:
+    server = StatsD()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def airflow(tmp_path: Path, statsd: StatsD) -> Iterator[LocalAirflow]:
     """api-server, scheduler and dag-processor on SQLite and the LocalExecutor, serving a copy
-    of ``examples/steps``; no process may be left afterwards."""
+    of ``examples/steps``, metrics to ``statsd``, lineage to ``lineage.jsonl``; no process may
+    be left afterwards."""
     home = tmp_path / "ckpt"
     home.mkdir()
     settings = Settings(
@@ -134,6 +144,12 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(16),
             "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(16),
             "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
+            "AIRFLOW__METRICS__STATSD_ON": "True",
+            "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
+            "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+                {"type": "file", "log_file_path": str(tmp_path / "lineage.jsonl"), "append": True}
+            ),
         },
         migrate_db=migrate_airflow_db,
     )
@@ -173,7 +189,7 @@ def _task_log(airflow: LocalAirflow, run_id: str, attempt: int) -> str:
 
 @pytest.mark.timeout(900)
 def test_a_script_task_killed_mid_run_is_retried_at_another_parallelism_exactly(
-    airflow: LocalAirflow, tmp_path: Path
+    airflow: LocalAirflow, tmp_path: Path, statsd: StatsD
 ) -> None:
     seed = int(os.environ.get("CKPT_CHAOS_SEED", random.randrange(1 << 30)))
     print(f"CKPT_CHAOS_SEED={seed}")
@@ -243,6 +259,16 @@ def test_a_script_task_killed_mid_run_is_retried_at_another_parallelism_exactly(
     for step in retried:
         newest = max(shared.glob(f"chk-*/{step}"), key=lambda p: int(p.parent.name[4:]))
         assert len(list(newest.glob("part-*.parquet"))) == ON_RETRY, step
+
+    # the job's checkpoints reached the metrics by its id, and the retry's lineage facet
+    assert f"airflow.ckpt.checkpoints.completed.{JOB}:1|c" in statsd.lines(), sorted(
+        x for x in statsd.lines() if ".ckpt." in x
+    )
+    events = [json.loads(x) for x in (tmp_path / "lineage.jsonl").read_text().split("\n") if x]
+    runs = [e for e in events if e["job"]["name"] == f"{DAG_ID}.{TASK}"]
+    assert [e["eventType"] for e in runs] == ["START", "FAIL", "START", "COMPLETE"], runs
+    facet = runs[-1]["run"]["facets"]["checkpointing"]
+    assert len(facet["checkpoints"]) == len(STEPS) - reused, facet
 
     got = ds.dataset(out / "final", format="parquet").to_table().to_pandas()
     got = got.sort_values(["day", "region"]).reset_index(drop=True)
