@@ -104,6 +104,28 @@ def test_the_driver_refuses_a_job_the_task_does_not_declare(
     assert "'daily_rev'" in line and "'daily_revenue'" in line and "\n" not in line
 
 
+def test_a_script_that_ran_no_checkpointed_job_fails_its_try(tmp_path: Path) -> None:
+    """Until the driver checks the job itself, the task does after the fact: a script that
+    ended without running the declared job (none, or another) fails for good, in one line."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator as Op
+    from checkpointing_airflow.script_submit import ScriptSubmit, script_job
+
+    script = tmp_path / "job.py"
+    script.write_text("print('no checkpointed here')\n")
+    op = Op(task_id="t", application=str(script), job="declared")
+    metastore = Metastore(f"sqlite:///{tmp_path / 'm.db'}", check_schema=False)
+    metastore.upgrade()
+    try:
+        with pytest.raises(AirflowFailException) as refused:
+            ScriptSubmit(op).outcome(script_job(op), metastore, None, None)
+    finally:
+        metastore.dispose()
+    line = str(refused.value)
+    assert "job declared:" in line and "checkpointed(spark, job='declared')" in line, line
+
+
 # ================================================================ the running Airflow
 
 
