@@ -157,6 +157,13 @@ class Metastore:
                 "run `ckpt db upgrade`"
             )
 
+    def ensure_schema(self) -> None:
+        """Create or migrate an embedded metastore's schema unless it is current already: a
+        step job or script starting checks one row instead of importing and running Alembic
+        (half a second, every run)."""
+        if self.missing or self.current_revision() != self.head_revision():
+            self.upgrade()
+
     def upgrade(self, revision: str = "head") -> tuple[str | None, str]:
         """Create or migrate the schema; returns (before, after) revisions."""
         if self.missing:  # creating it is what an upgrade is for

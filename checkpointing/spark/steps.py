@@ -43,7 +43,7 @@ from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointS
 from checkpointing.status import JobStatus
 from checkpointing.steps.identity import StepIdentity, step_name
 from checkpointing.steps.plan import StepRecord, change_line, decide, downstream_of, restored_steps
-from checkpointing.steps.script import ENV_RESTORE, RESTORES, check_restore
+from checkpointing.steps.script import ENV_RESTORE, RESTORES, check_job, check_restore
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class CheckpointedJob:
         self.spark = spark
         # an interval's job instance id would be authorised as its pipeline's DAG (the API)
         self.job = check_job_name(step_name(job))
+        check_job(self.job)  # deployed by the operator: the task's declared job
         settings = settings or Settings.resolve()
         self.storage = storage or CheckpointStorage.from_url(settings.storage_url)
         #: a savepoint given by path: read and verified before anything is written
@@ -96,7 +97,7 @@ class CheckpointedJob:
         )
         if metastore is None:
             if settings.embedded_metastore:
-                Metastore(settings.metastore_url, check_schema=False).upgrade()
+                Metastore(settings.metastore_url, check_schema=False).ensure_schema()
             metastore = Metastore(settings.metastore_url)
         self.metastore = metastore
         self.restore = restore
