@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -195,7 +194,7 @@ def checkpoint_step(
     sized = step_writer.shuffle_partitions(spark, input_bytes)
     with step_writer.step_settings(spark, {**sized, **extra}):
         fresh = df.select("*")
-        n = step_writer.partition_count(spark, fresh)
+        prepared, n = step_writer.planned(spark, fresh)
         inputs = scan_inputs(fresh) if extra else [None] * n
         if extra and len(inputs) != n:  # not one partition per input file after all
             log.info("step %s: %d tasks over %d input splits: not resumable", name, n, len(inputs))
@@ -235,7 +234,7 @@ def checkpoint_step(
         missing = [p for p in range(n) if p not in acker.files]
         if kept is None:
             acker.start()
-            step_writer.write_partitions(spark, fresh, directory)
+            step_writer.write_partitions(spark, prepared, directory)
             acker.finish()
         elif missing:
             _write_missing(spark, storage, fn, input, missing, inputs, directory, acker)
@@ -263,7 +262,7 @@ def _link_kept(
     target_dir.mkdir(parents=True, exist_ok=True)
     linked = []
     for p, (url, size, checksum, _) in sorted(kept.files.items()):
-        name = f"part-{p:05d}-{uuid.uuid4()}-c000.snappy.parquet"
+        name = step_writer.part_name(p)
         os.link(storage.path_of(url), target_dir / name)
         linked.append(StepFile(p, f"{directory}/{name}", size, checksum))
     acker.ack_many(linked)
@@ -297,7 +296,7 @@ def _write_missing(
                 continue
             source = order[int(match.group(1))]
             p = wanted[source]
-            name = f"part-{p:05d}-{uuid.uuid4()}-c000.snappy.parquet"
+            name = step_writer.part_name(p)
             os.rename(entry, storage.path_of(directory) / name)
             size, checksum = step_writer.file_checksum(storage, f"{directory}/{name}")
             written.append(StepFile(p, f"{directory}/{name}", size, checksum))
