@@ -23,338 +23,38 @@ restores one (:mod:`checkpointing.spark.step_savepoints`).
 
 from __future__ import annotations
 
-import logging
-import os
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
+import contextlib
+import importlib
+import threading
+from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import DataFrame, SparkSession
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
-from checkpointing.config import CheckpointConfig, Settings
-from checkpointing.metastore.engine import Metastore
-from checkpointing.pipeline.interval import check_job_name
-from checkpointing.restore.lookup import find_latest_valid
-from checkpointing.spark import step_salvage, step_savepoints, step_writer
-from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
-from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
-from checkpointing.status import JobStatus
-from checkpointing.steps.identity import StepIdentity, step_name
-from checkpointing.steps.plan import StepRecord, change_line, decide, downstream_of, restored_steps
-from checkpointing.steps.script import ENV_RESTORE, RESTORES, check_job, check_restore
+    from checkpointing.spark.step_job import CheckpointedJob, StepStats
 
-log = logging.getLogger(__name__)
+__all__ = ["CheckpointedJob", "StepStats", "checkpointed"]
 
-#: a step may run for hours: its checkpoint must not expire while Spark writes it
-STEP_TIMEOUT = timedelta(days=2)
+_IMPL = "checkpointing.spark.step_job"
 
 
-@dataclass
-class StepStats:
-    """What a run did, step by step (the test's and the log's counts)."""
-
-    reused: list[str] = field(default_factory=list)
-    computed: list[str] = field(default_factory=list)
-    #: step -> partitions computed by this run (all of them, or only the missing ones)
-    partitions_computed: dict[str, int] = field(default_factory=dict)
-    #: step -> partitions kept from a checkpoint cut short
-    partitions_salvaged: dict[str, int] = field(default_factory=dict)
-    bytes_written: int = 0
-    restored_from: int | None = None
-    published: dict[str, str] = field(default_factory=dict)
+def _warm() -> None:
+    # an error here is raised again where it matters: checkpointed() imports the module too
+    with contextlib.suppress(Exception):
+        importlib.import_module(_IMPL)
 
 
-class CheckpointedJob:
-    """One run of a job whose steps are checkpoints; use as a context manager
-    (:func:`checkpointed`)."""
+#: a script imports this module before it builds its SparkSession: the step API's own imports
+#: (the metastore's SQLAlchemy, the coordinator; about a second and a half) run on this thread
+#: while the JVM starts, instead of before it
+_WARMING = threading.Thread(target=_warm, name="ckpt-steps-import", daemon=True)
+_WARMING.start()
 
-    def __init__(
-        self,
-        spark: SparkSession,
-        job: str,
-        *,
-        metastore: Metastore | None = None,
-        storage: CheckpointStorage | None = None,
-        settings: Settings | None = None,
-        restore: str | None = None,
-        verify: bool = True,
-    ) -> None:
-        # none given: what `ckpt run script.py --restore` says, else the latest checkpoint
-        restore = check_restore(restore or os.environ.get(ENV_RESTORE) or "latest")
-        self.spark = spark
-        # an interval's job instance id would be authorised as its pipeline's DAG (the API)
-        self.job = check_job_name(step_name(job))
-        check_job(self.job)  # deployed by the operator: the task's declared job
-        settings = settings or Settings.resolve()
-        self.storage = storage or CheckpointStorage.from_url(settings.storage_url)
-        #: a savepoint given by path: read and verified before anything is written
-        self._savepoint = (
-            None
-            if restore in RESTORES
-            else step_savepoints.load_savepoint(self.storage, restore, self.job, deep=verify)
-        )
-        if metastore is None:
-            if settings.embedded_metastore:
-                Metastore(settings.metastore_url, check_schema=False).ensure_schema()
-            metastore = Metastore(settings.metastore_url)
-        self.metastore = metastore
-        self.restore = restore
-        self.verify = verify
-        self.run_id = uuid.uuid4().hex[:8]
-        self.stats = StepStats()
-        self.coordinator: step_savepoints.StepCoordinator | None = None
-        #: where a stop-with-savepoint ended the run (``restore=`` it to resume)
-        self.stopped_with_savepoint: str | None = None
-        self._publishing = False
-        self.restored: dict[str, StepRecord] = {}
-        self._done: dict[str, StepRecord] = {}
-        #: steps this run computes: whatever reads them is computed too
-        self._computed: set[str] = set()
-        #: restored steps a change made stale (a changed step and what is downstream of it)
-        self._stale: set[str] = set()
-        self._by_file: dict[str, str] = {}
-        self._salvage: step_salvage.Salvage | None = None
-        self._seq = 0
 
-    # ------------------------------------------------------------------ lifecycle
-
-    def __enter__(self) -> CheckpointedJob:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        stopped = isinstance(exc, step_savepoints.StoppedWithSavepoint)
-        self.close(JobStatus.FAILED if exc_type is not None and not stopped else JobStatus.FINISHED)
-        return stopped  # a stop-with-savepoint ends the `with` block, not the script
-
-    def start(self) -> None:
-        """Register the job, restore its latest completed checkpoint, keep what a crashed
-        run's step had acknowledged, then become its coordinator."""
-        config = CheckpointConfig(timeout=STEP_TIMEOUT)
-        coordinator = step_savepoints.StepCoordinator(
-            self.job, self.metastore, self.storage, config, coordinator_id=f"steps-{self.run_id}"
-        )
-        decision = self._savepoint
-        if self.restore == "latest":
-            decision = find_latest_valid(self.metastore, self.storage, self.job, deep=self.verify)
-        if decision is not None:
-            self.restored = restored_steps(decision.metadata)
-            self.stats.restored_from = decision.checkpoint_id
-            if decision.checkpoint_id is not None:
-                log.info(
-                    "job %s: restored checkpoint %d: completed steps %s",
-                    self.job,
-                    decision.checkpoint_id,
-                    sorted(self.restored),
-                )
-        if self.restore == "latest":
-            # before the takeover aborts (and deletes) the crashed run's pending checkpoint
-            self._salvage = step_salvage.Salvage.collect(self.metastore, self.storage, self.job)
-        coordinator.activate()
-        coordinator.job_status_changed(JobStatus.RUNNING)
-        self.coordinator = coordinator
-        by_path = self._savepoint is not None
-        if decision is not None and step_savepoints.needs_adoption(
-            decision, self.storage, self.job, by_path=by_path
-        ):
-            try:  # a savepoint's files become the job's shared state (the savepoint is left)
-                self.restored = step_savepoints.adopt(coordinator, self.restored, self.run_id)
-            except BaseException:
-                self.close(JobStatus.FAILED)
-                raise
-
-    def close(self, status: JobStatus = JobStatus.FINISHED) -> None:
-        if self.coordinator is None:
-            return
-        if self._salvage is not None:
-            self._salvage.discard()
-        self.coordinator.shutdown(status)
-        self.coordinator = None
-        log.info(
-            "job %s: %s; steps reused %s, computed %s, partitions computed %s, salvaged %s",
-            self.job,
-            status.value.lower(),
-            self.stats.reused,
-            self.stats.computed,
-            self.stats.partitions_computed,
-            self.stats.partitions_salvaged,
-        )
-
-    # ------------------------------------------------------------------ steps
-
-    def step(
-        self,
-        name: str,
-        fn: Callable[..., DataFrame],
-        *,
-        input: DataFrame | None = None,
-    ) -> DataFrame:
-        """Run ``fn()`` (``fn(input)`` given ``input``) as checkpointed step ``name``, or reuse
-        its checkpoint; the step's rows read back from its checkpoint."""
-        name = step_name(name)
-        if self.coordinator is None:
-            raise RuntimeError("ck.step runs inside `with checkpointed(...) as ck:`")
-        if name in self._done:
-            raise ValueError(f"step {name}: a job's step names must be unique")
-        df = fn() if input is None else fn(input)
-        if not isinstance(df, DataFrame):
-            raise TypeError(
-                f"step {name}: the function returned {type(df).__name__}, not a DataFrame"
-            )
-        with step_writer.step_settings(self.spark):
-            facts = step_writer.describe(self.spark, df, self.storage, self.job)
-        upstream = sorted({self._by_file[f] for f in facts.step_files if f in self._by_file})
-        foreign = [f for f in facts.step_files if f not in self._by_file]
-        if foreign:
-            raise ValueError(
-                f"step {name}: reads {foreign[0]}, a checkpoint file of no step of this run"
-            )
-        identity = StepIdentity(
-            name,
-            facts.plan,
-            facts.named_plan,
-            facts.schema,
-            facts.inputs,
-            tuple((u, self._done[u].fingerprint) for u in upstream),
-        )
-        fingerprint = identity.fingerprint
-        computed_upstream = [u for u in upstream if u in self._computed]
-        why_upstream = (
-            f"it reads step {computed_upstream[0]}, which this run computes"
-            if computed_upstream
-            else None
-        )
-        decision = decide(name, fingerprint, self.restored, why_upstream)
-        if decision.reuse is not None and name not in self._stale:
-            record = decision.reuse
-            self.stats.reused.append(name)
-            log.info("job %s: step %s unchanged: reusing its checkpoint", self.job, name)
-        else:
-            if name in self.restored and name not in self._stale:
-                stale = [name, *downstream_of(name, self.restored)]
-                self._stale.update(stale)
-                log.warning(change_line(self.job, name, self.restored))
-            elif name not in self.restored:
-                log.info("job %s: step %s: computing it (%s)", self.job, name, decision.reason)
-            if facts.nondeterministic:
-                log.info(
-                    "job %s: step %s is checkpointed whole: %s",
-                    self.job,
-                    name,
-                    facts.nondeterministic,
-                )
-            record = self._compute(name, df, fingerprint, tuple(upstream), facts, input, fn)
-            self._computed.add(name)
-            self.stats.computed.append(name)
-        self._done[name] = record
-        self._by_file.update({u: name for u in record.urls})
-        if not self._publishing:
-            self._boundary()
-        return step_writer.read_step(self.spark, record)
-
-    def _boundary(self) -> None:
-        """A step boundary: take the savepoint requests queued meanwhile; a stop-with-savepoint
-        ends the run (:class:`~checkpointing.spark.step_savepoints.StoppedWithSavepoint`)."""
-        assert self.coordinator is not None
-        stop = step_savepoints.take_requests(self.coordinator, self._carried(), self.run_id)
-        if stop is not None:
-            self.stopped_with_savepoint = stop.location
-            raise step_savepoints.StoppedWithSavepoint(stop.checkpoint_id, stop.location)
-
-    def _carried(self) -> list[StepRecord]:
-        """What the next step checkpoint carries: this run's steps, and the restored ones not
-        reached yet that no change made stale (a later step may still reuse them)."""
-        later = [
-            r for n, r in self.restored.items() if n not in self._done and n not in self._stale
-        ]
-        return [*self._done.values(), *later]
-
-    def _compute(
-        self,
-        name: str,
-        df: DataFrame,
-        fingerprint: str,
-        upstream: tuple[str, ...],
-        facts: step_writer.PlanFacts,
-        input: DataFrame | None,
-        fn: Callable[..., DataFrame],
-    ) -> StepRecord:
-        assert self.coordinator is not None
-        self._seq += 1
-        kept = self._salvage.take(name, fingerprint) if self._salvage is not None else None
-        resumable = step_salvage.resumable(name, kept, facts, input)
-        if kept is not None and resumable is not None:
-            log.info(
-                "job %s: step %s reruns whole: %s (%d partitions were acknowledged)",
-                self.job,
-                name,
-                resumable,
-                len(kept.files),
-            )
-            kept = None
-        record, computed, salvaged = step_salvage.checkpoint_step(
-            self.spark,
-            self.coordinator,
-            name=name,
-            df=df,
-            fingerprint=fingerprint,
-            upstream=upstream,
-            deterministic=facts.nondeterministic is None,
-            carried=self._carried(),
-            run=self.run_id,
-            seq=self._seq,
-            kept=kept,
-            narrow=facts.narrow and facts.nondeterministic is None,
-            input=input,
-            fn=fn,
-            input_bytes=self._bytes_read(facts),
-        )
-        self.stats.partitions_computed[name] = computed
-        if salvaged:
-            self.stats.partitions_salvaged[name] = salvaged
-        self.stats.bytes_written += record.size
-        return record
-
-    def _bytes_read(self, facts: step_writer.PlanFacts) -> int:
-        """The bytes a step reads: its input files' and the checkpointed steps' files."""
-        sizes = {f.handle: f.size for r in self._done.values() for f in r.files if f.handle}
-        return sum(i.size for i in facts.inputs) + sum(sizes.get(u, 0) for u in facts.step_files)
-
-    # ------------------------------------------------------------------ output
-
-    def write(
-        self, df: DataFrame, path: str, format: str = "parquet", *, name: str = "output"
-    ) -> str:
-        """Publish ``df`` at ``path`` exactly once: checkpointed as step ``name``, then written
-        as ``<path>/final-<token>`` and swapped in as ``<path>/final`` atomically
-        (:class:`~checkpointing.spark.parquet_sink.TwoPhaseCommitSink`); the token is the step's
-        fingerprint, so a rerun that reuses the step publishes nothing twice."""
-        if format != "parquet":
-            raise ValueError(f"format: only 'parquet' is supported, not {format!r}")
-        sink = TwoPhaseCommitSink(path, job=self.job)  # refused before anything runs
-        self._publishing = True  # its boundary is after the publish
-        try:
-            out = self.step(name, lambda: df)
-        finally:
-            self._publishing = False
-        record = self._done[name]
-        token = record.fingerprint.split(":", 1)[1][:32]
-        # the step's files are the table: linked, not written a second time (only files inside
-        # this job's shared state, as the step's own writer put them)
-        shared = self.storage.shared_url(self.job)
-        files = (
-            [self.storage.path_of(u) for u in record.urls]
-            if isinstance(self.storage, FileSystemCheckpointStorage)
-            and all(self.storage.contains(u, shared) for u in record.urls)
-            else None
-        )
-        published = sink.publish_final(out, token, files)
-        self.stats.published[name] = published
-        log.info("job %s: published %s at %s", self.job, name, published)
-        self._boundary()
-        return published
+def __getattr__(name: str) -> Any:
+    if name in ("CheckpointedJob", "StepStats"):
+        return getattr(importlib.import_module(_IMPL), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def checkpointed(spark: SparkSession, job: str, **options: Any) -> CheckpointedJob:
@@ -363,4 +63,6 @@ def checkpointed(spark: SparkSession, job: str, **options: Any) -> CheckpointedJ
     settings (``CKPT_METASTORE_URL``, ``CKPT_STORAGE_URL``, ``CKPT_HOME``); ``restore="none"``
     starts from nothing (default: ``ckpt run script.py --restore``'s, else ``latest``);
     ``verify=False`` checks sizes instead of checksums on restore."""
-    return CheckpointedJob(spark, job, **options)
+    impl = importlib.import_module(_IMPL)  # waits for the warming thread's import, if running
+    job_class: type[CheckpointedJob] = impl.CheckpointedJob
+    return job_class(spark, job, **options)

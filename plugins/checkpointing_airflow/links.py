@@ -34,9 +34,10 @@ class CheckpointsLink(BaseOperatorLink):
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         """The page of the job the try ran: an interval run's own instance (Airflow computes the
-        link as the try ends, its interval rendered), else the DAG's (a factory DAG's id is its
-        job's) when the spec cannot be read here."""
-        job = ti_key.dag_id
-        with contextlib.suppress(Exception):  # a missing link must not hide the try's outcome
-            job = operator.load_spec().job  # type: ignore[attr-defined]
+        link as the try ends, its interval rendered), a script's declared ``job``, else the
+        DAG's (a factory DAG's id is its job's) when the spec cannot be read here."""
+        job = getattr(operator, "job", None) or ti_key.dag_id  # a script's declared job
+        if getattr(operator, "pipeline", None):
+            with contextlib.suppress(Exception):  # a missing link must not hide the try's outcome
+                job = operator.load_spec().job  # type: ignore[attr-defined]
         return checkpoints_page(job)

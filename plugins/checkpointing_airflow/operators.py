@@ -3,7 +3,6 @@ lifetime, its checkpoint coordinator (Flink's JobManager role)."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import sys
@@ -17,6 +16,7 @@ from airflow.sdk.configuration import conf
 from checkpointing.coordination.heartbeat import HEARTBEAT_TIMEOUT
 from checkpointing.metastore.jobs import storage_url_for_run
 from checkpointing_airflow import try_plan
+from checkpointing_airflow.application import spark_application
 from checkpointing_airflow.attempts import attempt_id, failed_try_line
 from checkpointing_airflow.aws_credentials import storage_environment
 from checkpointing_airflow.deferred import DeferredSubmit
@@ -45,14 +45,6 @@ if TYPE_CHECKING:
     from checkpointing.pipeline.spec import PipelineSpec
 
 log = logging.getLogger(__name__)
-
-
-def spark_application() -> str:
-    """The file spark-submit runs: ``checkpointing/cli/spark_app.py`` of the installed package
-    (the ``ckpt`` command line; a file path, so the plugin imports no Spark module for it)."""
-    spec = importlib.util.find_spec("checkpointing")
-    assert spec is not None and spec.submodule_search_locations
-    return str(Path(next(iter(spec.submodule_search_locations))) / "cli" / "spark_app.py")
 
 
 class CheckpointedSparkSubmitOperator(SparkSubmitOperator):

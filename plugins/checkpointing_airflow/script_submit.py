@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from checkpointing.steps.script import ENV_JOB, RESTORES
+from checkpointing_airflow.application import spark_application
 from checkpointing_airflow.attempts import attempt_id, driver_ending
 from checkpointing_airflow.try_plan import truthy
 
@@ -213,8 +214,6 @@ class ScriptSubmit:
         """spark-submit's application (``ckpt run <script>``), conf and the driver's
         environment (the job it must run in :data:`ENV_JOB`); the credentials for
         spark-submit's own process environment are kept for :meth:`submit`."""
-        from checkpointing_airflow.operators import spark_application
-
         op = self.op
         op.application = spark_application()
         op.application_args = ["run", str(job.script), "--restore", restore, "--", *job.args]
