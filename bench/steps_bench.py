@@ -5,12 +5,17 @@
 * ``crashed + resumed / W``: the checkpointed job SIGKILLed at 80 % of that round's W time,
   then rerun: the killed part (0.8 W) plus the resume, against 1.8 for rerunning W from zero;
 * ``killed in step 4 + resumed / W``: SIGKILLed as its 4th step (the write) starts, whenever
-  that is, then rerun: the time until the kill plus the resume.
+  that is, then rerun: the time until the kill plus the resume;
+* what the figures are made of: ``manual / W``, the same steps written with Spark's own writer
+  and read back by hand (the floor any checkpoint of every step pays), ``steps / manual`` (what
+  the step API adds to that floor), ``resume after step 4 / W`` (the resume alone) and
+  ``start / W`` (a process that only starts its session and reads the inputs' schemas: what
+  every resume pays before its own work).
 
 Each figure is the median of the per-round ratios (min-max); each run records the share of the
 cores busy just before it and other JVMs seen (``bench/machine.py``). Every checkpointed run's
-output is compared with W's (pyarrow, after the timing). Results: ``bench/results/steps.json``
-(``--quick``: ``steps-quick.json``, small data, one round)."""
+output, and the manual one's, is compared with W's (pyarrow, after the timing). Results:
+``bench/results/steps.json`` (``--quick``: ``steps-quick.json``, small data, one round)."""
 
 from __future__ import annotations
 
@@ -160,12 +165,20 @@ def main() -> None:
         steps: dict[int, float] = {}
         crashed: dict[int, float] = {}
         in_last: dict[int, float] = {}
+        manual: dict[int, float] = {}
+        start: dict[int, float] = {}
+        resume_alone: dict[int, float] = {}
         for rnd in range(args.rounds):
             plain = run("plain", data, work / f"w-{rnd}", work / f"hw-{rnd}", args.master)
             w[rnd] = plain["seconds"]
             full = run("steps", data, work / f"s-{rnd}", work / f"hs-{rnd}", args.master)
             steps[rnd] = full["seconds"]
             same = rows_of(work / f"w-{rnd}") == rows_of(work / f"s-{rnd}" / "final")
+            by_hand = run("manual", data, work / f"m-{rnd}", work / f"hm-{rnd}", args.master)
+            manual[rnd] = by_hand["seconds"]
+            same = same and rows_of(work / f"w-{rnd}") == rows_of(work / f"m-{rnd}" / "final")
+            started = run("start", data, work / f"z-{rnd}", work / f"hz-{rnd}", args.master)
+            start[rnd] = started["seconds"]
             home = work / f"hc-{rnd}"
             killed = run(
                 "steps", data, work / f"c-{rnd}", home, args.master, kill_after=CRASH_AT * w[rnd]
@@ -180,20 +193,23 @@ def main() -> None:
             )
             resumed4 = run("steps", data, work / f"k-{rnd}", home4, args.master)
             in_last[rnd] = killed4["seconds"] + resumed4["seconds"]
+            resume_alone[rnd] = resumed4["seconds"]
             same_after = same_after and rows_of(work / f"w-{rnd}") == rows_of(
                 work / f"k-{rnd}" / "final"
             )
             killed4["variant"], resumed4["variant"] = "killed-in-step-4", "resumed-after-step-4"
             runs += [killed4, resumed4]
-            for record in (plain, full, killed, resumed, killed4, resumed4):
+            for record in (plain, full, by_hand, started, killed, resumed, killed4, resumed4):
                 record["round"] = rnd
                 record["load_flags"] = load_flags(record)
             full["output_equals_w"], resumed["output_equals_w"] = same, same_after
+            by_hand["output_equals_w"] = same
             killed["variant"], resumed["variant"] = "killed", "resumed"
-            runs += [plain, full, killed, resumed]
+            runs += [plain, full, by_hand, started, killed, resumed]
             print(
                 f"round {rnd}: W {w[rnd]:.1f} s, steps {steps[rnd]:.1f} s "
-                f"({steps[rnd] / w[rnd]:.2f}x), killed at {CRASH_AT * w[rnd]:.1f} s + resumed "
+                f"({steps[rnd] / w[rnd]:.2f}x), by hand {manual[rnd]:.1f} s, start alone "
+                f"{start[rnd]:.1f} s, killed at {CRASH_AT * w[rnd]:.1f} s + resumed "
                 f"{resumed['seconds']:.1f} s ({crashed[rnd] / w[rnd]:.2f}x; reused "
                 f"{resumed.get('reused')}); killed in step 4 at {killed4['seconds']:.1f} s + "
                 f"resumed {resumed4['seconds']:.1f} s ({in_last[rnd] / w[rnd]:.2f}x; reused "
@@ -214,6 +230,10 @@ def main() -> None:
                 "steps_over_w": paired_ratios(steps, w),
                 "crashed_resumed_over_w": paired_ratios(crashed, w),
                 "killed_in_step_4_resumed_over_w": paired_ratios(in_last, w),
+                "manual_over_w": paired_ratios(manual, w),
+                "steps_over_manual": paired_ratios(steps, manual),
+                "resume_after_step_4_over_w": paired_ratios(resume_alone, w),
+                "start_over_w": paired_ratios(start, w),
                 "w_rerun_over_w": 1 + CRASH_AT,
             },
             "w_seconds": w,

@@ -50,10 +50,10 @@ _PART = re.compile(r"^part-(\d{5,})-[0-9a-f-]+(?:-c\d+)?(?:\.[a-z0-9]+)*\.parque
 _LEFTOVER = re.compile(r"^(\..+\.crc|_SUCCESS)$")
 #: while a step is planned and written: a task plan fixed before it runs
 STEP_SQL = {"spark.sql.adaptive.enabled": "false"}
-#: step files are whole intermediate tables: Zstandard makes them about a third smaller than
-#: Spark's default Snappy for less CPU (measured on the step benchmark's join), and every
-#: Parquet reader in use (Spark, pyarrow, DuckDB) reads it
-CODEC = "zstd"
+#: Spark's default codec, named: the files this project links into a step's directory itself are
+#: named as the writer names its own. (Zstandard makes them a third smaller but costs about 7 %
+#: more CPU to write, measured on the step benchmark's join.)
+CODEC = "snappy"
 WRITE_OPTIONS = {
     "compression": CODEC,
     "mapreduce.fileoutputcommitter.algorithm.version": "2",
