@@ -47,6 +47,7 @@ __all__ = [
     "assert_exactly_once",
     "assert_nothing_left",
     "described",
+    "embedded_checkpointing",
     "free_port",
     "freeze",
     "fresh_pg_database",
@@ -159,6 +160,25 @@ def migrate_airflow_db(env: Mapping[str, str]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with closing(sqlite3.connect(template)) as src, closing(sqlite3.connect(target)) as dst:
         src.backup(dst)
+
+
+def embedded_checkpointing(root: Path) -> Any:
+    """``root/ckpt``: an embedded metastore (its schema created) and file checkpoint storage, as
+    a local Airflow scenario's settings."""
+    from checkpointing.config import Settings
+    from checkpointing.metastore.engine import Metastore
+
+    home = root / "ckpt"
+    home.mkdir()
+    settings = Settings(
+        metastore_url=f"sqlite:///{home / 'metastore.db'}",
+        storage_url=(home / "checkpoints").as_uri(),
+        home=home,
+    )
+    created = Metastore(settings.metastore_url, check_schema=False)
+    created.upgrade()
+    created.dispose()
+    return settings
 
 
 def make_airflow_home(root: Path, database_url: str, ckpt_home: Path) -> AirflowHome:

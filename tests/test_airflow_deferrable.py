@@ -22,7 +22,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from checkpointing.config import Settings
 from checkpointing.coordination.drivers import DriverIdentity
 from checkpointing.metastore.engine import Metastore
 from demo.local_airflow import LocalAirflow, local_airflow
@@ -31,6 +30,7 @@ from tests.airflow_harness import (
     DEADLINE_S,
     Api,
     assert_nothing_left,
+    embedded_checkpointing,
     free_port,
     migrate_airflow_db,
     wait_for,
@@ -42,16 +42,7 @@ def airflow(tmp_path: Path) -> Iterator[LocalAirflow]:
     """api-server, scheduler, dag-processor and triggerer on SQLite and the LocalExecutor (as
     many workers as days); afterwards any detached driver still running is stopped, and no
     process may be left."""
-    home = tmp_path / "ckpt"
-    home.mkdir()
-    settings = Settings(
-        metastore_url=f"sqlite:///{home / 'metastore.db'}",
-        storage_url=(home / "checkpoints").as_uri(),
-        home=home,
-    )
-    created = Metastore(settings.metastore_url, check_schema=False)
-    created.upgrade()
-    created.dispose()
+    settings = embedded_checkpointing(tmp_path)
     dags = tmp_path / "dags"
     dags.mkdir()
     scenario.write_daily_pipeline(tmp_path, dags)

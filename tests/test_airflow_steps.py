@@ -27,7 +27,6 @@ import pyarrow.dataset as ds
 import pytest
 from sqlalchemy import func, select
 
-from checkpointing.config import Settings
 from checkpointing.errors import ConfigError
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Checkpoint
@@ -37,6 +36,7 @@ from tests.airflow_harness import (
     REPO,
     Api,
     assert_nothing_left,
+    embedded_checkpointing,
     free_port,
     migrate_airflow_db,
     wait_for,
@@ -141,16 +141,7 @@ def airflow(tmp_path: Path, statsd: StatsD) -> Iterator[LocalAirflow]:
     """api-server, scheduler and dag-processor on SQLite and the LocalExecutor, serving a copy
     of ``examples/steps``, metrics to ``statsd``, lineage to ``lineage.jsonl``; no process may
     be left afterwards."""
-    home = tmp_path / "ckpt"
-    home.mkdir()
-    settings = Settings(
-        metastore_url=f"sqlite:///{home / 'metastore.db'}",
-        storage_url=(home / "checkpoints").as_uri(),
-        home=home,
-    )
-    created = Metastore(settings.metastore_url, check_schema=False)
-    created.upgrade()
-    created.dispose()
+    settings = embedded_checkpointing(tmp_path)
     dags = tmp_path / "dags"
     shutil.copytree(EXAMPLE, dags, ignore=shutil.ignore_patterns("__pycache__"))
     local = local_airflow(

@@ -96,3 +96,18 @@ def _watch(step: Callable[[], object]) -> None:
         step()
     except Exception:
         log.exception("checkpoint stats tracker failed")
+
+
+def name_successor(metastore: Metastore, job_id: str, attempt: str) -> bool:
+    """Name ``attempt`` the job's coordinator without taking over: from now on the previous
+    coordinator (an earlier try's driver that may outlive its task) is fenced on every path,
+    while its PENDING checkpoints stay as they are until ``attempt``'s own process activates
+    (a step job salvages what they acknowledged first, :mod:`checkpointing.spark.step_salvage`).
+    False when the job was never registered (nothing to fence)."""
+    with metastore.transaction() as s:
+        job = jobs.lock_job(s, job_id)
+        if job is None:
+            return False
+        jobs.update_job(s, job_id, coordinator_id=attempt)
+    log.info("job %s: coordinator %s named; its predecessor is fenced", job_id, attempt)
+    return True

@@ -152,11 +152,18 @@ class CheckpointCoordinator:
 
     # ================================================================ lifecycle
 
-    def activate(self) -> list[int]:
+    def activate(self, *, unless_superseded: bool = False) -> list[int]:
         """Become the job's coordinator. Pending checkpoints of a previous coordinator (whose
-        process died) are aborted as coordinator failover, which does not count as a failure."""
+        process died) are aborted as coordinator failover, which does not count as a failure.
+        ``unless_superseded``: a process the job row may already name a successor of (a try's
+        driver whose task named its coordinator id,
+        :func:`~checkpointing.coordination.attempt.name_successor`) is refused with
+        ``CoordinatorSuperseded`` instead, in the same transaction."""
         now = self.clock.now()
         with self.metastore.transaction() as s:
+            refusal = self.fencing.superseded(s) if unless_superseded else None
+            if refusal is not None:
+                raise refusal
             jobs.update_job(s, self.job_id, coordinator_id=self.coordinator_id)
             aborted = pending.abort(
                 s,

@@ -14,6 +14,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from checkpointing.config import CheckpointConfig, Settings
+from checkpointing.ids import validate_id
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.interval import check_job_name
 from checkpointing.restore.lookup import find_latest_valid
@@ -23,7 +24,13 @@ from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointS
 from checkpointing.status import JobStatus
 from checkpointing.steps.identity import StepIdentity, step_name
 from checkpointing.steps.plan import StepRecord, change_line, decide, downstream_of, restored_steps
-from checkpointing.steps.script import ENV_RESTORE, RESTORES, check_job, check_restore
+from checkpointing.steps.script import (
+    ENV_COORDINATOR,
+    ENV_RESTORE,
+    RESTORES,
+    check_job,
+    check_restore,
+)
 
 #: the step API's log lines (which step runs, reused or computed) under its public module's name
 log = logging.getLogger("checkpointing.spark.steps")
@@ -114,9 +121,21 @@ class CheckpointedJob:
         """Register the job, restore its latest completed checkpoint, keep what a crashed
         run's step had acknowledged, then become its coordinator."""
         config = CheckpointConfig(timeout=STEP_TIMEOUT)
+        # deployed by the operator: the coordinator id its try named (an earlier try's driver,
+        # still running, is fenced by it), else this run's own
+        named = os.environ.get(ENV_COORDINATOR)
         coordinator = step_savepoints.StepCoordinator(
-            self.job, self.metastore, self.storage, config, coordinator_id=f"steps-{self.run_id}"
+            self.job,
+            self.metastore,
+            self.storage,
+            config,
+            coordinator_id=validate_id(named, ENV_COORDINATOR) if named else f"steps-{self.run_id}",
         )
+        if named:  # refused before it salvages or restores anything once a later try named another
+            with self.metastore.transaction() as s:
+                refusal = coordinator.fencing.superseded(s)
+            if refusal is not None:
+                raise refusal
         decision = self._savepoint
         if self.restore == "latest":
             decision = find_latest_valid(self.metastore, self.storage, self.job, deep=self.verify)
@@ -133,7 +152,7 @@ class CheckpointedJob:
         if self.restore == "latest":
             # before the takeover aborts (and deletes) the crashed run's pending checkpoint
             self._salvage = step_salvage.Salvage.collect(self.metastore, self.storage, self.job)
-        coordinator.activate()
+        coordinator.activate(unless_superseded=bool(named))
         coordinator.job_status_changed(JobStatus.RUNNING)
         self.coordinator = coordinator
         by_path = self._savepoint is not None

@@ -33,6 +33,10 @@ ENV_RESTORE = "CKPT_RESTORE"
 RESTORES = ("latest", "none")
 #: the job the deploying task declared (``job=`` of the Airflow operator), set in the driver
 ENV_JOB = "CKPT_JOB"
+#: the coordinator id the deploying task named for this try
+#: (:func:`checkpointing.coordination.attempt.name_successor`): the script's ``checkpointed``
+#: acts under it, and is refused once a later try named another
+ENV_COORDINATOR = "CKPT_COORDINATOR_ID"
 
 
 def expected_job() -> str | None:

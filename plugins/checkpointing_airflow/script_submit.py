@@ -335,22 +335,27 @@ class Watch:
             logging.getLogger(__name__).exception("checkpoint stats tracker failed")
 
 
+def _latest_completed(task: Any, job: str) -> Any:
+    """The job's latest completed checkpoint or savepoint (None: nothing to resume from)."""
+    from checkpointing.metastore.outcome import latest_completed
+    from checkpointing_airflow.hooks import open_metastore
+
+    metastore = open_metastore(task.metastore_url())
+    try:
+        return latest_completed(metastore, job)
+    finally:
+        metastore.dispose()
+
+
 def script_retry_callback(context: Any, task: Any) -> None:
     """``on_retry_callback`` for a script: nothing to abort or plan (the retry's
     ``checkpointed`` takes over, keeping what the dead step's tasks had acknowledged, and
     restores the latest checkpoint); the log says what it resumes from."""
     import logging
 
-    from checkpointing.metastore.outcome import latest_completed
-    from checkpointing_airflow.hooks import open_metastore
-
     log = logging.getLogger("checkpointing_airflow.callbacks")
     job = str(task.job)
-    metastore = open_metastore(task.metastore_url())
-    try:
-        latest = latest_completed(metastore, job)
-    finally:
-        metastore.dispose()
+    latest = _latest_completed(task, job)
     nxt = script_parallelism(task, context["ti"].try_number + 1)
     log.warning(
         "failover: job %s: the retry runs the script again from %s, parallelism %s",
@@ -365,16 +370,9 @@ def script_failed_callback(context: Any, task: Any) -> None:
     step's acknowledged files too), so that a rerun resumes; the log says how."""
     import logging
 
-    from checkpointing.metastore.outcome import latest_completed
-    from checkpointing_airflow.hooks import open_metastore
-
     log = logging.getLogger("checkpointing_airflow.callbacks")
     job = str(task.job)
-    metastore = open_metastore(task.metastore_url())
-    try:
-        latest = latest_completed(metastore, job)
-    finally:
-        metastore.dispose()
+    latest = _latest_completed(task, job)
     log.error(
         "job %s failed after %d tries; %s: clear the task (or `ckpt run %s --restore latest`) "
         "to resume from it",
