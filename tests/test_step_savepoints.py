@@ -24,6 +24,7 @@ from checkpointing.coordination import savepoints
 from checkpointing.errors import ConfigError
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Checkpoint, CheckpointRequest, Job
+from checkpointing.spark import step_savepoints
 from checkpointing.spark.steps import CheckpointedJob, checkpointed
 from checkpointing.state.storage import FileSystemCheckpointStorage
 
@@ -219,9 +220,62 @@ def test_stop_with_savepoint_ends_the_run_and_ckpt_run_resumes_from_its_path(
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not Path(f"{out}.stats.json").exists()  # refused before the script ran
 
+    shutil.rmtree(out)  # the resumed run publishes it again, or the comparison below fails
     done = runner.invoke(app, [*base, *args[:2], "--restore", path, *args[2:]])
     assert done.exit_code == 0, done.output
     stats = json.loads(Path(f"{out}.stats.json").read_text())
     assert stats["reused"] == ["enriched"] and stats["computed"] == ["daily", "output"]
     assert stats["restored_from"] == request.checkpoint_id
     same(published(out), oracle(orders, customers), ["day", "region"])
+
+
+def test_a_failed_savepoint_fails_its_request_not_the_job_and_a_swallowed_stop_stops_again(
+    spark, tmp_path: Path, setup, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    orders, customers, storage, metastore = setup
+    out = tmp_path / "out"
+    asked: list[int] = []
+
+    def broken(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(step_savepoints, "_copy", broken)  # the disk fills while it links
+    with checkpointed(spark, JOB, metastore=metastore, storage=storage) as ck:
+        daily_job(
+            ck,
+            spark,
+            orders,
+            customers,
+            out,
+            before=lambda: asked.append(
+                savepoints.request_savepoint(metastore, JOB, requested_by="airflow:test")
+            ),
+        )
+    same(published(out), oracle(orders, customers), ["day", "region"])
+    [job] = rows(metastore, Job, job_id=JOB)
+    assert job.status == "FINISHED"
+    state = savepoints.request_status(metastore, JOB, asked[0])
+    assert state.status == "FAILED" and "No space left on device" in (state.message or "")
+    [failed] = rows(metastore, Checkpoint, job_id=JOB, checkpoint_type="SAVEPOINT")
+    assert failed.status != "COMPLETED" and failed.status != "PENDING"
+    assert not list((tmp_path / "ck" / JOB / "savepoints").glob("savepoint-*/*/*.parquet"))
+    monkeypatch.undo()
+
+    # a stop the script's own `except Exception` swallowed ends the run at the next step
+    runner = CliRunner()
+    base = ["--metastore-url", str(metastore.url), "--storage-url", storage.base_url]
+    shutil.rmtree(out)
+    with checkpointed(spark, JOB, metastore=metastore, storage=storage, restore="none") as ck:
+        done = runner.invoke(app, [*base, "savepoint", JOB, "--stop"])
+        assert done.exit_code == 0, done.output
+        o, c = spark.read.parquet(str(orders)), spark.read.parquet(str(customers))
+        try:
+            enriched = ck.step("enriched", lambda: o.join(c, "cid"))
+        except Exception:  # a user's catch-all
+            enriched = None
+        assert enriched is None and ck.stopped_with_savepoint is not None
+        with pytest.raises(step_savepoints.StoppedWithSavepoint):
+            ck.step("again", lambda: o)
+    assert ck.stats.computed == ["enriched"] and not out.exists()
+    [job] = rows(metastore, Job, job_id=JOB)
+    assert job.status == "FINISHED"

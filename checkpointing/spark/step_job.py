@@ -85,7 +85,9 @@ class CheckpointedJob:
         )
         if metastore is None:
             if settings.embedded_metastore:
-                Metastore(settings.metastore_url, check_schema=False).ensure_schema()
+                created = Metastore(settings.metastore_url, check_schema=False)
+                created.ensure_schema()
+                created.dispose()
             metastore = Metastore(settings.metastore_url)
         self.metastore = metastore
         self.restore = restore
@@ -95,6 +97,7 @@ class CheckpointedJob:
         self.coordinator: step_savepoints.StepCoordinator | None = None
         #: where a stop-with-savepoint ended the run (``restore=`` it to resume)
         self.stopped_with_savepoint: str | None = None
+        self._stopped: step_savepoints.StoppedWithSavepoint | None = None
         self._publishing = False
         self.restored: dict[str, StepRecord] = {}
         self._done: dict[str, StepRecord] = {}
@@ -196,6 +199,8 @@ class CheckpointedJob:
         name = step_name(name)
         if self.coordinator is None:
             raise RuntimeError("ck.step runs inside `with checkpointed(...) as ck:`")
+        if self._stopped is not None:  # a stop-with-savepoint a script's `except` swallowed
+            raise self._stopped
         if name in self._done:
             raise ValueError(f"step {name}: a job's step names must be unique")
         df = fn() if input is None else fn(input)
@@ -261,7 +266,8 @@ class CheckpointedJob:
         stop = step_savepoints.take_requests(self.coordinator, self._carried(), self.run_id)
         if stop is not None:
             self.stopped_with_savepoint = stop.location
-            raise step_savepoints.StoppedWithSavepoint(stop.checkpoint_id, stop.location)
+            self._stopped = step_savepoints.StoppedWithSavepoint(stop.checkpoint_id, stop.location)
+            raise self._stopped
 
     def _carried(self) -> list[StepRecord]:
         """What the next step checkpoint carries: this run's steps, and the restored ones not
@@ -350,6 +356,11 @@ class CheckpointedJob:
             and all(self.storage.contains(u, shared) for u in record.urls)
             else None
         )
+        assert self.coordinator is not None
+        with self.metastore.transaction() as s:  # a driver a later try superseded publishes nothing
+            refusal = self.coordinator.fencing.superseded(s)
+        if refusal is not None:
+            raise refusal
         published = sink.publish_final(out, token, files)
         self.stats.published[name] = published
         log.info("job %s: published %s at %s", self.job, name, published)

@@ -7,8 +7,9 @@ queued in the metastore (:mod:`checkpointing.coordination.savepoints`). A step j
 loop: its coordinator (:class:`StepCoordinator`) leaves the queue alone on each completion, and
 the job takes the queue at each step boundary (:func:`take_requests`). Each savepoint request
 becomes a checkpoint of kind SAVEPOINT (or SAVEPOINT_THEN_STOP) whose subtasks are the steps
-the job holds at that boundary, each step's files **copied** into the savepoint's own directory
-(``<job>/savepoints/savepoint-<id>/<step>/``), so that it is self-contained as Flink's are: no
+the job holds at that boundary, each step's files **hard-linked** (else copied) into the
+savepoint's own directory (``<job>/savepoints/savepoint-<id>/<step>/``), so that it is
+self-contained as Flink's are: no
 reference to the job's shared state, never subsumed, never discarded by retention, restorable
 by path after the job's checkpoints are gone. Its ``_metadata`` has the shape of a step
 checkpoint's (:func:`checkpointing.steps.plan.restored_steps` reads it). A stop-with-savepoint
@@ -40,6 +41,7 @@ from checkpointing.coordination.request_queue import trigger_queued
 from checkpointing.coordination.store import CompletedCheckpoint
 from checkpointing.errors import CheckpointingError, ConfigError
 from checkpointing.restore.lookup import RestoreDecision, load_external
+from checkpointing.spark.step_writer import file_checksum
 from checkpointing.state.metadata import read_metadata
 from checkpointing.state.storage import (
     METADATA_FILE,
@@ -138,13 +140,16 @@ def _savepoint(
                 if not storage.contains(f.handle, shared):
                     raise CheckpointingError(f"{f.handle} is not in the job's shared state")
                 handle = f"{pending.location}/{record.name}/{f.handle.rsplit('/', 1)[-1]}"
-                _copy(storage, f, handle, link=False)
+                _copy(storage, f, handle, link=True)
             acks.append(_ack(spec.attempt_id, record, f, handle))
         outcome = coordinator.receive_acknowledge(pending.checkpoint_id, acks)
+        if outcome.completed is None:
+            refused = next(iter(outcome.refused.values()), "it did not complete")
+            raise CheckpointingError(f"the savepoint's acknowledgements: {refused}")
     except CoordinatorSuperseded:
         raise  # the job, and its requests, are another coordinator's
     except Exception as exc:  # a failed savepoint fails its request, never the job
-        why = f"copying the steps' files into savepoint {pending.checkpoint_id}: {exc}"
+        why = f"savepoint {pending.checkpoint_id} of the steps' files: {exc}"
         log.error("job %s: %s", coordinator.job_id, why)
         try:  # aborted: its directory deleted, its request FAILED
             coordinator.receive_decline(
@@ -158,12 +163,6 @@ def _savepoint(
                 "job %s: declining savepoint %d", coordinator.job_id, pending.checkpoint_id
             )
         raise CheckpointException(CheckpointFailureReason.IO_EXCEPTION, why) from exc
-    if outcome.completed is None:
-        why = next(iter(outcome.refused.values()), "it did not complete")
-        raise CheckpointException(
-            CheckpointFailureReason.FINALIZE_CHECKPOINT_FAILURE,
-            f"savepoint {pending.checkpoint_id}: {why}",
-        )
     log.info(
         "job %s: savepoint %d at the step boundary after %s: %s (steps %s)",
         coordinator.job_id,
@@ -206,9 +205,10 @@ def _ack(attempt: str, record: StepRecord, f: StepFile, handle: str | None) -> T
 
 
 def _copy(storage: CheckpointStorage, f: StepFile, target: str, *, link: bool) -> None:
-    """``f``'s bytes at ``target``: a copy (``link``: a hard link where the file system has
-    one; a step file is never written again, so a link is as good as a copy), checked against
-    the recorded size and checksum on storage other than a local file system."""
+    """``f``'s bytes at ``target``: a hard link where the file system has one (``link``; a
+    step file is never written again, and a link outlives the deletion of the job's own entry,
+    so it is as self-contained as a copy), else a copy, checked against the recorded size and
+    checksum."""
     assert f.handle is not None
     if isinstance(storage, FileSystemCheckpointStorage):
         source, path = storage.path_of(f.handle), storage.path_of(target)
@@ -220,9 +220,10 @@ def _copy(storage: CheckpointStorage, f: StepFile, target: str, *, link: bool) -
             except OSError:
                 pass
         shutil.copyfile(source, path)
-        if path.stat().st_size != f.size:
-            raise CheckpointingError(f"{target}: {path.stat().st_size} bytes, not {f.size}")
+        if file_checksum(storage, target) != (f.size, f.checksum):
+            raise CheckpointingError(f"{target}: the copy differs from {f.handle}")
         return
+    # other storage: through this process's memory (a server-side copy is not done yet)
     data = storage.read_bytes(f.handle, checksum=f.checksum, size=f.size)
     storage.write_bytes(target, data, overwrite=False)
 

@@ -103,7 +103,9 @@ def run_script(
     settings = settings or Settings.resolve()
     if settings.embedded_metastore:
         settings.home.mkdir(parents=True, exist_ok=True)
-        Metastore(settings.metastore_url, check_schema=False).ensure_schema()
+        created = Metastore(settings.metastore_url, check_schema=False)
+        created.ensure_schema()
+        created.dispose()
     saved_env = {k: os.environ.get(k) for k in (ENV_METASTORE_URL, ENV_STORAGE_URL, ENV_RESTORE)}
     saved_argv, saved_path = sys.argv, list(sys.path)
     os.environ[ENV_METASTORE_URL] = settings.metastore_url
