@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 
 from checkpointing.errors import InvalidIdError
 from checkpointing.metastore.engine import Metastore
-from checkpointing.metastore.models import Checkpoint, CheckpointAck, CheckpointTask
+from checkpointing.metastore.models import Checkpoint, CheckpointAck, CheckpointTask, Job
 from checkpointing.spark.steps import checkpointed
 from checkpointing.state.storage import FileSystemCheckpointStorage
 
@@ -121,6 +121,9 @@ def test_a_four_step_job_equals_duckdb_and_each_step_is_a_checkpoint_of_its_task
         ).all()
         files = [a for a in acks if a.state_handle]
         assert files and all(a.checksum.startswith("sha256:") and a.state_size > 0 for a in files)
+        job = s.get(Job, "daily_revenue")
+        # its driver beat while it ran, as a spec's does (a killed one's stamp goes stale)
+        assert job is not None and job.status == "FINISHED" and job.heartbeat_at is not None
     # the step files the last checkpoint holds are all there, the subsumed steps' own are kept
     shared = tmp_path / "ck" / "daily_revenue" / "shared"
     assert {p.parent.name for p in shared.glob("chk-*/*/part-*")} == {

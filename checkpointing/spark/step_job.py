@@ -14,6 +14,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from checkpointing.config import CheckpointConfig, Settings
+from checkpointing.coordination.heartbeat import Heartbeat
 from checkpointing.ids import validate_id
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.interval import check_job_name
@@ -98,6 +99,7 @@ class CheckpointedJob:
         #: where a stop-with-savepoint ended the run (``restore=`` it to resume)
         self.stopped_with_savepoint: str | None = None
         self._stopped: step_savepoints.StoppedWithSavepoint | None = None
+        self._heartbeat: Heartbeat | None = None
         self._publishing = False
         self.restored: dict[str, StepRecord] = {}
         self._done: dict[str, StepRecord] = {}
@@ -158,6 +160,10 @@ class CheckpointedJob:
         coordinator.activate(unless_superseded=bool(named))
         coordinator.job_status_changed(JobStatus.RUNNING)
         self.coordinator = coordinator
+        # as a spec's driver does: the job row says when its driver was last alive (a SIGKILLed
+        # script leaves it RUNNING; the stamp's age tells it is dead)
+        self._heartbeat = Heartbeat(self.metastore, self.job, coordinator.coordinator_id)
+        self._heartbeat.__enter__()
         by_path = self._savepoint is not None
         if decision is not None and step_savepoints.needs_adoption(
             decision, self.storage, self.job, by_path=by_path
@@ -173,6 +179,9 @@ class CheckpointedJob:
             return
         if self._salvage is not None:
             self._salvage.discard()
+        if self._heartbeat is not None:
+            self._heartbeat.__exit__(None, None, None)
+            self._heartbeat = None
         self.coordinator.shutdown(status)
         self.coordinator = None
         log.info(
