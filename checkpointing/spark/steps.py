@@ -46,7 +46,9 @@ def _warm() -> None:
 
 #: a script imports this module before it builds its SparkSession: the step API's own imports
 #: (the metastore's SQLAlchemy, the coordinator; about a second and a half) run on this thread
-#: while the JVM starts, instead of before it
+#: while the JVM starts, instead of before it. (A process forked while it runs, by
+#: multiprocessing's "fork" start method in that first second, may inherit a held import lock:
+#: fork after ``checkpointed()`` or use "spawn", as Python 3.12 warns for any thread.)
 _WARMING = threading.Thread(target=_warm, name="ckpt-steps-import", daemon=True)
 _WARMING.start()
 
