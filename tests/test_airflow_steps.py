@@ -20,6 +20,7 @@ import shutil
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import psutil
@@ -43,6 +44,9 @@ from tests.airflow_harness import (
 )
 from tests.test_airflow_failover import StatsD
 from tests.test_steps import expected, write_inputs
+
+if TYPE_CHECKING:
+    from checkpointing_airflow.script_submit import ScriptJob, ScriptSubmit
 
 EXAMPLE = REPO / "examples" / "steps"
 DAG_ID = JOB = "daily_revenue"
@@ -78,7 +82,6 @@ def test_a_script_task_refuses_what_needs_a_spec_in_one_line(tmp_path: Path) -> 
         ({"allow_changed_tables": "true"}, "allow_changed_tables='true'"),
         ({"restore": "7"}, "restore='7'"),
         ({"parallelism_on_retry": "zero"}, "parallelism_on_retry='zero'"),
-        ({"job": "../up"}, "'../up'"),
         ({"application": str(tmp_path / "missing.py")}, "missing.py: no such file"),
     ):
         task = Op(task_id=f"t{len(field)}", **{"application": str(script), "job": "j", **kwargs})
@@ -86,6 +89,75 @@ def test_a_script_task_refuses_what_needs_a_spec_in_one_line(tmp_path: Path) -> 
             script_job(task)
         line = str(refused.value)
         assert field in line and "\n" not in line, line
+    # a job id that is no id, or shaped like an interval's job instance: refused at parse
+    for bad in ("../up", "daily.20261125T000000"):
+        with pytest.raises(ValueError) as refused:
+            Op(task_id="bad", application=str(script), job=bad)
+        assert repr(bad) in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_script_job_is_its_dags_id(tmp_path: Path) -> None:
+    """The API authorises a job's savepoints and restores by the DAG whose id is the job's: a
+    script's job defaults to its DAG's id, another is refused at parse (or, templated, before
+    anything is submitted)."""
+    from airflow.sdk import DAG
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator as Op
+    from checkpointing_airflow.script_submit import script_job
+
+    script = tmp_path / "job.py"
+    script.write_text("print('hi')\n")
+    with DAG(JOB, schedule=None):
+        op = Op(task_id="run", application=str(script))
+        templated = Op(task_id="templated", application=str(script), job="{{ params.job }}")
+    assert op.job == JOB and script_job(op).job == JOB
+    with pytest.raises(ValueError) as refused, DAG("other_dag", schedule=None):
+        Op(task_id="run", application=str(script), job=JOB)
+    line = str(refused.value)
+    assert f"job={JOB!r}" in line and "'other_dag'" in line and "\n" not in line, line
+    templated.job = "someone_elses"  # as rendered
+    with pytest.raises(AirflowFailException, match=r"job='someone_elses' is not its DAG's id"):
+        script_job(templated)
+
+
+def test_the_failure_callback_names_the_users_script_not_spark_submits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Airflow 3 hands the callbacks the operator that ran, whose ``application`` prepare()
+    made spark-submit's; the driver's environment names the job and the try's coordinator."""
+    import logging
+    from types import SimpleNamespace
+
+    from airflow.sdk import DAG
+
+    from checkpointing.steps.script import ENV_COORDINATOR, ENV_JOB
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator as Op
+    from checkpointing_airflow.script_submit import (
+        ScriptSubmit,
+        script_failed_callback,
+        script_job,
+    )
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    Metastore(url, check_schema=False).upgrade()
+    monkeypatch.setenv("CKPT_METASTORE_URL", url)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"})
+    )
+    script = tmp_path / "my_job.py"
+    script.write_text("print('hi')\n")
+    with DAG(JOB, schedule=None):
+        op = Op(task_id="run", application=str(script))
+    job = script_job(op)
+    ScriptSubmit(op).prepare(job, "r-1234-t2", "latest", None, url, "file:///tmp/ck")
+    assert op.application.endswith("spark_app.py")
+    assert op.env_vars[ENV_JOB] == JOB and op.env_vars[ENV_COORDINATOR] == "r-1234-t2"
+    assert script_job(op).script == job.script  # the kept script, not spark-submit's
+    with caplog.at_level(logging.ERROR, logger="checkpointing_airflow.callbacks"):
+        script_failed_callback({"ti": SimpleNamespace(try_number=3)}, op)
+    [line] = [r.getMessage() for r in caplog.records if "failed after 3 tries" in r.getMessage()]
+    assert f"ckpt run {job.script} --restore latest" in line and "spark_app" not in line, line
 
 
 def test_the_driver_refuses_a_job_the_task_does_not_declare(
@@ -119,11 +191,129 @@ def test_a_script_that_ran_no_checkpointed_job_fails_its_try(tmp_path: Path) -> 
     metastore.upgrade()
     try:
         with pytest.raises(AirflowFailException) as refused:
-            ScriptSubmit(op).outcome(script_job(op), metastore, None, None)
+            ScriptSubmit(op).outcome(script_job(op), metastore, "r-1234-t1", None)
     finally:
         metastore.dispose()
     line = str(refused.value)
     assert "job declared:" in line and "checkpointed(spark, job='declared')" in line, line
+
+
+# ================================================================ the script path, real Spark
+
+
+def _snapshot(metastore: Metastore) -> tuple[object, ...]:
+    """The job row and its checkpoints, as plain values: what a fenced driver must not change
+    (but the row's ``updated_at``, which a refused start's registration touches)."""
+    from checkpointing.metastore.models import Job
+
+    def values(row: object) -> dict[str, object]:
+        columns = row.__table__.columns  # type: ignore[attr-defined]
+        return {c.key: getattr(row, c.key) for c in columns if c.key != "updated_at"}
+
+    with metastore.reading() as s:
+        job = s.get(Job, JOB)
+        checkpoints = s.scalars(select(Checkpoint).where(Checkpoint.job_id == JOB)).all()
+        return (values(job), [values(c) for c in checkpoints])
+
+
+@pytest.fixture
+def script_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ScriptSubmit, ScriptJob]:
+    """A script task of the DAG ``daily_revenue`` and its script path, the driver's environment
+    naming the task's job (what prepare() gives the driver)."""
+    from airflow.sdk import DAG
+
+    from checkpointing.steps.script import ENV_JOB
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator as Op
+    from checkpointing_airflow.script_submit import ScriptSubmit, script_job
+
+    script = tmp_path / "job.py"
+    script.write_text("print('the driver runs in this test')\n")
+    with DAG(JOB, schedule=None):
+        op = Op(task_id=TASK, application=str(script))
+    monkeypatch.setenv(ENV_JOB, JOB)
+    return ScriptSubmit(op), script_job(op)
+
+
+def test_a_retry_fences_the_earlier_tries_driver_which_changes_nothing(
+    spark, sqlite_metastore: Metastore, storage, script_task, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Try 1's driver outlives its task; try 2 names its coordinator before its own driver
+    starts: try 1's next step, or a new start of it, is refused and changes neither the job row
+    nor a checkpoint; try 2's driver then reuses the step try 1 completed."""
+    from checkpointing.coordination.failure import CoordinatorSuperseded
+    from checkpointing.spark.steps import checkpointed
+    from checkpointing.steps.script import ENV_COORDINATOR
+    from checkpointing_airflow.attempts import attempt_id
+
+    submit, job = script_task
+    first, retry = (attempt_id(JOB, "manual__r", n) for n in (1, 2))
+    base = spark.range(0, 40, 1, 2)
+    monkeypatch.setenv(ENV_COORDINATOR, first)
+    with (
+        pytest.raises(CoordinatorSuperseded),
+        checkpointed(spark, JOB, metastore=sqlite_metastore, storage=storage) as ck,
+    ):
+        ck.step("first", lambda: base)
+        submit.name_try(sqlite_metastore, job, retry)  # the retry's task, before its driver
+        named = _snapshot(sqlite_metastore)
+        assert named[0]["coordinator_id"] == retry  # type: ignore[index]
+        ck.step("second", lambda: base.withColumn("twice", base.id * 2))
+    assert _snapshot(sqlite_metastore) == named
+    with (
+        pytest.raises(CoordinatorSuperseded),
+        checkpointed(spark, JOB, metastore=sqlite_metastore, storage=storage),
+    ):
+        pass
+    assert _snapshot(sqlite_metastore) == named
+
+    monkeypatch.setenv(ENV_COORDINATOR, retry)
+    with checkpointed(spark, JOB, metastore=sqlite_metastore, storage=storage) as ck:
+        ck.step("first", lambda: base)
+        ck.step("second", lambda: base.withColumn("twice", base.id * 2))
+    assert (ck.stats.reused, ck.stats.computed) == (["first"], ["second"])
+    outcome = submit.outcome(job, sqlite_metastore, retry, 2)
+    assert outcome["status"] == "FINISHED" and outcome["savepoint_path"] is None
+    assert len(outcome["checkpoints"]) == 1  # the retry's own: "second"
+
+
+def test_a_try_fails_with_its_job_and_succeeds_on_a_stop_with_savepoint(
+    spark, sqlite_metastore: Metastore, storage, script_task, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The try's outcome is the job row its driver wrote: a job the script ended FAILED (its
+    exception caught, the script exiting 0) fails the try, to be retried; a stop-with-savepoint
+    succeeds with the savepoint's path and no final path."""
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from checkpointing.coordination import savepoints
+    from checkpointing.spark.steps import checkpointed
+    from checkpointing.steps.script import ENV_COORDINATOR
+    from checkpointing_airflow.attempts import attempt_id
+
+    submit, job = script_task
+    failing, stopping = (attempt_id(JOB, "manual__o", n) for n in (1, 2))
+    base = spark.range(0, 40, 1, 2)
+    monkeypatch.setenv(ENV_COORDINATOR, failing)
+    try:
+        with checkpointed(spark, JOB, metastore=sqlite_metastore, storage=storage) as ck:
+            ck.step("first", lambda: base)
+            raise RuntimeError("the script's own bug")
+    except RuntimeError:
+        pass  # the script's catch-all: its driver exits 0
+    with pytest.raises(AirflowException) as failed:
+        submit.outcome(job, sqlite_metastore, failing, None)
+    assert not isinstance(failed.value, AirflowFailException)  # retried
+    assert f"job {JOB}: the script's driver exited with the job FAILED" in str(failed.value)
+
+    submit.name_try(sqlite_metastore, job, stopping)
+    monkeypatch.setenv(ENV_COORDINATOR, stopping)
+    with checkpointed(spark, JOB, metastore=sqlite_metastore, storage=storage) as ck:
+        savepoints.request_savepoint(sqlite_metastore, JOB, stop=True, requested_by="test")
+        ck.step("first", lambda: base)
+        ck.step("second", lambda: base.withColumn("twice", base.id * 2))
+    assert ck.stopped_with_savepoint is not None and ck.stats.computed == []
+    outcome = submit.outcome(job, sqlite_metastore, stopping, None)
+    assert outcome["status"] == "FINISHED" and outcome["final_path"] is None
+    assert outcome["savepoint_path"] == ck.stopped_with_savepoint
 
 
 # ================================================================ the running Airflow

@@ -4,8 +4,9 @@
 spark-submit runs the script through ``ckpt run``, so its ``checkpointed(spark,
 job="daily_revenue")`` writes each step as a checkpoint; a failed try is retried, and the retry
 resumes from the job's latest checkpoint (completed steps read back, not recomputed) at
-``parallelism_on_retry``. Copy both files into a DAGs folder, or serve this one:
-``python -m demo airflow --dags examples/steps``. Trigger with the paths of your data.
+``parallelism_on_retry``. The job is the DAG's id, and one run at a time runs it. Copy both
+files into a DAGs folder, or serve this one: ``python -m demo airflow --dags examples/steps``.
+Trigger with the paths of your data.
 """
 
 from datetime import datetime, timedelta
@@ -19,6 +20,8 @@ with DAG(
     schedule=None,
     start_date=datetime(2026, 1, 1),
     catchup=False,
+    # one run at a time: two runs' drivers would each take the one job from the other
+    max_active_runs=1,
     params={
         "orders": Param("/data/orders", type="string", description="orders (Parquet)"),
         "customers": Param("/data/customers", type="string", description="customers (Parquet)"),
@@ -30,7 +33,7 @@ with DAG(
     CheckpointedSparkSubmitOperator(
         task_id="run",
         application="daily_revenue.py",  # relative: this DAG file's folder
-        job="daily_revenue",  # the script's checkpointed(spark, job=...)
+        # job: the DAG's id, "daily_revenue", what the script's checkpointed(spark, job=...) names
         application_args=["{{ params.orders }}", "{{ params.customers }}", "{{ params.out }}"],
         parallelism="{{ params.parallelism }}",
         parallelism_on_retry="{{ params.parallelism_on_retry }}",

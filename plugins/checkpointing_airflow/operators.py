@@ -77,17 +77,22 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
 
     A user's PySpark script whose steps are checkpointed runs instead of a spec when
     ``pipeline`` is omitted: ``application="jobs/daily.py"`` (as for ``SparkSubmitOperator``),
-    ``application_args``, and ``job``, the job of its ``checkpointed(spark, job=...)``. Every
-    try resumes from the job's latest checkpoint (completed steps reused); the spec-only options
-    below are refused for it (:mod:`checkpointing_airflow.script_submit`, docs/steps.md).
+    ``application_args``, and ``job``, the job of its ``checkpointed(spark, job=...)``, which is
+    the DAG's id (the API authorises the job's savepoints and restores by that DAG). Every try
+    resumes from the job's latest checkpoint (completed steps reused); the spec-only options
+    below are refused for it (:mod:`checkpointing_airflow.script_submit`, docs/steps.md). Each
+    try names its attempt id the job's coordinator before its driver starts, so an earlier
+    try's driver that outlived its task is fenced. Give a script's DAG ``max_active_runs=1``:
+    two runs' drivers would each take the one job from the other.
 
     :param pipeline: path of the pipeline spec (YAML); one naming Python code
         (``pipeline: my_pkg.jobs:build``) is imported here too, and its ``py_files`` are
         passed to spark-submit as ``--py-files``. Omitted: ``application`` is a script.
         (templated)
     :param job: with ``application`` (a script): the job its ``checkpointed(spark, job=...)``
-        names; the driver refuses another one. The Checkpoints page, metrics and retries follow
-        it. (templated)
+        names; default and only allowed value: the DAG's id (another is refused at parse, or
+        before anything is submitted when templated). The driver refuses a script naming
+        another job. The Checkpoints page, metrics and retries follow it. (templated)
     :param restore: the first try's restore: ``latest``, ``none``, a checkpoint id, or a
         savepoint path. Retries always resume from this run's latest checkpoint. (templated)
     :param parallelism: the job's parallelism; default: the spec's. (templated)
@@ -241,6 +246,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         if pipeline is None:
             from checkpointing_airflow.script_submit import refuse_at_parse
 
+            if not job and self.has_dag():  # a script's job is its DAG's id
+                self.job = self.dag_id
             refuse_at_parse(self)
 
     # ------------------------------------------------------------------ what this try runs

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from checkpointing.steps.script import ENV_JOB, RESTORES
+from checkpointing.steps.script import ENV_COORDINATOR, ENV_JOB, RESTORES
 from checkpointing_airflow.application import spark_application
 from checkpointing_airflow.attempts import attempt_id, driver_ending
 from checkpointing_airflow.try_plan import truthy
@@ -56,6 +56,11 @@ SPEC_ONLY: dict[str, tuple[Any, ...]] = {
 }
 
 
+#: the operator's attribute keeping the user's script once ``application`` is spark-submit's
+#: (Airflow 3 hands the failure callbacks the operator that ran)
+SCRIPT_ATTR = "script_application"
+
+
 @dataclass(frozen=True)
 class ScriptJob:
     """What a script's try runs: the job it checkpoints, the script and its arguments."""
@@ -67,12 +72,8 @@ class ScriptJob:
 
 def refuse_at_parse(op: Any) -> None:
     """The DAG file's own mistakes, refused when it is parsed (an import error of that file):
-    no ``job``, no ``application``, or ``deferrable``."""
-    if not op.job:
-        raise ValueError(
-            f"task {op.task_id}: job= is required with application= (the job that the "
-            "script's checkpointed(spark, job=...) names)"
-        )
+    no ``application``, ``deferrable``, and a ``job`` that is not its DAG's id (when the
+    ``job`` is not a template: a rendered one is checked by :func:`script_job`)."""
     if not op.application:
         raise ValueError(f"task {op.task_id}: give pipeline= (a spec) or application= (a script)")
     if op.deferrable:
@@ -80,6 +81,31 @@ def refuse_at_parse(op: Any) -> None:
             f"task {op.task_id}: deferrable=True runs specs only: a script's driver reports no "
             "heartbeat or outcome for the triggerer to watch"
         )
+    if not op.job:
+        raise ValueError(
+            f"task {op.task_id}: job= is required with application= outside a DAG (in one, it "
+            "is the DAG's id, the job that the script's checkpointed(spark, job=...) names)"
+        )
+    if "{{" not in str(op.job):
+        check_job_id(op, str(op.job))
+
+
+def check_job_id(op: Any, job: str) -> str:
+    """A script's job: a valid job id, not shaped like an interval's job instance, and the id of
+    the task's DAG (the API authorises a job's actions, savepoints and restores, by the DAG
+    whose id is the job's), else one line naming it."""
+    from checkpointing.pipeline.interval import check_job_name
+    from checkpointing.steps.identity import step_name
+
+    job = check_job_name(step_name(job))
+    dag_id = op.dag_id if op.has_dag() else None
+    if dag_id is not None and job != dag_id:
+        raise ValueError(
+            f"task {op.task_id}: job={job!r} is not its DAG's id {dag_id!r}: a script's job "
+            "is its DAG's (whose permissions guard the job's savepoints and restores); name "
+            "the DAG after the job or leave job= out"
+        )
+    return job
 
 
 def script_job(op: Any) -> ScriptJob:
@@ -88,7 +114,6 @@ def script_job(op: Any) -> ScriptJob:
     from airflow.sdk.exceptions import AirflowFailException
 
     from checkpointing.errors import ConfigError
-    from checkpointing.steps.identity import step_name
     from checkpointing.steps.script import check_script
 
     try:
@@ -109,7 +134,7 @@ def script_job(op: Any) -> ScriptJob:
             if value not in (None, "") and (not str(value).isdigit() or int(value) < 1):
                 raise ConfigError(f"{name}={value!r}: a positive number of tasks")
         return ScriptJob(
-            step_name(str(op.job)),
+            check_job_id(op, str(op.job)),
             check_script(script_path(op)),
             tuple(str(a) for a in (op.application_args or ())),
         )
@@ -119,8 +144,9 @@ def script_job(op: Any) -> ScriptJob:
 
 def script_path(op: Any) -> Path:
     """``application``: a relative path is the DAG file's folder's (where the DAG's author put
-    it), else as given."""
-    path = Path(str(op.application))
+    it), else as given; once :meth:`ScriptSubmit.prepare` made ``application`` spark-submit's,
+    the script it kept (:data:`SCRIPT_ATTR`)."""
+    path = Path(str(getattr(op, SCRIPT_ATTR, None) or op.application))
     dag = op.dag if op.has_dag() else None
     fileloc = getattr(dag, "fileloc", None)
     if not path.is_absolute() and fileloc and (Path(fileloc).parent / path).exists():
@@ -180,7 +206,7 @@ class ScriptSubmit:
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
         restore = "latest" if ti.try_number > 1 else str(op.restore)
         parallelism = script_parallelism(op, ti.try_number)
-        before = job_coordinator(metastore, job.job)
+        self.name_try(metastore, job, attempt)
         op.log.info(
             "job %s: try %d runs script %s, restore %s, parallelism %s",
             job.job,
@@ -194,27 +220,39 @@ class ScriptSubmit:
         watch.start()
         driver_url = driver_metastore_url(op, metastore, job.job, attempt, url)
         try:
-            self.prepare(job, restore, parallelism, driver_url, storage_url)
+            self.prepare(job, attempt, restore, parallelism, driver_url, storage_url)
             with withheld_environment(withheld_variables(op, scoped=driver_url != url)):
                 self.submit(context, job, metastore, parallelism)
         finally:
             watch.stop()
             if driver_url != url:
                 release_driver(metastore, job.job, attempt)
-        return self.outcome(job, metastore, before, parallelism)
+        return self.outcome(job, metastore, attempt, parallelism)
+
+    def name_try(self, metastore: Metastore, job: ScriptJob, attempt: str) -> None:
+        """Name the try's attempt id the job's coordinator before its driver starts (as the
+        spec path's coordinator does): an earlier try's driver that outlived its task is fenced
+        from now on, while the pending step it left stays for this try's driver to salvage."""
+        from checkpointing.coordination.attempt import name_successor
+
+        if name_successor(metastore, job.job, attempt):
+            self.op.log.info("job %s: coordinator %s named; earlier tries fenced", job.job, attempt)
 
     def prepare(
         self,
         job: ScriptJob,
+        attempt: str,
         restore: str,
         parallelism: int | None,
         metastore_url: str,
         storage_url: str,
     ) -> None:
         """spark-submit's application (``ckpt run <script>``), conf and the driver's
-        environment (the job it must run in :data:`ENV_JOB`); the credentials for
-        spark-submit's own process environment are kept for :meth:`submit`."""
+        environment (the job it must run in :data:`ENV_JOB`, the coordinator id it acts under
+        in :data:`ENV_COORDINATOR`); the credentials for spark-submit's own process environment
+        are kept for :meth:`submit`. The user's script stays in :data:`SCRIPT_ATTR`."""
         op = self.op
+        setattr(op, SCRIPT_ATTR, str(job.script))
         op.application = spark_application()
         op.application_args = ["run", str(job.script), "--restore", restore, "--", *job.args]
         conf = {"spark.pyspark.python": sys.executable, **(op.conf or {})}
@@ -222,7 +260,7 @@ class ScriptSubmit:
             conf["spark.default.parallelism"] = str(parallelism)
             conf["spark.sql.shuffle.partitions"] = str(parallelism)
         op.conf = conf
-        op.env_vars = {**(op.env_vars or {}), ENV_JOB: job.job}
+        op.env_vars = {**(op.env_vars or {}), ENV_JOB: job.job, ENV_COORDINATOR: attempt}
         self.secrets = op.prepare_submit(op._driver_env(metastore_url, storage_url))
 
     def submit(
@@ -243,38 +281,41 @@ class ScriptSubmit:
             raise
 
     def outcome(
-        self, job: ScriptJob, metastore: Metastore, before: str | None, parallelism: int | None
+        self, job: ScriptJob, metastore: Metastore, attempt: str, parallelism: int | None
     ) -> dict[str, Any]:
-        """The try's XCom, from the metastore; a script that ended without running its job
-        (``checkpointed`` never started, or under another job name) fails the try here."""
-        from airflow.sdk.exceptions import AirflowFailException
+        """The try's XCom, from the job row its driver wrote under ``attempt`` (as the spec
+        path's ``_outcome``): FINISHED succeeds (a stop-with-savepoint with ``savepoint_path``
+        and no ``final_path``), FAILED or a run left RUNNING fails the try (retried); a script
+        that ran no ``checkpointed`` of its job under ``attempt`` fails it for good."""
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-        from checkpointing.metastore.outcome import latest_completed
+        from checkpointing.coordination.drivers import read_state
+        from checkpointing.metastore.outcome import attempt_outcome
+        from checkpointing.status import JobStatus, StatusWriter
 
-        after = job_coordinator(metastore, job.job)
-        if after is None or after == before:
+        state = read_state(metastore, job.job)
+        if state.coordinator_id not in (None, attempt):
+            raise AirflowException(
+                f"job {job.job}: try {attempt} was superseded by {state.coordinator_id}"
+            )
+        if state.coordinator_id is None or state.status_by != StatusWriter.RUN.of(attempt):
             raise AirflowFailException(
                 f"job {job.job}: the script {job.script} ended without running "
                 f"checkpointed(spark, job={job.job!r}) (does it name another job?)"
             )
-        latest = latest_completed(metastore, job.job)
-        outcome = {
-            "job": job.job,
-            "script": str(job.script),
-            "status": "FINISHED",
-            "parallelism": parallelism,
-            "last_checkpoint": None if latest is None else latest.checkpoint_id,
-        }
+        outcome = attempt_outcome(metastore, job.job, attempt).to_dict()
+        if outcome["status"] != JobStatus.FINISHED:
+            raise AirflowException(
+                f"job {job.job}: the script's driver exited with the job {outcome['status']} "
+                f"(its checkpointed(spark, job={job.job!r}) did not finish)"
+            )
+        outcome.update(script=str(job.script), parallelism=parallelism, final_path=None)
+        latest = outcome["latest"]
+        outcome["last_checkpoint"] = None if latest is None else latest["checkpoint_id"]
+        if outcome["savepoint_path"]:
+            self.op.log.info("job %s stopped with savepoint %s", job.job, outcome["savepoint_path"])
         self.op.log.info("job %s: script finished; %s", job.job, outcome)
         return outcome
-
-
-def job_coordinator(metastore: Metastore, job_id: str) -> str | None:
-    """The coordinator the job row names (a script run's ``checkpointed`` names a new one each
-    time it starts): None for a job never run. Compared only, never acted on."""
-    from checkpointing.coordination.drivers import read_state
-
-    return read_state(metastore, job_id).coordinator_id
 
 
 def failed_line(op: Any, job: ScriptJob, metastore: Any, try_number: int, exc: Any) -> str:
@@ -373,11 +414,12 @@ def script_failed_callback(context: Any, task: Any) -> None:
     log = logging.getLogger("checkpointing_airflow.callbacks")
     job = str(task.job)
     latest = _latest_completed(task, job)
+    script = getattr(task, SCRIPT_ATTR, None) or task.application  # not spark-submit's
     log.error(
         "job %s failed after %d tries; %s: clear the task (or `ckpt run %s --restore latest`) "
         "to resume from it",
         job,
         context["ti"].try_number,
         "no completed checkpoint" if latest is None else f"its latest is {latest.describe()}",
-        os.fspath(task.application),
+        os.fspath(script),
     )
