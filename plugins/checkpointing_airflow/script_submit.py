@@ -1,13 +1,19 @@
-"""``CheckpointedSparkSubmitOperator(application="jobs/daily.py", job="daily_revenue")``: a
-user's PySpark script whose steps are checkpointed (:func:`checkpointing.spark.steps.checkpointed`)
-deployed as the task, instead of a pipeline spec.
+"""``CheckpointedSparkSubmitOperator(application="jobs/daily.py")`` in the DAG
+``daily_revenue``: a user's PySpark script whose steps are checkpointed
+(:func:`checkpointing.spark.steps.checkpointed`) deployed as the task, instead of a pipeline spec.
+Its job is the DAG's id (``job=`` defaults to it and may be nothing else: the API authorises a
+job's savepoints and restores by the DAG of the job's id).
 
 spark-submit runs ``checkpointing/cli/spark_app.py run <script> --restore <r> -- <args>`` (what
 ``ckpt run script.py`` does), so the script runs inside the spark-submit driver and its
 ``SparkSession`` picks up spark-submit's master and ``--conf``. Its ``checkpointed(spark,
 job=...)`` is the job's coordinator: each ``ck.step`` is a checkpoint it triggers and completes,
 and its start takes coordination over from a killed predecessor (after keeping the files the
-crashed step's tasks had acknowledged). The task therefore runs no coordinator loop of its own
+crashed step's tasks had acknowledged). Before its driver starts, each try names its attempt id
+the job's coordinator (:func:`checkpointing.coordination.attempt.name_successor`) and hands it to
+the driver (:data:`ENV_COORDINATOR`): an earlier try's driver that outlived its task is refused
+from then on, and changes nothing. Two DAG runs at once would do the same to each other: give the
+DAG ``max_active_runs=1``. The task therefore runs no coordinator loop of its own
 (no periodic checkpoints: a step is the checkpoint); it watches the job by its id as the spec
 path does (metrics, alerts, the lineage facet, the Checkpoints page), and every retry resumes
 from the job's latest checkpoint: completed steps are read back, not recomputed.
