@@ -938,3 +938,53 @@ def test_every_key_a_view_returns_is_a_field_of_the_apis_shape(
         "SubtaskPlan",
         "RequestState",
     } <= seen, seen
+
+
+def test_a_step_jobs_savepoint_requested_through_the_api_is_taken_at_its_next_boundary(
+    server: Server, spark, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The Checkpoints page's "Savepoint" button on a step job (``checkpointed``): the request
+    the API queues is taken at the job's next step boundary, and the API follows it to its
+    savepoint, whose files equal the step's rows (pandas)."""
+    import pyarrow.dataset as ds
+
+    from checkpointing.spark.steps import checkpointed
+    from tests.test_step_savepoints import (
+        daily_job,
+        oracle,
+        oracle_enriched,
+        published,
+        same,
+        write_inputs,
+    )
+
+    job = "steps_live"
+    orders, customers = write_inputs(tmp_path / "in")
+    out = tmp_path / "out"
+    queued: list[dict[str, Any]] = []
+
+    def press_the_button() -> None:  # once the job runs, as a user on its page would
+        r = server.call("POST", f"/api/pipelines/{job}/savepoints", user="admin", body={})
+        assert r.status == 202, r.body
+        queued.append(r.body)
+
+    with checkpointed(spark, job, metastore=server.metastore, storage=server.storage) as ck:
+        daily_job(ck, spark, orders, customers, out, before=press_the_button)
+    same(published(out), oracle(orders, customers), ["day", "region"])
+    done = server.call(
+        "GET", f"/api/pipelines/{job}/requests/{queued[0]['request_id']}", user="viewer"
+    ).body
+    assert (done["status"], done["succeeded"]) == ("COMPLETED", True)
+    assert done["savepoint_path"] == server.storage.savepoint_url(job, done["checkpoint_id"])
+    saved = Path(done["savepoint_path"].removeprefix("file://")) / "enriched"
+    same(
+        ds.dataset(saved, format="parquet").to_table().to_pandas(),
+        oracle_enriched(orders, customers),
+        ["oid"],
+    )
+    detail = server.call(
+        "GET", f"/api/pipelines/{job}/checkpoints/{done['checkpoint_id']}", user="viewer"
+    ).body
+    assert detail["type"] == "SAVEPOINT" and [o["operator_id"] for o in detail["operators"]] == [
+        "step-enriched"
+    ]
