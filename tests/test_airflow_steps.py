@@ -446,7 +446,18 @@ def test_a_script_task_killed_mid_run_is_retried_at_another_parallelism_exactly(
     finally:
         metastore.dispose()
 
+    # the retry named its coordinator before its driver started (the killed try's is fenced),
+    # and its XCom is the job row its driver wrote: its own checkpoints, the computed steps
+    from checkpointing_airflow.attempts import attempt_id
+
+    retry = attempt_id(DAG_ID, run_id, 2)
+    xcom = api.call(f"{run_path}/taskInstances/{TASK}/xcomEntries/return_value?deserialize=true")
+    outcome = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+    assert outcome["status"] == "FINISHED" and outcome["attempt"] == retry, outcome
+    assert len(outcome["checkpoints"]) == len(STEPS) - reused and not outcome["savepoint_path"]
+
     first, second = _task_log(airflow, run_id, 1), _task_log(airflow, run_id, 2)
+    assert f"job {JOB}: coordinator {retry} named; earlier tries fenced" in second
     assert f"job {JOB}: try 1: the Spark driver" in first, first[-3000:]
     assert f"parallelism {PARALLELISM}" in first
     assert f"job {JOB}: try 2 runs script" in second and f"parallelism {ON_RETRY}" in second
