@@ -203,12 +203,12 @@ def test_a_script_that_ran_no_checkpointed_job_fails_its_try(tmp_path: Path) -> 
 
 def _snapshot(metastore: Metastore) -> tuple[object, ...]:
     """The job row and its checkpoints, as plain values: what a fenced driver must not change
-    (but the row's ``updated_at``, which a refused start's registration touches)."""
+    (its ``updated_at`` too: a refused start is refused before it registers anything)."""
     from checkpointing.metastore.models import Job
 
     def values(row: object) -> dict[str, object]:
         columns = row.__table__.columns  # type: ignore[attr-defined]
-        return {c.key: getattr(row, c.key) for c in columns if c.key != "updated_at"}
+        return {c.key: getattr(row, c.key) for c in columns}
 
     with metastore.reading() as s:
         job = s.get(Job, JOB)

@@ -14,6 +14,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from checkpointing.config import CheckpointConfig, Settings
+from checkpointing.coordination.fencing import CoordinatorFencing
 from checkpointing.coordination.heartbeat import Heartbeat
 from checkpointing.ids import validate_id
 from checkpointing.metastore.engine import Metastore
@@ -129,18 +130,16 @@ class CheckpointedJob:
         # deployed by the operator: the coordinator id its try named (an earlier try's driver,
         # still running, is fenced by it), else this run's own
         named = os.environ.get(ENV_COORDINATOR)
-        coordinator = step_savepoints.StepCoordinator(
-            self.job,
-            self.metastore,
-            self.storage,
-            config,
-            coordinator_id=validate_id(named, ENV_COORDINATOR) if named else f"steps-{self.run_id}",
-        )
-        if named:  # refused before it salvages or restores anything once a later try named another
+        coordinator_id = validate_id(named, ENV_COORDINATOR) if named else f"steps-{self.run_id}"
+        if named:  # refused before it registers, salvages or restores anything once a later try
+            # named another (the coordinator's construction writes the job's configuration)
             with self.metastore.transaction() as s:
-                refusal = coordinator.fencing.superseded(s)
+                refusal = CoordinatorFencing(self.job, coordinator_id).superseded(s)
             if refusal is not None:
                 raise refusal
+        coordinator = step_savepoints.StepCoordinator(
+            self.job, self.metastore, self.storage, config, coordinator_id=coordinator_id
+        )
         decision = self._savepoint
         if self.restore == "latest":
             decision = find_latest_valid(self.metastore, self.storage, self.job, deep=self.verify)
