@@ -85,11 +85,11 @@ readme-screenshot: $(VENV)/.synced browser-deps ## docs/images/readme-first-scre
 
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check checkpointing tests bench plugins dags demo
+	$(VENV)/bin/ruff format --check checkpointing tests bench plugins dags demo examples
 
 format: $(VENV)/.synced
 	$(VENV)/bin/ruff check --fix .
-	$(VENV)/bin/ruff format checkpointing tests bench plugins dags demo
+	$(VENV)/bin/ruff format checkpointing tests bench plugins dags demo examples
 
 bench: $(VENV)/.synced check-java ## benchmark figures, written to bench/results/, and the tables of docs/benchmarks.md and the README from them
 	$(VENV)/bin/python bench/ack_bench.py $(if $(QUICK),--quick --output bench/results/acks-quick.json) $(ACK_BENCH_ARGS)
