@@ -26,7 +26,7 @@ SPARK_BENCH_ARGS ?=
 ISSUE37_BENCH_ARGS ?=
 # the step API against the same script without ck (issue 39), e.g. STEPS_BENCH_ARGS="--rounds 5
 # --orders 4000000": bench/results/steps.json, its table in docs/steps.md
-STEPS_BENCH_ARGS ?= --orders 12000000 --customers 1200000
+STEPS_BENCH_ARGS ?= --orders 12000000 --customers 1200000 --rounds 5
 # the browser test (tests/test_checkpoints_ui.py) drives Debian's Chromium there
 CHROMIUM ?= /usr/bin/chromium
 # make airflow AIRFLOW_PORT=8081 when 8080 is taken
