@@ -241,6 +241,7 @@ def test_a_retry_fences_the_earlier_tries_driver_which_changes_nothing(
     starts: try 1's next step, or a new start of it, is refused and changes neither the job row
     nor a checkpoint; try 2's driver then reuses the step try 1 completed."""
     from checkpointing.coordination.failure import CoordinatorSuperseded
+    from checkpointing.spark.step_salvage import SALVAGE_DIR
     from checkpointing.spark.steps import checkpointed
     from checkpointing.steps.script import ENV_COORDINATOR
     from checkpointing_airflow.attempts import attempt_id
@@ -254,11 +255,16 @@ def test_a_retry_fences_the_earlier_tries_driver_which_changes_nothing(
         checkpointed(spark, JOB, metastore=sqlite_metastore, storage=storage) as ck,
     ):
         ck.step("first", lambda: base)
-        submit.name_try(sqlite_metastore, job, retry)  # the retry's task, before its driver
+        submit.name_try(sqlite_metastore, job, retry, storage.base_url)  # the retry's task
         named = _snapshot(sqlite_metastore)
         assert named[0]["coordinator_id"] == retry  # type: ignore[index]
+        # what the retry's driver salvaged meanwhile: try 1's end must leave it alone
+        kept = storage.path_of(f"{storage.job_url(JOB)}/{SALVAGE_DIR}/second/0.parquet")
+        kept.parent.mkdir(parents=True)
+        kept.write_bytes(b"PAR1")
         ck.step("second", lambda: base.withColumn("twice", base.id * 2))
     assert _snapshot(sqlite_metastore) == named
+    assert kept.read_bytes() == b"PAR1"
     with (
         pytest.raises(CoordinatorSuperseded),
         checkpointed(spark, JOB, metastore=sqlite_metastore, storage=storage),
@@ -274,6 +280,40 @@ def test_a_retry_fences_the_earlier_tries_driver_which_changes_nothing(
     outcome = submit.outcome(job, sqlite_metastore, retry, 2)
     assert outcome["status"] == "FINISHED" and outcome["savepoint_path"] is None
     assert len(outcome["checkpoints"]) == 1  # the retry's own: "second"
+
+
+def test_a_retry_of_a_job_its_first_try_never_registered_fences_that_tries_driver(
+    spark, sqlite_metastore: Metastore, storage, script_task, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Try 1's task died while its driver was still starting (queued on a cluster): the job has
+    no row yet. Try 2 registers it as it names its coordinator, so try 1's driver, starting
+    late, is refused and writes nothing."""
+    from checkpointing.coordination.failure import CoordinatorSuperseded
+    from checkpointing.spark.steps import checkpointed
+    from checkpointing.steps.script import ENV_COORDINATOR
+    from checkpointing_airflow.attempts import attempt_id
+
+    submit, job = script_task
+    first, retry = (attempt_id(JOB, "manual__n", n) for n in (1, 2))
+    assert rows_of_job(sqlite_metastore) is None
+    submit.name_try(sqlite_metastore, job, retry, storage.base_url)
+    named = _snapshot(sqlite_metastore)
+    assert named[0]["coordinator_id"] == retry and named[0]["storage_url"] == storage.base_url  # type: ignore[index]
+    monkeypatch.setenv(ENV_COORDINATOR, first)
+    with (
+        pytest.raises(CoordinatorSuperseded),
+        checkpointed(spark, JOB, metastore=sqlite_metastore, storage=storage),
+    ):
+        pass
+    assert _snapshot(sqlite_metastore) == named
+    assert not (Path(storage.path_of(storage.job_url(JOB))) / "shared").exists()
+
+
+def rows_of_job(metastore: Metastore) -> object:
+    from checkpointing.metastore.models import Job
+
+    with metastore.reading() as s:
+        return s.get(Job, JOB)
 
 
 def test_a_try_fails_with_its_job_and_succeeds_on_a_stop_with_savepoint(
@@ -304,7 +344,7 @@ def test_a_try_fails_with_its_job_and_succeeds_on_a_stop_with_savepoint(
     assert not isinstance(failed.value, AirflowFailException)  # retried
     assert f"job {JOB}: the script's driver exited with the job FAILED" in str(failed.value)
 
-    submit.name_try(sqlite_metastore, job, stopping)
+    submit.name_try(sqlite_metastore, job, stopping, storage.base_url)
     monkeypatch.setenv(ENV_COORDINATOR, stopping)
     with checkpointed(spark, JOB, metastore=sqlite_metastore, storage=storage) as ck:
         savepoints.request_savepoint(sqlite_metastore, JOB, stop=True, requested_by="test")

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 
+from checkpointing.clock import SystemClock
 from checkpointing.config import CheckpointConfig
 from checkpointing.coordination.coordinator import CheckpointCoordinator
 from checkpointing.coordination.coordinator_loop import CheckpointCoordinatorDeActivator
@@ -98,16 +99,27 @@ def _watch(step: Callable[[], object]) -> None:
         log.exception("checkpoint stats tracker failed")
 
 
-def name_successor(metastore: Metastore, job_id: str, attempt: str) -> bool:
+def name_successor(
+    metastore: Metastore,
+    job_id: str,
+    attempt: str,
+    *,
+    register: tuple[CheckpointConfig, str] | None = None,
+) -> bool:
     """Name ``attempt`` the job's coordinator without taking over: from now on the previous
     coordinator (an earlier try's driver that may outlive its task) is fenced on every path,
     while its PENDING checkpoints stay as they are until ``attempt``'s own process activates
     (a step job salvages what they acknowledged first, :mod:`checkpointing.spark.step_salvage`).
-    False when the job was never registered (nothing to fence)."""
+    A job not registered yet is registered first with ``register`` (its configuration and
+    storage URL), so that a first try's driver still starting when its task died is fenced
+    too; without it, False (nothing to fence)."""
     with metastore.transaction() as s:
         job = jobs.lock_job(s, job_id)
         if job is None:
-            return False
+            if register is None:
+                return False
+            config, storage_url = register
+            jobs.register_job(s, job_id, config, storage_url, SystemClock().now())
         jobs.update_job(s, job_id, coordinator_id=attempt)
     log.info("job %s: coordinator %s named; its predecessor is fenced", job_id, attempt)
     return True

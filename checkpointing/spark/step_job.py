@@ -8,12 +8,11 @@ import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from checkpointing.config import CheckpointConfig, Settings
+from checkpointing.config import Settings
 from checkpointing.coordination.fencing import CoordinatorFencing
 from checkpointing.coordination.heartbeat import Heartbeat
 from checkpointing.ids import validate_id
@@ -25,7 +24,14 @@ from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
 from checkpointing.status import JobStatus
 from checkpointing.steps.identity import StepIdentity, step_name
-from checkpointing.steps.plan import StepRecord, change_line, decide, downstream_of, restored_steps
+from checkpointing.steps.plan import (
+    StepRecord,
+    change_line,
+    decide,
+    downstream_of,
+    restored_steps,
+    step_config,
+)
 from checkpointing.steps.script import (
     ENV_COORDINATOR,
     ENV_RESTORE,
@@ -36,9 +42,6 @@ from checkpointing.steps.script import (
 
 #: the step API's log lines (which step runs, reused or computed) under its public module's name
 log = logging.getLogger("checkpointing.spark.steps")
-
-#: a step may run for hours: its checkpoint must not expire while Spark writes it
-STEP_TIMEOUT = timedelta(days=2)
 
 
 @dataclass
@@ -126,7 +129,7 @@ class CheckpointedJob:
     def start(self) -> None:
         """Register the job, restore its latest completed checkpoint, keep what a crashed
         run's step had acknowledged, then become its coordinator."""
-        config = CheckpointConfig(timeout=STEP_TIMEOUT)
+        config = step_config()
         # deployed by the operator: the coordinator id its try named (an earlier try's driver,
         # still running, is fenced by it), else this run's own
         named = os.environ.get(ENV_COORDINATOR)
@@ -177,7 +180,12 @@ class CheckpointedJob:
         if self.coordinator is None:
             return
         if self._salvage is not None:
-            self._salvage.discard()
+            # the job's salvage folder: a driver a later try superseded leaves it to that try's
+            # driver, which may have collected its own partitions into it already
+            with self.metastore.transaction() as s:
+                superseded = self.coordinator.fencing.superseded(s) is not None
+            if not superseded:
+                self._salvage.discard()
         if self._heartbeat is not None:
             self._heartbeat.__exit__(None, None, None)
             self._heartbeat = None

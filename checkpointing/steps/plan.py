@@ -12,12 +12,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
+from checkpointing.config import CheckpointConfig
 from checkpointing.state.metadata import CheckpointMetadata
 
 #: the ``list_state`` item of a step's subtask carries this key
 STEP_KEY = "step"
+
+
+#: a step may run for hours: its checkpoint must not expire while Spark writes it
+STEP_TIMEOUT = timedelta(days=2)
+
+
+def step_config() -> CheckpointConfig:
+    """A step job's checkpoint configuration: no periodic checkpoints (a step is one), and
+    each may take as long as its step."""
+    return CheckpointConfig(timeout=STEP_TIMEOUT)
 
 
 @dataclass(frozen=True)

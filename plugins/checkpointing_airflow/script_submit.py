@@ -212,7 +212,7 @@ class ScriptSubmit:
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
         restore = "latest" if ti.try_number > 1 else str(op.restore)
         parallelism = script_parallelism(op, ti.try_number)
-        self.name_try(metastore, job, attempt)
+        self.name_try(metastore, job, attempt, storage_url)
         op.log.info(
             "job %s: try %d runs script %s, restore %s, parallelism %s",
             job.job,
@@ -235,13 +235,18 @@ class ScriptSubmit:
                 release_driver(metastore, job.job, attempt)
         return self.outcome(job, metastore, attempt, parallelism)
 
-    def name_try(self, metastore: Metastore, job: ScriptJob, attempt: str) -> None:
+    def name_try(
+        self, metastore: Metastore, job: ScriptJob, attempt: str, storage_url: str
+    ) -> None:
         """Name the try's attempt id the job's coordinator before its driver starts (as the
         spec path's coordinator does): an earlier try's driver that outlived its task is fenced
-        from now on, while the pending step it left stays for this try's driver to salvage."""
+        from now on, while the pending step it left stays for this try's driver to salvage. A
+        new job is registered first (a first try's driver may outlive its task before it
+        registered the job)."""
         from checkpointing.coordination.attempt import name_successor
+        from checkpointing.steps.plan import step_config
 
-        if name_successor(metastore, job.job, attempt):
+        if name_successor(metastore, job.job, attempt, register=(step_config(), storage_url)):
             self.op.log.info("job %s: coordinator %s named; earlier tries fenced", job.job, attempt)
 
     def prepare(
