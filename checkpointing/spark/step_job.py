@@ -89,11 +89,11 @@ class CheckpointedJob:
             else step_savepoints.load_savepoint(self.storage, restore, self.job, deep=verify)
         )
         if metastore is None:
-            if settings.embedded_metastore:
-                created = Metastore(settings.metastore_url, check_schema=False)
-                created.ensure_schema()
-                created.dispose()
-            metastore = Metastore(settings.metastore_url)
+            if settings.embedded_metastore:  # created or migrated, then used: one engine
+                metastore = Metastore(settings.metastore_url, check_schema=False)
+                metastore.ensure_schema()
+            else:
+                metastore = Metastore(settings.metastore_url)
         self.metastore = metastore
         self.restore = restore
         self.verify = verify
