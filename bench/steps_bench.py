@@ -6,6 +6,8 @@
   then rerun: the killed part (0.8 W) plus the resume, against 1.8 for rerunning W from zero;
 * ``killed in step 4 + resumed / W``: SIGKILLed as its 4th step (the write) starts, whenever
   that is, then rerun: the time until the kill plus the resume;
+* the same three with the join chained into the aggregate (``ck.step(..., chained=True)``):
+  ``chained / W``, ``chained, crashed + resumed / W``, ``chained, killed in step 4 + resumed / W``;
 * what the figures are made of: ``manual / W``, the same steps written with Spark's own writer
   and read back by hand (the floor any checkpoint of every step pays), ``steps / manual`` (what
   the step API adds to that floor), ``resume after step 4 / W`` (the resume alone) and
@@ -168,6 +170,9 @@ def main() -> None:
         manual: dict[int, float] = {}
         start: dict[int, float] = {}
         resume_alone: dict[int, float] = {}
+        chained: dict[int, float] = {}
+        chained_crashed: dict[int, float] = {}
+        chained_in_last: dict[int, float] = {}
         for rnd in range(args.rounds):
             plain = run("plain", data, work / f"w-{rnd}", work / f"hw-{rnd}", args.master)
             w[rnd] = plain["seconds"]
@@ -199,6 +204,33 @@ def main() -> None:
             )
             killed4["variant"], resumed4["variant"] = "killed-in-step-4", "resumed-after-step-4"
             runs += [killed4, resumed4]
+            # the join chained: a full run, a crash at 80 % of W, a kill as step 4 starts
+            ch = run("chained", data, work / f"j-{rnd}", work / f"hj-{rnd}", args.master)
+            chained[rnd] = ch["seconds"]
+            same = same and rows_of(work / f"w-{rnd}") == rows_of(work / f"j-{rnd}" / "final")
+            homej = work / f"hjc-{rnd}"
+            out_j = work / f"jc-{rnd}"
+            killed_j = run("chained", data, out_j, homej, args.master, kill_after=CRASH_AT * w[rnd])
+            resumed_j = run("chained", data, out_j, homej, args.master)
+            chained_crashed[rnd] = CRASH_AT * w[rnd] + resumed_j["seconds"]
+            homej4, out_j4 = work / f"hj4-{rnd}", work / f"j4-{rnd}"
+            killed_j4 = run("chained", data, out_j4, homej4, args.master, kill_at_line=LAST_STEP)
+            resumed_j4 = run("chained", data, out_j4, homej4, args.master)
+            chained_in_last[rnd] = killed_j4["seconds"] + resumed_j4["seconds"]
+            same_after = (
+                same_after
+                and rows_of(work / f"w-{rnd}") == rows_of(out_j / "final")
+                and rows_of(work / f"w-{rnd}") == rows_of(out_j4 / "final")
+            )
+            killed_j["variant"], resumed_j["variant"] = "killed", "resumed"
+            killed_j4["variant"] = "killed-in-step-4"
+            resumed_j4["variant"] = "resumed-after-step-4"
+            ch["output_equals_w"] = same
+            resumed_j["output_equals_w"] = resumed_j4["output_equals_w"] = same_after
+            for record in (ch, killed_j, resumed_j, killed_j4, resumed_j4):
+                record["round"] = rnd
+                record["load_flags"] = load_flags(record)
+            runs += [ch, killed_j, resumed_j, killed_j4, resumed_j4]
             for record in (plain, full, by_hand, started, killed, resumed, killed4, resumed4):
                 record["round"] = rnd
                 record["load_flags"] = load_flags(record)
@@ -213,7 +245,9 @@ def main() -> None:
                 f"{resumed['seconds']:.1f} s ({crashed[rnd] / w[rnd]:.2f}x; reused "
                 f"{resumed.get('reused')}); killed in step 4 at {killed4['seconds']:.1f} s + "
                 f"resumed {resumed4['seconds']:.1f} s ({in_last[rnd] / w[rnd]:.2f}x; reused "
-                f"{resumed4.get('reused')}), outputs equal: {same and same_after}",
+                f"{resumed4.get('reused')}); chained {chained[rnd] / w[rnd]:.2f}x, crashed + "
+                f"resumed {chained_crashed[rnd] / w[rnd]:.2f}x, killed in step 4 + resumed "
+                f"{chained_in_last[rnd] / w[rnd]:.2f}x; outputs equal: {same and same_after}",
                 flush=True,
             )
         report = {
@@ -234,6 +268,9 @@ def main() -> None:
                 "steps_over_manual": paired_ratios(steps, manual),
                 "resume_after_step_4_over_w": paired_ratios(resume_alone, w),
                 "start_over_w": paired_ratios(start, w),
+                "chained_over_w": paired_ratios(chained, w),
+                "chained_crashed_resumed_over_w": paired_ratios(chained_crashed, w),
+                "chained_killed_in_step_4_resumed_over_w": paired_ratios(chained_in_last, w),
                 "w_rerun_over_w": 1 + CRASH_AT,
             },
             "w_seconds": w,

@@ -3,7 +3,8 @@
 (``bench/steps_bench.py``) by ``bench/readme_tables.py`` into two sections:
 
 * ``docs/steps.md``, between ``<!-- steps-cost:begin -->`` and ``<!-- steps-cost:end -->``: the
-  table (every step checkpointed, the crash at 80 % of W, the crash in step 4, each / W);
+  table (every step checkpointed, the crash at 80 % of W, the crash in step 4, and the same
+  three with the join chained, each / W);
 * ``README.md``, between ``<!-- steps:begin -->`` and ``<!-- steps:end -->``: its first
   screen's line on the step API, with the headline figure.
 """
@@ -41,7 +42,7 @@ def steps_section(report: dict[str, Any] | None, generated: str) -> str:
         {
             tuple(run.get("reused") or ())
             for run in runs
-            if run.get("variant") == "resumed-after-step-4"
+            if run.get("variant") == "resumed-after-step-4" and run["mode"] == "steps"
         }
     )
     date = str(report.get("date") or "")
@@ -59,6 +60,21 @@ def steps_section(report: dict[str, Any] | None, generated: str) -> str:
         (
             "SIGKILLed as step 4 starts, + resume",
             _x(r.get("killed_in_step_4_resumed_over_w")),
+            "≤ 1.35×",
+        ),
+        (
+            "the join chained (`chained=True`), every other step checkpointed",
+            _x(r.get("chained_over_w")),
+            "≤ 1.25×",
+        ),
+        (
+            f"the join chained, SIGKILLed at {report['crash_at']:.0%} of W's time, + resume",
+            _x(r.get("chained_crashed_resumed_over_w")),
+            f"(W rerun: {1 + report['crash_at']:.2f}×)",
+        ),
+        (
+            "the join chained, SIGKILLed as step 4 starts, + resume",
+            _x(r.get("chained_killed_in_step_4_resumed_over_w")),
             "≤ 1.35×",
         ),
     ]
@@ -101,12 +117,15 @@ def steps_section(report: dict[str, Any] | None, generated: str) -> str:
 
 def steps_glance(report: dict[str, Any] | None, generated: str) -> str:
     """The README's first-screen line on the step API."""
+    ratios = report["ratios"] if report else {}
     figure = (
-        f"every step checkpointed, {report['ratios']['steps_over_w']['median']:.2f}× W on our "
-        "4-step benchmark"
-        if report and report["ratios"].get("steps_over_w")
+        f"every step checkpointed, {ratios['steps_over_w']['median']:.2f}× W on our 4-step "
+        "benchmark"
+        if ratios.get("steps_over_w")
         else "not measured yet"
     )
+    if ratios.get("chained_over_w"):
+        figure += f"; {ratios['chained_over_w']['median']:.2f}× with its join chained"
     return (
         f"{generated}\nAny other DataFrame job: name its steps, "
         f'`ck.step("joined", lambda: ...)` ([docs/steps.md](docs/steps.md); new: {figure}).\n'

@@ -258,3 +258,14 @@ def test_the_step_figures_are_the_runs_paired_ratios() -> None:
     for figure in (floor, over_floor, alone):
         assert f"| {figure:.2f}× (" in doc, figure
     assert f"every step checkpointed, {steps_ratio:.2f}× W" in (ROOT / "README.md").read_text()
+    # the join chained: the same paired ratios over the chained runs
+    chained = seconds(None, "chained")
+    chained_ratio = statistics.median(chained[k] / w[k] for k in w)
+    killed_j = seconds("killed-in-step-4", "chained")
+    resumed_j = seconds("resumed-after-step-4", "chained")
+    chained_in_4 = statistics.median((killed_j[k] + resumed_j[k]) / w[k] for k in w)
+    row = next(line for line in doc.splitlines() if line.startswith("| the join chained (`"))
+    assert f"| {chained_ratio:.2f}× (" in row
+    row_4 = next(line for line in doc.splitlines() if "chained, SIGKILLed as step 4" in line)
+    assert f"| {chained_in_4:.2f}× (" in row_4
+    assert f"{chained_ratio:.2f}× with its join chained" in (ROOT / "README.md").read_text()

@@ -248,9 +248,13 @@ def test_a_bad_step_name_is_refused_before_anything_runs(
     assert not (tmp_path / "ck" / "names" / "shared").exists()
 
 
-def test_which_steps_a_change_reruns_and_when_a_step_cut_short_resumes() -> None:
-    """The pure half: descendants of a changed step from the recorded graph, the decision, and
-    the reasons a step cut short reruns whole."""
+def test_which_steps_a_change_reruns_and_when_a_step_cut_short_resumes(
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    """Descendants of a changed step from the recorded graph, the decision, and the reasons a
+    step cut short reruns whole (its missing partitions are recomputed from its input's files:
+    only an input that is a scan of files qualifies)."""
     from checkpointing.spark.step_salvage import KeptStep, resumable
     from checkpointing.spark.step_writer import PlanFacts
     from checkpointing.steps.plan import StepRecord, change_line, decide, downstream_of
@@ -269,12 +273,16 @@ def test_which_steps_a_change_reruns_and_when_a_step_cut_short_resumes() -> None
 
     kept = KeptStep("s", "fp", 4, {0: ("file:///x", 1, None, None)})
     facts = PlanFacts("p", "p", "{}", (), (), None, True)
-    assert resumable("s", kept, facts, input=object()) is None  # type: ignore[arg-type]
+    spark.range(4).write.parquet(str(tmp_path / "in"))
+    scan = spark.read.parquet(str(tmp_path / "in"))
+    assert resumable("s", kept, facts, input=scan) is None
     assert "names no checkpointed input" in resumable("s", kept, facts, None)
+    for transformed in (scan.alias("ckpt_chained__s"), scan.withColumn("x", F.lit(1))):
+        assert "not a scan of files" in resumable("s", kept, facts, transformed)
     wide = PlanFacts("p", "p", "{}", (), (), None, False)
-    assert "not narrow" in resumable("s", kept, wide, object())  # type: ignore[arg-type]
+    assert "not narrow" in resumable("s", kept, wide, scan)
     noisy = PlanFacts("p", "p", "{}", (), (), "its plan reads the clock (now())", True)
-    assert "checkpointed whole" in resumable("s", kept, noisy, object())  # type: ignore[arg-type]
+    assert "checkpointed whole" in resumable("s", kept, noisy, scan)
 
 
 def test_run_script_refuses_a_bad_path_in_one_line_and_runs_a_script_with_the_settings(
@@ -339,3 +347,30 @@ def test_ckpt_run_runs_a_script_and_names_a_missing_one(tmp_path: Path) -> None:
     assert missing.exit_code != 0
     assert "gone.py: no such file" in missing.output
     assert len(missing.output.strip().splitlines()) == 1
+
+
+def test_steps_are_written_in_parquet_v2_and_the_published_table_in_sparks_defaults(
+    spark, tmp_path: Path, sqlite_metastore: Metastore
+) -> None:  # type: ignore[no-untyped-def]
+    """A step's own files are read back only by this project's Spark: version 2 pages (delta
+    encodings, written faster); the table ``ck.write`` publishes is read by anyone: Spark's
+    default version 1, as a job without ``ck`` writes it."""
+    import pyarrow.parquet as pq
+
+    storage = FileSystemCheckpointStorage((tmp_path / "ck").as_uri())
+    out = tmp_path / "out"
+    with checkpointed(spark, "formats", metastore=sqlite_metastore, storage=storage) as ck:
+        ids = ck.step("ids", lambda: spark.range(0, 200_000, 1, 2))
+        ck.write(ids, str(out))
+
+    def encodings(files: list[Path]) -> set[str]:
+        assert files
+        return {
+            e for f in files for e in pq.ParquetFile(f).metadata.row_group(0).column(0).encodings
+        }
+
+    shared = tmp_path / "ck" / "formats" / "shared"
+    assert "DELTA_BINARY_PACKED" in encodings(list(shared.glob("chk-*/ids/part-*")))
+    final = encodings(list((out / "final").glob("part-*")))
+    assert "PLAIN" in final and "DELTA_BINARY_PACKED" not in final
+    assert sorted(pq.read_table(out / "final").column("id").to_pylist()) == list(range(200_000))

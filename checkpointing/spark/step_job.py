@@ -19,7 +19,7 @@ from checkpointing.ids import validate_id
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.interval import check_job_name
 from checkpointing.restore.lookup import find_latest_valid
-from checkpointing.spark import step_salvage, step_savepoints, step_writer
+from checkpointing.spark import step_chain, step_salvage, step_savepoints, step_writer
 from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
 from checkpointing.status import JobStatus
@@ -50,6 +50,8 @@ class StepStats:
 
     reused: list[str] = field(default_factory=list)
     computed: list[str] = field(default_factory=list)
+    #: chained steps (checkpointed as their plan; their readers recompute them)
+    chained: list[str] = field(default_factory=list)
     #: step -> partitions computed by this run (all of them, or only the missing ones)
     partitions_computed: dict[str, int] = field(default_factory=dict)
     #: step -> partitions kept from a checkpoint cut short
@@ -109,6 +111,8 @@ class CheckpointedJob:
         self._done: dict[str, StepRecord] = {}
         #: steps this run computes: whatever reads them is computed too
         self._computed: set[str] = set()
+        #: this run's chained steps (their readers' plans name them)
+        self._chained: set[str] = set()
         #: restored steps a change made stale (a changed step and what is downstream of it)
         self._stale: set[str] = set()
         self._by_file: dict[str, str] = {}
@@ -192,11 +196,13 @@ class CheckpointedJob:
         self.coordinator.shutdown(status)
         self.coordinator = None
         log.info(
-            "job %s: %s; steps reused %s, computed %s, partitions computed %s, salvaged %s",
+            "job %s: %s; steps reused %s, computed %s, chained %s, partitions computed %s, "
+            "salvaged %s",
             self.job,
             status.value.lower(),
             self.stats.reused,
             self.stats.computed,
+            self.stats.chained,
             self.stats.partitions_computed,
             self.stats.partitions_salvaged,
         )
@@ -209,9 +215,12 @@ class CheckpointedJob:
         fn: Callable[..., DataFrame],
         *,
         input: DataFrame | None = None,
+        chained: bool = False,
     ) -> DataFrame:
         """Run ``fn()`` (``fn(input)`` given ``input``) as checkpointed step ``name``, or reuse
-        its checkpoint; the step's rows read back from its checkpoint."""
+        its checkpoint; the step's rows read back from its checkpoint. ``chained=True``: a step
+        without a shuffle is checkpointed as its plan and inputs, not its rows, and the steps
+        that read it recompute it (:mod:`checkpointing.spark.step_chain`)."""
         name = step_name(name)
         if self.coordinator is None:
             raise RuntimeError("ck.step runs inside `with checkpointed(...) as ck:`")
@@ -226,7 +235,11 @@ class CheckpointedJob:
             )
         with step_writer.step_settings(self.spark):
             facts = step_writer.describe(self.spark, df, self.storage, self.job)
-        upstream = sorted({self._by_file[f] for f in facts.step_files if f in self._by_file})
+        if chained and (refused := step_chain.refusal(name, facts)) is not None:
+            raise ValueError(refused)
+        read = {self._by_file[f] for f in facts.step_files if f in self._by_file}
+        read |= step_chain.chained_upstream(facts.named_plan, self._chained)
+        upstream = sorted(read)
         foreign = [f for f in facts.step_files if f not in self._by_file]
         if foreign:
             raise ValueError(
@@ -239,6 +252,7 @@ class CheckpointedJob:
             facts.schema,
             facts.inputs,
             tuple((u, self._done[u].fingerprint) for u in upstream),
+            chained=chained,
         )
         fingerprint = identity.fingerprint
         computed_upstream = [u for u in upstream if u in self._computed]
@@ -250,8 +264,12 @@ class CheckpointedJob:
         decision = decide(name, fingerprint, self.restored, why_upstream)
         if decision.reuse is not None and name not in self._stale:
             record = decision.reuse
-            self.stats.reused.append(name)
-            log.info("job %s: step %s unchanged: reusing its checkpoint", self.job, name)
+            if chained:
+                self.stats.chained.append(name)
+                log.info("job %s: step %s unchanged: chained into its readers", self.job, name)
+            else:
+                self.stats.reused.append(name)
+                log.info("job %s: step %s unchanged: reusing its checkpoint", self.job, name)
         else:
             if name in self.restored and name not in self._stale:
                 stale = [name, *downstream_of(name, self.restored)]
@@ -266,14 +284,34 @@ class CheckpointedJob:
                     name,
                     facts.nondeterministic,
                 )
-            record = self._compute(name, df, fingerprint, tuple(upstream), facts, input, fn)
+            if chained:
+                record = self._chain(name, df, fingerprint, tuple(upstream))
+            else:
+                record = self._compute(name, df, fingerprint, tuple(upstream), facts, input, fn)
+                self.stats.computed.append(name)
             self._computed.add(name)
-            self.stats.computed.append(name)
         self._done[name] = record
         self._by_file.update({u: name for u in record.urls})
         if not self._publishing:
             self._boundary()
+        if chained:
+            self._chained.add(name)
+            return step_chain.chained_frame(df, name)
         return step_writer.read_step(self.spark, record)
+
+    def _chain(
+        self, name: str, df: DataFrame, fingerprint: str, upstream: tuple[str, ...]
+    ) -> StepRecord:
+        """A chained step's checkpoint: its identity, no rows."""
+        assert self.coordinator is not None
+        self._seq += 1
+        log.info("job %s: step %s: chained into its readers (not written)", self.job, name)
+        record = StepRecord(name, fingerprint, upstream, df.schema.json(), 1, True, chained=True)
+        record = step_chain.checkpoint_chained(
+            self.coordinator, record, self._carried(), self.run_id, self._seq
+        )
+        self.stats.chained.append(name)
+        return record
 
     def _boundary(self) -> None:
         """A step boundary: take the savepoint requests queued meanwhile; a stop-with-savepoint
@@ -332,6 +370,7 @@ class CheckpointedJob:
             input=input,
             fn=fn,
             input_bytes=self._bytes_read(facts),
+            published=self._publishing,
         )
         self.stats.partitions_computed[name] = computed
         if salvaged:

@@ -145,6 +145,10 @@ def resumable(
         return f"{facts.nondeterministic}: a non-deterministic step is checkpointed whole"
     if input is None:
         return "it names no checkpointed input (ck.step(name, fn, input=step))"
+    if input._jdf.queryExecution().analyzed().getClass().getSimpleName() != "LogicalRelation":
+        # its missing partitions are recomputed from its files read with its schema: only a
+        # step as read back (or a file scan) is those files' rows
+        return "its input is not a scan of files (a chained or transformed DataFrame)"
     if not facts.narrow:
         return "it is not narrow over its input (a join, aggregate, window, sort or shuffle)"
     return None
@@ -184,11 +188,13 @@ def checkpoint_step(
     input: DataFrame | None,
     fn: Any,
     input_bytes: int = 0,
+    published: bool = False,
 ) -> tuple[StepRecord, int, int]:
     """Trigger the step's checkpoint, acknowledge what it carries, write its partitions (or
     only the missing ones) and acknowledge each; returns its record, the partitions computed
     and those kept from a crashed run. ``input_bytes``: what the step reads, which sizes its
-    shuffles (:func:`~checkpointing.spark.step_writer.shuffle_partitions`)."""
+    shuffles (:func:`~checkpointing.spark.step_writer.shuffle_partitions`); ``published``: its
+    files become the published table (``ck.write``'s step)."""
     storage = coordinator.storage
     extra = NARROW_SQL if narrow and input is not None else {}
     sized = step_writer.shuffle_partitions(spark, input_bytes)
@@ -234,7 +240,7 @@ def checkpoint_step(
         missing = [p for p in range(n) if p not in acker.files]
         if kept is None:
             acker.start()
-            step_writer.write_partitions(spark, prepared, directory)
+            step_writer.write_partitions(spark, prepared, directory, published=published)
             acker.finish()
         elif missing:
             _write_missing(spark, storage, fn, input, missing, inputs, directory, acker)

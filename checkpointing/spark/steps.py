@@ -16,9 +16,11 @@ fingerprint (:mod:`checkpointing.steps.identity`) is unchanged; a changed step r
 step downstream of it (:mod:`checkpointing.steps.plan`). A step cut short by a crash keeps the
 files its committed tasks acknowledged; when the step is narrow over a checkpointed input and
 deterministic (``ck.step(name, fn, input=upstream)``), only its missing partitions are
-recomputed (:mod:`checkpointing.spark.step_salvage`). Savepoints requested from outside (the UI,
-the API, ``ckpt savepoint``) are taken at step boundaries, and ``restore=<savepoint path>``
-restores one (:mod:`checkpointing.spark.step_savepoints`).
+recomputed (:mod:`checkpointing.spark.step_salvage`). A step without a shuffle that is cheaper
+to recompute than to write can be chained into the steps that read it
+(``ck.step(name, fn, chained=True)``, :mod:`checkpointing.spark.step_chain`). Savepoints
+requested from outside (the UI, the API, ``ckpt savepoint``) are taken at step boundaries, and
+``restore=<savepoint path>`` restores one (:mod:`checkpointing.spark.step_savepoints`).
 """
 
 from __future__ import annotations

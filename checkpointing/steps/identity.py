@@ -55,6 +55,8 @@ class StepIdentity:
     inputs: tuple[InputFile, ...]
     #: upstream step name -> its fingerprint
     upstream: tuple[tuple[str, str], ...]
+    #: chained into its readers (a checkpoint of its plan, not its rows): toggling it is a change
+    chained: bool = False
 
     @property
     def fingerprint(self) -> str:
@@ -81,6 +83,7 @@ def fingerprint(identity: StepIdentity) -> str:
         "schema": identity.schema,
         "inputs": sorted([f.path, f.size, f.mtime_ms] for f in identity.inputs),
         "upstream": sorted([n, fp] for n, fp in identity.upstream),
+        **({"chained": True} if identity.chained else {}),
     }
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     return "sha256:" + hashlib.sha256(canonical).hexdigest()

@@ -55,11 +55,14 @@ class StepRecord:
     files: tuple[StepFile, ...] = field(default=())
     #: a narrow step's input file per partition (matched across runs when it resumes)
     partition_inputs: tuple[str | None, ...] = ()
+    #: chained into the steps that read it: no files, recomputed from its inputs by them
+    chained: bool = False
 
     def item(self, partition: int) -> dict[str, Any]:
         """The ``list_state`` item of subtask ``partition``."""
         inputs = self.partition_inputs
         return {
+            **({"chained": True} if self.chained else {}),
             "parallelism": self.parallelism,
             "input": inputs[partition] if partition < len(inputs) else None,
             STEP_KEY: self.name,
@@ -105,6 +108,7 @@ def restored_steps(metadata: CheckpointMetadata | None) -> dict[str, StepRecord]
             partition_inputs=tuple(
                 i.get("input") for _, i in sorted(items, key=lambda x: int(x[1]["partition"]))
             ),
+            chained=first.get("chained") is True,
         )
     return steps
 

@@ -1,0 +1,92 @@
+"""Chained steps: ``ck.step(name, fn, chained=True)``, Flink's operator chaining for a step
+cheaper to recompute than to write.
+
+A step that scans files and maps them without a shuffle (a filter, a projection, a join with
+a broadcast table) costs more to write and read back than to recompute: on the step benchmark
+the join's 12 million rows take longer to write with Spark's Parquet writer than the whole job
+takes without it. Flink never persists such an edge either: chained operators run in one task,
+and what a batch job keeps across a failure are its blocking results. A chained step is still a
+checkpoint (one subtask, acknowledged without a file) whose identity is its plan and its input
+files' versions, which is its whole state, as a Flink source's offsets are. The steps that read
+it recompute it inside their own tasks, and a resume that finds it unchanged recomputes it the
+same way. What it gives up: a crash inside the step that reads it loses that step's progress,
+and a savepoint holds its plan, not its rows (its inputs must still be there to restore it).
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyspark.sql import DataFrame
+
+from checkpointing.coordination.coordinator import CheckpointCoordinator
+from checkpointing.spark import step_writer
+from checkpointing.steps.plan import StepFile, StepRecord
+
+#: the alias a chained step's DataFrame carries: the steps that read it find it in their plans
+ALIAS_PREFIX = "ckpt_chained__"
+_ALIAS = re.compile(rf"SubqueryAlias {ALIAS_PREFIX}(\S+)")
+
+
+def refusal(name: str, facts: step_writer.PlanFacts) -> str | None:
+    """Why step ``name`` cannot be chained (one line), or None."""
+    if facts.shuffles:
+        return (
+            f"step {name}: chained=True needs a plan without a shuffle (a scan, filter, "
+            "projection or broadcast join); this one shuffles, so checkpoint it"
+        )
+    if facts.nondeterministic:
+        return (
+            f"step {name}: chained=True needs a deterministic plan (its readers recompute it); "
+            f"{facts.nondeterministic}"
+        )
+    return None
+
+
+def chained_frame(df: DataFrame, name: str) -> DataFrame:
+    """What ``ck.step`` returns for a chained step: its own plan, named for its readers."""
+    return df.alias(f"{ALIAS_PREFIX}{name}")
+
+
+def chained_upstream(named_plan: str, chained: set[str]) -> set[str]:
+    """The chained steps a step's plan reads (their aliases in its analyzed plan)."""
+    return {m for m in _ALIAS.findall(named_plan) if m in chained}
+
+
+def checkpoint_chained(
+    coordinator: CheckpointCoordinator,
+    record: StepRecord,
+    carried: list[StepRecord],
+    run: str,
+    seq: int,
+) -> StepRecord:
+    """The chained step's checkpoint: what it carries, and its one subtask acknowledged with
+    no file; complete once acknowledged."""
+    record = StepRecord(
+        record.name,
+        record.fingerprint,
+        record.upstream,
+        record.schema,
+        1,
+        True,
+        files=(StepFile(0, None, 0, None),),
+        chained=True,
+    )
+    tasks = step_writer.step_tasks(run, seq, carried, record)
+    pending = coordinator.trigger_checkpoint(tasks=tasks.specs, forced=True)
+    if tasks.carried_acks:
+        outcome = coordinator.receive_acknowledge(pending.checkpoint_id, tasks.carried_acks)
+        if outcome.refused:
+            raise step_writer.StepCheckpointError(
+                f"step {record.name}: the earlier steps' files were refused: "
+                f"{next(iter(outcome.refused.values()))}"
+            )
+    acker = step_writer.StepAcknowledger(
+        coordinator, pending.checkpoint_id, record, tasks.own, directory=""
+    )
+    acker.ack_many(list(record.files))
+    if acker.completed is None:
+        raise step_writer.StepCheckpointError(
+            f"step {record.name}: checkpoint {pending.checkpoint_id} did not complete"
+        )
+    return record
