@@ -160,6 +160,46 @@ def test_the_failure_callback_names_the_users_script_not_spark_submits(
     assert f"ckpt run {job.script} --restore latest" in line and "spark_app" not in line, line
 
 
+def test_a_script_refused_for_its_configuration_fails_its_try_without_a_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real spark-submit of a script whose step is refused (a chained step that shuffles):
+    the driver exits 78 (EX_CONFIG), spark-submit passes it on, and the try fails for good
+    (``AirflowFailException``) instead of being retried into the same refusal."""
+    from types import SimpleNamespace
+
+    from airflow.sdk import DAG
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from checkpointing_airflow.operators import CheckpointedSparkSubmitOperator as Op
+    from checkpointing_airflow.script_submit import ScriptSubmit, script_job
+    from checkpointing_airflow.spark_submit_internals import submit_returncode
+    from tests.test_step_chain import REFUSED_SCRIPT
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    Metastore(url, check_schema=False).upgrade()
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"})
+    )
+    script = tmp_path / "daily.py"
+    script.write_text(REFUSED_SCRIPT.format(job=JOB))
+    with DAG(JOB, schedule=None):
+        op = Op(task_id="run", application=str(script))
+    job = script_job(op)
+    submit = ScriptSubmit(op)
+    metastore = Metastore(url)
+    try:
+        submit.prepare(job, "r-1234-t1", "latest", None, url, (tmp_path / "ck").as_uri())
+        with pytest.raises(AirflowFailException) as refused:
+            submit.submit({"ti": SimpleNamespace(try_number=1)}, job, metastore, None)
+    finally:
+        metastore.dispose()
+    assert submit_returncode(op._hook) == 78
+    line = str(refused.value)
+    assert line.startswith(f"job {JOB}: try 1: the script was refused for its configuration")
+    assert "not retried" in line
+
+
 def test_the_driver_refuses_a_job_the_task_does_not_declare(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -280,6 +320,39 @@ def test_a_retry_fences_the_earlier_tries_driver_which_changes_nothing(
     outcome = submit.outcome(job, sqlite_metastore, retry, 2)
     assert outcome["status"] == "FINISHED" and outcome["savepoint_path"] is None
     assert len(outcome["checkpoints"]) == 1  # the retry's own: "second"
+
+
+def test_a_driver_superseded_as_it_publishes_swaps_nothing(
+    spark,  # type: ignore[no-untyped-def]
+    sqlite_metastore: Metastore,
+    storage,  # type: ignore[no-untyped-def]
+    script_task,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """``ck.write`` swaps ``final`` under the job row's lock, with the fencing check made in
+    that transaction: a driver a later try superseded after its check before the publish (the
+    guard is called here as the publish calls it) leaves no ``final`` and no table behind."""
+    from checkpointing.coordination.failure import CoordinatorSuperseded
+    from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
+    from checkpointing.spark.steps import checkpointed
+    from checkpointing.steps.script import ENV_COORDINATOR
+    from checkpointing_airflow.attempts import attempt_id
+
+    submit, job = script_task
+    first, retry = (attempt_id(JOB, "manual__p", n) for n in (1, 2))
+    out = tmp_path / "out"
+    monkeypatch.setenv(ENV_COORDINATOR, first)
+    with checkpointed(spark, JOB, metastore=sqlite_metastore, storage=storage) as ck:
+        ids = ck.step("ids", lambda: spark.range(0, 40, 1, 2))
+        files = [Path(storage.path_of(u)) for u in ck._done["ids"].urls]
+        submit.name_try(sqlite_metastore, job, retry, storage.base_url)  # the retry's task
+        sink = TwoPhaseCommitSink(str(out), job=JOB)
+        with pytest.raises(CoordinatorSuperseded):
+            sink.publish_final(ids, "a" * 32, files, guard=ck._leading)
+        named = _snapshot(sqlite_metastore)
+    assert not [p.name for p in out.iterdir() if "final" in p.name]
+    assert _snapshot(sqlite_metastore) == named
 
 
 def test_a_retry_of_a_job_its_first_try_never_registered_fences_that_tries_driver(

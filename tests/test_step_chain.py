@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from pyspark.sql import Window
 from pyspark.sql import functions as F
@@ -175,3 +176,54 @@ def test_a_savepoint_at_a_chained_steps_boundary_holds_its_plan_and_restores(
     assert restored.stats.chained == ["enriched"]
     assert restored.stats.computed == ["daily", "output"]
     same(published(tmp_path / "again"), expected(orders, customers))
+
+
+REFUSED_SCRIPT = """
+from pyspark.sql import SparkSession
+from checkpointing.spark.steps import checkpointed
+
+spark = SparkSession.builder.getOrCreate()
+with checkpointed(spark, job={job!r}) as ck:
+    ck.step("wide", lambda: spark.range(10).groupBy("id").count(), chained=True)
+"""
+
+
+def test_ckpt_run_exits_ex_config_for_a_script_refused_for_its_configuration(
+    spark,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    """A refusal (here a chained step that shuffles) is one ``error:`` line and exit code 78
+    (sysexits' EX_CONFIG), not 1 as a crash: the Airflow task reads it and does not retry."""
+    from typer.testing import CliRunner
+
+    from checkpointing.cli import app
+    from checkpointing.steps.script import EXIT_REFUSED
+
+    script = tmp_path / "job.py"
+    script.write_text(REFUSED_SCRIPT.format(job="refused_run"))
+    runner = CliRunner(env={"CKPT_HOME": str(tmp_path / "home"), "CKPT_METASTORE_URL": None})
+    done = runner.invoke(app, ["run", str(script)])
+    assert done.exit_code == EXIT_REFUSED == 78, done.output
+    [line] = [x for x in done.output.splitlines() if x.startswith("error:")]
+    assert "step wide: chained=True needs a plan without a shuffle" in line
+    crashed = tmp_path / "crash.py"
+    crashed.write_text("raise SystemExit(1)\n")
+    assert runner.invoke(app, ["run", str(crashed)]).exit_code == 1
+
+
+def test_a_chained_step_of_any_valid_name_is_found_upstream_of_its_readers(
+    spark, tmp_path: Path, sqlite_metastore: Metastore
+) -> None:  # type: ignore[no-untyped-def]
+    """Step names may hold ``-`` and ``.``, which Spark prints quoted in an alias: the alias is
+    the name in hex, so the reader's record names it, and only it (not a name it prefixes)."""
+    orders, _ = write_inputs(tmp_path / "in")
+    storage = FileSystemCheckpointStorage((tmp_path / "ck").as_uri())
+    o = spark.read.parquet(str(orders))
+    with checkpointed(spark, "names", metastore=sqlite_metastore, storage=storage) as ck:
+        ck.step("clean", lambda: o.where("amount > 50"), chained=True)
+        clean = ck.step("clean-orders.v2", lambda: o.where("amount > 10"), chained=True)
+        daily = ck.step("daily", lambda: clean.groupBy("day").count())
+        rows = {r["day"]: r["count"] for r in daily.collect()}
+    assert ck._done["daily"].upstream == ("clean-orders.v2",)
+    frame = pd.concat(pd.read_parquet(p) for p in sorted(orders.glob("*.parquet")))
+    assert rows == frame[frame.amount > 10].groupby("day").size().to_dict()

@@ -138,6 +138,9 @@ def test_a_savepoint_is_taken_at_the_first_boundary_self_contained_kept_and_rest
     assert row.checkpoint_type == "SAVEPOINT"
     # taken at the first boundary: the step enriched only, its files in the savepoint's own dir
     assert {p.parent.name for p in path.glob("*/*.parquet")} == {"enriched"}
+    # linked, not copied: one inode with the job's own file, which neither name may write
+    for p in path.glob("*/*.parquet"):
+        assert p.stat().st_nlink >= 2 and p.stat().st_mode & 0o222 == 0, p
     assert (path / "_metadata").is_file()
     saved = ds.dataset(path / "enriched", format="parquet").to_table().to_pandas()
     same(saved, oracle_enriched(orders, customers), ["oid"])

@@ -255,8 +255,8 @@ def test_which_steps_a_change_reruns_and_when_a_step_cut_short_resumes(
     """Descendants of a changed step from the recorded graph, the decision, and the reasons a
     step cut short reruns whole (its missing partitions are recomputed from its input's files:
     only an input that is a scan of files qualifies)."""
-    from checkpointing.spark.step_salvage import KeptStep, resumable
-    from checkpointing.spark.step_writer import PlanFacts
+    from checkpointing.spark.step_salvage import KeptStep, resumable, step_input
+    from checkpointing.spark.step_writer import PlanFacts, as_url
     from checkpointing.steps.plan import StepRecord, change_line, decide, downstream_of
 
     def rec(name: str, *up: str) -> StepRecord:
@@ -275,14 +275,18 @@ def test_which_steps_a_change_reruns_and_when_a_step_cut_short_resumes(
     facts = PlanFacts("p", "p", "{}", (), (), None, True)
     spark.range(4).write.parquet(str(tmp_path / "in"))
     scan = spark.read.parquet(str(tmp_path / "in"))
-    assert resumable("s", kept, facts, input=scan) is None
-    assert "names no checkpointed input" in resumable("s", kept, facts, None)
-    for transformed in (scan.alias("ckpt_chained__s"), scan.withColumn("x", F.lit(1))):
-        assert "not a scan of files" in resumable("s", kept, facts, transformed)
+    files = {as_url(p) for p in scan.inputFiles()}
+    assert step_input(scan, files)  # a step as read back: a bare scan of its files
+    assert not step_input(scan, files - {next(iter(files))})  # a file of no step
+    for transformed in (scan.alias("ckpt_chained__73"), scan.withColumn("x", F.lit(1))):
+        assert not step_input(transformed, files)
+    assert resumable("s", kept, facts, scan, is_step=True) is None
+    assert "names no checkpointed input" in resumable("s", kept, facts, None, is_step=False)
+    assert "not a step as read back" in resumable("s", kept, facts, scan, is_step=False)
     wide = PlanFacts("p", "p", "{}", (), (), None, False)
-    assert "not narrow" in resumable("s", kept, wide, scan)
+    assert "not narrow" in resumable("s", kept, wide, scan, is_step=True)
     noisy = PlanFacts("p", "p", "{}", (), (), "its plan reads the clock (now())", True)
-    assert "checkpointed whole" in resumable("s", kept, noisy, scan)
+    assert "checkpointed whole" in resumable("s", kept, noisy, scan, is_step=True)
 
 
 def test_run_script_refuses_a_bad_path_in_one_line_and_runs_a_script_with_the_settings(
@@ -374,3 +378,62 @@ def test_steps_are_written_in_parquet_v2_and_the_published_table_in_sparks_defau
     final = encodings(list((out / "final").glob("part-*")))
     assert "PLAIN" in final and "DELTA_BINARY_PACKED" not in final
     assert sorted(pq.read_table(out / "final").column("id").to_pylist()) == list(range(200_000))
+
+
+def test_a_step_whose_checkpoint_a_later_try_aborts_cancels_its_write(
+    spark, tmp_path: Path, sqlite_metastore: Metastore
+) -> None:  # type: ignore[no-untyped-def]
+    """A later try takes the job over while a step is written (its takeover aborts the step's
+    pending checkpoint): the next acknowledgement is discarded, the watcher cancels the step's
+    Spark job instead of letting every task run for nothing, and the step fails naming why."""
+    import threading
+    import time
+
+    from checkpointing.spark.step_savepoints import StepCoordinator
+    from checkpointing.spark.step_writer import StepCheckpointError
+    from checkpointing.steps.plan import step_config
+
+    storage = FileSystemCheckpointStorage((tmp_path / "ck").as_uri())
+    parts = 24
+    started = tmp_path / "started"
+    started.mkdir()
+
+    @F.udf("long")
+    def slow(x: int) -> int:
+        from pyspark import TaskContext
+
+        (started / str(TaskContext.get().partitionId())).touch()  # the partitions that ran
+        time.sleep(0.05)
+        return x
+
+    base = spark.range(0, parts * 10, 1, parts).withColumn("y", slow("id"))  # ~0.5 s a task
+    taken = threading.Event()
+
+    def later_try() -> None:  # once the first file is acknowledged, as a retry's driver starts
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with sqlite_metastore.reading() as s:
+                acked = s.scalar(
+                    select(func.count())
+                    .select_from(CheckpointAck)
+                    .where(CheckpointAck.job_id == "taken", CheckpointAck.state_handle.is_not(None))
+                )
+            if acked:
+                StepCoordinator(
+                    "taken", sqlite_metastore, storage, step_config(), coordinator_id="retry-1"
+                ).activate()
+                taken.set()
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=later_try)
+    with (
+        pytest.raises(StepCheckpointError, match=r"step slow: checkpoint 1 was aborted"),
+        checkpointed(spark, "taken", metastore=sqlite_metastore, storage=storage) as ck,
+    ):
+        thread.start()
+        ck.step("slow", lambda: base)
+    thread.join()
+    assert taken.is_set()
+    ran = len(list(started.iterdir()))  # without the cancel, the write ran every partition
+    assert 0 < ran < parts, ran  # cancelled: the later partitions never ran

@@ -31,7 +31,7 @@ from checkpointing.cli.preflight import (
     check_before_spark,
     data_interval,
 )
-from checkpointing.errors import CheckpointingError
+from checkpointing.errors import CheckpointingError, ConfigError, InvalidIdError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -105,7 +105,7 @@ def run(
     object on stdout (the epochs' lines go to stderr). A script (SPEC ending in .py) runs as
     python would run it, its checkpointed steps under these settings (docs/steps.md)."""
     if pipeline.suffix == ".py":
-        from checkpointing.steps.script import run_script
+        from checkpointing.steps.script import EXIT_REFUSED, run_script
 
         given = {
             "--parallelism": parallelism is not None,
@@ -129,7 +129,12 @@ def run(
             )
         # the run's progress, as a spec's epochs are: each step reused or computed, and why
         logging.getLogger("checkpointing.spark.steps").setLevel(logging.INFO)
-        raise typer.Exit(run_script(pipeline, ctx.args, state.settings, restore=restore))
+        try:
+            code = run_script(pipeline, ctx.args, state.settings, restore=restore)
+        except (ConfigError, InvalidIdError) as exc:  # a retry would be refused the same way
+            print_error(exc)
+            raise typer.Exit(EXIT_REFUSED) from None
+        raise typer.Exit(code)
     if ctx.args:
         raise typer.BadParameter(
             f"unexpected {ctx.args[0]!r}: only a script (.py) takes arguments after it",

@@ -57,7 +57,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -230,7 +230,13 @@ class TwoPhaseCommitSink:
 
     # ------------------------------------------------------------------ final table
 
-    def publish_final(self, df: DataFrame, token: str, files: Sequence[Path] | None = None) -> str:
+    def publish_final(
+        self,
+        df: DataFrame,
+        token: str,
+        files: Sequence[Path] | None = None,
+        guard: Callable[[], contextlib.AbstractContextManager[object]] | None = None,
+    ) -> str:
         """Write ``df`` as ``final-<token>`` and point ``final`` at it atomically; older
         ``final-*`` tables are removed after the swap. Returns the new table's directory.
         ``files``: Parquet files holding exactly ``df``'s rows (a checkpointed step's), linked
@@ -238,6 +244,8 @@ class TwoPhaseCommitSink:
 
         The token is an idempotency key: if ``final`` already points at ``final-<token>``, nothing
         is written (only older tables are cleaned up). If the write fails, ``final`` is untouched.
+        ``guard``: held around the swap (the caller's fencing: a coordinator superseded before
+        or while it is entered swaps nothing, and none takes over until the swap is done).
         """
         token = validate_id(token, "final token")
         self._claim()
@@ -268,19 +276,23 @@ class TwoPhaseCommitSink:
         try:
             if target.exists() or target.is_symlink():
                 self._discard(target)  # an earlier attempt of ours that never became current
-            os.rename(tmp, target)
-            fsync_dir(self.path)
-            link = _hidden(self.final_link, ".inprogress")
-            os.symlink(name, link)  # relative: the directory can be moved as a whole
-            try:
-                os.replace(link, self.final_link)
-            except OSError:
-                _remove_quietly(link)
-                raise
-            fsync_dir(self.path)
+            with guard() if guard is not None else contextlib.nullcontext():
+                os.rename(tmp, target)
+                fsync_dir(self.path)
+                link = _hidden(self.final_link, ".inprogress")
+                os.symlink(name, link)  # relative: the directory can be moved as a whole
+                try:
+                    os.replace(link, self.final_link)
+                except OSError:
+                    _remove_quietly(link)
+                    raise
+                fsync_dir(self.path)
         except OSError as exc:
             _remove_quietly(tmp)
             raise StorageError(f"cannot publish final table {target}: {exc}") from exc
+        except BaseException:
+            _remove_quietly(tmp)  # refused by the guard: nothing of it stays
+            raise
         self._remove_finals_except(name)
         return str(target)
 

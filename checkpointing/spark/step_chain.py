@@ -23,9 +23,10 @@ from checkpointing.coordination.coordinator import CheckpointCoordinator
 from checkpointing.spark import step_writer
 from checkpointing.steps.plan import StepFile, StepRecord
 
-#: the alias a chained step's DataFrame carries: the steps that read it find it in their plans
+#: the alias a chained step's DataFrame carries (its name in hex: an identifier Spark prints
+#: unquoted, whatever the step's name): the steps that read it find it in their plans
 ALIAS_PREFIX = "ckpt_chained__"
-_ALIAS = re.compile(rf"SubqueryAlias {ALIAS_PREFIX}(\S+)")
+_ALIAS = re.compile(rf"SubqueryAlias {ALIAS_PREFIX}([0-9a-f]+)\b")
 
 
 def refusal(name: str, facts: step_writer.PlanFacts) -> str | None:
@@ -45,12 +46,18 @@ def refusal(name: str, facts: step_writer.PlanFacts) -> str | None:
 
 def chained_frame(df: DataFrame, name: str) -> DataFrame:
     """What ``ck.step`` returns for a chained step: its own plan, named for its readers."""
-    return df.alias(f"{ALIAS_PREFIX}{name}")
+    return df.alias(alias(name))
+
+
+def alias(name: str) -> str:
+    """A chained step's alias."""
+    return f"{ALIAS_PREFIX}{name.encode().hex()}"
 
 
 def chained_upstream(named_plan: str, chained: set[str]) -> set[str]:
     """The chained steps a step's plan reads (their aliases in its analyzed plan)."""
-    return {m for m in _ALIAS.findall(named_plan) if m in chained}
+    by_alias = {alias(n): n for n in chained}
+    return {by_alias[a] for m in _ALIAS.findall(named_plan) if (a := ALIAS_PREFIX + m) in by_alias}
 
 
 def checkpoint_chained(

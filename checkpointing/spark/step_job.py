@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from checkpointing.config import Settings
 from checkpointing.coordination.fencing import CoordinatorFencing
 from checkpointing.coordination.heartbeat import Heartbeat
+from checkpointing.errors import ConfigError
 from checkpointing.ids import validate_id
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.interval import check_job_name
@@ -227,7 +229,7 @@ class CheckpointedJob:
         if self._stopped is not None:  # a stop-with-savepoint a script's `except` swallowed
             raise self._stopped
         if name in self._done:
-            raise ValueError(f"step {name}: a job's step names must be unique")
+            raise ConfigError(f"step {name}: a job's step names must be unique")
         df = fn() if input is None else fn(input)
         if not isinstance(df, DataFrame):
             raise TypeError(
@@ -236,13 +238,13 @@ class CheckpointedJob:
         with step_writer.step_settings(self.spark):
             facts = step_writer.describe(self.spark, df, self.storage, self.job)
         if chained and (refused := step_chain.refusal(name, facts)) is not None:
-            raise ValueError(refused)
+            raise ConfigError(refused)
         read = {self._by_file[f] for f in facts.step_files if f in self._by_file}
         read |= step_chain.chained_upstream(facts.named_plan, self._chained)
         upstream = sorted(read)
         foreign = [f for f in facts.step_files if f not in self._by_file]
         if foreign:
-            raise ValueError(
+            raise ConfigError(
                 f"step {name}: reads {foreign[0]}, a checkpoint file of no step of this run"
             )
         identity = StepIdentity(
@@ -253,6 +255,7 @@ class CheckpointedJob:
             facts.inputs,
             tuple((u, self._done[u].fingerprint) for u in upstream),
             chained=chained,
+            published=self._publishing,
         )
         fingerprint = identity.fingerprint
         computed_upstream = [u for u in upstream if u in self._computed]
@@ -344,7 +347,9 @@ class CheckpointedJob:
         assert self.coordinator is not None
         self._seq += 1
         kept = self._salvage.take(name, fingerprint) if self._salvage is not None else None
-        resumable = step_salvage.resumable(name, kept, facts, input)
+        # only a step read back is re-read file by file (one task per file, for a resume)
+        is_step = step_salvage.step_input(input, self._by_file)
+        resumable = step_salvage.resumable(name, kept, facts, input, is_step=is_step)
         if kept is not None and resumable is not None:
             log.info(
                 "job %s: step %s reruns whole: %s (%d partitions were acknowledged)",
@@ -366,7 +371,7 @@ class CheckpointedJob:
             run=self.run_id,
             seq=self._seq,
             kept=kept,
-            narrow=facts.narrow and facts.nondeterministic is None,
+            narrow=facts.narrow and facts.nondeterministic is None and is_step,
             input=input,
             fn=fn,
             input_bytes=self._bytes_read(facts),
@@ -385,6 +390,17 @@ class CheckpointedJob:
 
     # ------------------------------------------------------------------ output
 
+    @contextlib.contextmanager
+    def _leading(self) -> Iterator[None]:
+        """While held, this run's coordinator leads the job: its row stays locked, so a later
+        try cannot take over in the middle (the publish's swap runs inside it)."""
+        assert self.coordinator is not None
+        with self.metastore.transaction() as s:
+            refusal = self.coordinator.fencing.superseded(s)
+            if refusal is not None:
+                raise refusal
+            yield
+
     def write(
         self, df: DataFrame, path: str, format: str = "parquet", *, name: str = "output"
     ) -> str:
@@ -393,7 +409,7 @@ class CheckpointedJob:
         (:class:`~checkpointing.spark.parquet_sink.TwoPhaseCommitSink`); the token is the step's
         fingerprint, so a rerun that reuses the step publishes nothing twice."""
         if format != "parquet":
-            raise ValueError(f"format: only 'parquet' is supported, not {format!r}")
+            raise ConfigError(f"format: only 'parquet' is supported, not {format!r}")
         sink = TwoPhaseCommitSink(path, job=self.job)  # refused before anything runs
         self._publishing = True  # its boundary is after the publish
         try:
@@ -416,7 +432,7 @@ class CheckpointedJob:
             refusal = self.coordinator.fencing.superseded(s)
         if refusal is not None:
             raise refusal
-        published = sink.publish_final(out, token, files)
+        published = sink.publish_final(out, token, files, guard=self._leading)
         self.stats.published[name] = published
         log.info("job %s: published %s at %s", self.job, name, published)
         self._boundary()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -135,20 +136,36 @@ def _item(meta: Any) -> dict[str, Any] | None:
     return item if isinstance(item, dict) and STEP_KEY in item else None
 
 
+def step_input(input: DataFrame | None, step_files: Collection[str]) -> bool:
+    """Whether ``input`` is a checkpointed step as read back: a bare scan of step files only
+    (what a partial resume reads again, file by file, with the step's schema)."""
+    if input is None:
+        return False
+    if input._jdf.queryExecution().analyzed().getClass().getSimpleName() != "LogicalRelation":
+        return False
+    files = [step_writer.as_url(p) for p in input.inputFiles()]
+    return bool(files) and all(f in step_files for f in files)
+
+
 def resumable(
-    name: str, kept: KeptStep | None, facts: step_writer.PlanFacts, input: DataFrame | None
+    name: str,
+    kept: KeptStep | None,
+    facts: step_writer.PlanFacts,
+    input: DataFrame | None,
+    *,
+    is_step: bool,
 ) -> str | None:
-    """Why a step cut short cannot recompute only its missing partitions, or None."""
+    """Why a step cut short cannot recompute only its missing partitions, or None
+    (``is_step``: :func:`step_input` of ``input``)."""
     if kept is None:
         return None
     if facts.nondeterministic:
         return f"{facts.nondeterministic}: a non-deterministic step is checkpointed whole"
     if input is None:
         return "it names no checkpointed input (ck.step(name, fn, input=step))"
-    if input._jdf.queryExecution().analyzed().getClass().getSimpleName() != "LogicalRelation":
-        # its missing partitions are recomputed from its files read with its schema: only a
-        # step as read back (or a file scan) is those files' rows
-        return "its input is not a scan of files (a chained or transformed DataFrame)"
+    if not is_step:
+        # its missing partitions are recomputed from its input's files read with its schema
+        return "its input is not a step as read back (a chained, transformed or other DataFrame)"
     if not facts.narrow:
         return "it is not narrow over its input (a join, aggregate, window, sort or shuffle)"
     return None
@@ -231,16 +248,31 @@ def checkpoint_step(
                     f"step {name}: the earlier steps' files were refused: "
                     f"{next(iter(outcome.refused.values()))}"
                 )
+        tag = f"ckpt-step-{run}-{seq}"
         acker = step_writer.StepAcknowledger(
-            coordinator, pending.checkpoint_id, record, tasks.own, directory
+            coordinator,
+            pending.checkpoint_id,
+            record,
+            tasks.own,
+            directory,
+            on_failed=lambda: spark.sparkContext.cancelJobsWithTag(tag),
         )
         salvaged = 0
         if kept is not None:
             salvaged = _link_kept(storage, kept, directory, acker)
         missing = [p for p in range(n) if p not in acker.files]
         if kept is None:
+            spark.sparkContext.addJobTag(tag)  # this thread's jobs: the write's
             acker.start()
-            step_writer.write_partitions(spark, prepared, directory, published=published)
+            try:
+                step_writer.write_partitions(spark, prepared, directory, published=published)
+            except Exception as exc:
+                if acker.error is not None:  # the write was cancelled for it
+                    raise acker.error from exc
+                raise
+            finally:
+                acker.stop()
+                spark.sparkContext.removeJobTag(tag)
             acker.finish()
         elif missing:
             _write_missing(spark, storage, fn, input, missing, inputs, directory, acker)

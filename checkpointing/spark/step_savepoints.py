@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -39,7 +40,12 @@ from checkpointing.coordination.failure import (
 from checkpointing.coordination.pending import PendingCheckpoint, TaskAck, TaskSpec
 from checkpointing.coordination.request_queue import trigger_queued
 from checkpointing.coordination.store import CompletedCheckpoint
-from checkpointing.errors import CheckpointingError, ConfigError
+from checkpointing.errors import (
+    CheckpointingError,
+    ConfigError,
+    CorruptSnapshotError,
+    InvalidIdError,
+)
 from checkpointing.restore.lookup import RestoreDecision, load_external
 from checkpointing.spark.step_writer import file_checksum
 from checkpointing.state.metadata import read_metadata
@@ -204,6 +210,10 @@ def _ack(attempt: str, record: StepRecord, f: StepFile, handle: str | None) -> T
     )
 
 
+#: what a linked step file's mode loses: its write permissions, its read ones kept as they were
+WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
+
 def _copy(storage: CheckpointStorage, f: StepFile, target: str, *, link: bool) -> None:
     """``f``'s bytes at ``target``: a hard link where the file system has one (``link``; a
     step file is never written again, and a link outlives the deletion of the job's own entry,
@@ -216,6 +226,9 @@ def _copy(storage: CheckpointStorage, f: StepFile, target: str, *, link: bool) -
         if link:
             try:
                 os.link(source, path)
+                # one inode, two names: no longer writable, so that a write through the
+                # savepoint's name cannot change the job's own step file (or the reverse)
+                os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) & ~WRITE_BITS)
                 return
             except OSError:
                 pass
@@ -243,7 +256,9 @@ def load_savepoint(
         url = storage.check_target(url)
         limit = min(storage.max_external_metadata_bytes, storage.max_metadata_bytes)
         owner = read_metadata(storage, url, max_size=limit).job_id
-    except (CheckpointingError, OSError) as exc:
+    except (ConfigError, InvalidIdError, CorruptSnapshotError, FileNotFoundError) as exc:
+        # the path's fault (a retry reads the same): a storage error that may pass is raised
+        # as it is
         raise ConfigError(f"restore {path}: not a savepoint of this storage ({exc})") from None
     if owner != job:
         raise ConfigError(

@@ -29,7 +29,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from checkpointing.coordination.coordinator import CheckpointCoordinator
-from checkpointing.coordination.pending import TaskAck, TaskSpec
+from checkpointing.coordination.failure import CoordinatorSuperseded
+from checkpointing.coordination.pending import AckResult, TaskAck, TaskSpec
 from checkpointing.errors import CheckpointingError
 from checkpointing.spark.session import session_settings
 from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
@@ -48,8 +49,16 @@ log = logging.getLogger(__name__)
 _PART = re.compile(r"^part-(\d{5,})-[0-9a-f-]+(?:-c\d+)?(?:\.[a-z0-9]+)*\.parquet$")
 #: what the local file system's writer leaves beside the data (deleted after completion)
 _LEFTOVER = re.compile(r"^(\..+\.crc|_SUCCESS)$")
-#: a shuffle in a physical plan's text (a broadcast's exchange is not one)
-_SHUFFLE = re.compile(r"(?<!Broadcast)Exchange\b")
+#: a shuffle node in a physical plan's text (a broadcast's exchange, or a reuse of one, is not)
+_SHUFFLE = re.compile(r"^[\s:+\-*]*(?:Exchange\b|ReusedExchange\b(?!.*BroadcastExchange))", re.M)
+#: logical nodes that shuffle whenever their input has more than one partition (a plan over one
+#: partition shows no exchange for them): an aggregate, a window, a global sort, a repartition,
+#: a set operation, a limit
+_WIDE = re.compile(
+    r"^[\s:+\-]*(?:Aggregate|Window|Repartition\w*|Intersect|Except|Deduplicate\w*|"
+    r"GlobalLimit|Tail|Sort \[.*\], true)\b",
+    re.M,
+)
 #: while a step is planned and written: a task plan fixed before it runs
 STEP_SQL = {"spark.sql.adaptive.enabled": "false"}
 #: Spark's default codec, named: the files this project links into a step's directory itself are
@@ -85,7 +94,8 @@ class PlanFacts:
     nondeterministic: str | None
     #: a single file scan and no exchange: each output partition is one input partition
     narrow: bool
-    #: its physical plan shuffles (an exchange other than a broadcast's)
+    #: its plan shuffles: an exchange other than a broadcast's in its physical plan, or a node
+    #: that shuffles at any partition count but one in its optimized plan
     shuffles: bool = True
 
 
@@ -100,7 +110,7 @@ def describe(spark: SparkSession, df: DataFrame, storage: CheckpointStorage, job
     shared = storage.shared_url(job)
     inputs, step_files = [], []
     for path in df.inputFiles():
-        url = _as_url(path)
+        url = as_url(path)
         if storage.contains(url, shared):
             step_files.append(url)
         else:
@@ -117,7 +127,7 @@ def describe(spark: SparkSession, df: DataFrame, storage: CheckpointStorage, job
         narrow=optimized.count("Relation [") == 1
         and not _has_exchange(optimized)
         and "Exchange" not in physical,
-        shuffles=_SHUFFLE.search(physical) is not None,
+        shuffles=_SHUFFLE.search(physical) is not None or _WIDE.search(optimized) is not None,
     )
 
 
@@ -142,7 +152,7 @@ def _has_exchange(optimized: str) -> bool:
     return any(line.lstrip(" +-:").startswith(wide) for line in optimized.splitlines())
 
 
-def _as_url(path: str) -> str:
+def as_url(path: str) -> str:
     return path if "://" in path else Path(path).as_uri()
 
 
@@ -226,7 +236,12 @@ def _spec(record: StepRecord, partition: int, attempt: str) -> TaskSpec:
 
 class StepAcknowledger:
     """Acknowledges a step's own subtasks, each once: a committed file as soon as it is seen
-    (the watcher thread while Spark writes), the tasks that wrote nothing at the end."""
+    (the watcher thread while Spark writes), the tasks that wrote nothing at the end.
+
+    Once its checkpoint cannot complete (an ack refused, the checkpoint aborted by a later
+    try's takeover, this coordinator superseded), the watcher stops, keeps the reason
+    (:attr:`error`, raised by :meth:`finish`) and calls ``on_failed``: the step's Spark write
+    is cancelled instead of running to its end for nothing."""
 
     def __init__(
         self,
@@ -235,6 +250,7 @@ class StepAcknowledger:
         record: StepRecord,
         attempts: dict[int, str],
         directory: str,
+        on_failed: Callable[[], None] | None = None,
     ) -> None:
         self.coordinator = coordinator
         self.storage = coordinator.storage
@@ -244,6 +260,9 @@ class StepAcknowledger:
         self.directory = directory
         self.files: dict[int, StepFile] = {}
         self.completed: Any = None
+        #: why the checkpoint cannot complete (set by the watcher, raised by finish)
+        self.error: BaseException | None = None
+        self.on_failed = on_failed
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -274,6 +293,11 @@ class StepAcknowledger:
                 attempt, why = next(iter(outcome.refused.items()))
                 raise StepCheckpointError(
                     f"step {self.record.name}: ack of subtask {attempt} refused: {why}"
+                )
+            if AckResult.DISCARDED in outcome.results.values():
+                raise StepCheckpointError(
+                    f"step {self.record.name}: checkpoint {self.checkpoint_id} was aborted "
+                    "(a later try took the job over, or it expired)"
                 )
             self.files.update(fresh)
             if outcome.completed is not None:
@@ -308,6 +332,12 @@ class StepAcknowledger:
             while not self._stop.wait(poll):
                 try:
                     self.scan()
+                except (StepCheckpointError, CoordinatorSuperseded) as exc:
+                    self.error = exc
+                    log.warning("%s: cancelling the step's write", exc)
+                    if self.on_failed is not None:
+                        self.on_failed()
+                    return
                 except Exception:
                     log.exception("step %s: acknowledging committed files", self.record.name)
 
@@ -317,6 +347,8 @@ class StepAcknowledger:
     def finish(self) -> None:
         """After the write: the last files, then the tasks that wrote none."""
         self.stop()
+        if self.error is not None:
+            raise self.error
         self.scan()
         missing = sorted(set(self.attempts) - set(self.files))
         self.ack_many([StepFile(p, None, 0, None) for p in missing])

@@ -57,6 +57,8 @@ class StepIdentity:
     upstream: tuple[tuple[str, str], ...]
     #: chained into its readers (a checkpoint of its plan, not its rows): toggling it is a change
     chained: bool = False
+    #: ``ck.write``'s step: its files become the published table, written in Spark's defaults
+    published: bool = False
 
     @property
     def fingerprint(self) -> str:
@@ -84,6 +86,7 @@ def fingerprint(identity: StepIdentity) -> str:
         "inputs": sorted([f.path, f.size, f.mtime_ms] for f in identity.inputs),
         "upstream": sorted([n, fp] for n, fp in identity.upstream),
         **({"chained": True} if identity.chained else {}),
+        **({"published": True} if identity.published else {}),
     }
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     return "sha256:" + hashlib.sha256(canonical).hexdigest()

@@ -37,6 +37,10 @@ ENV_JOB = "CKPT_JOB"
 #: (:func:`checkpointing.coordination.attempt.name_successor`): the script's ``checkpointed``
 #: acts under it, and is refused once a later try named another
 ENV_COORDINATOR = "CKPT_COORDINATOR_ID"
+#: a script's run refused for its configuration (a bad step, restore or job; sysexits'
+#: ``EX_CONFIG``): the driver exits with it, and the Airflow task fails without a retry, which
+#: would be refused the same way
+EXIT_REFUSED = 78
 
 
 def expected_job() -> str | None:

@@ -280,15 +280,25 @@ class ScriptSubmit:
         """spark-submit, credentials in its process environment only; a failed try logs one
         line: how the driver ended, the job's last checkpoint and what the retry does."""
         from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+        from airflow.sdk.exceptions import AirflowFailException
 
+        from checkpointing.steps.script import EXIT_REFUSED
         from checkpointing_airflow.driver_secrets import process_environment
+        from checkpointing_airflow.spark_submit_internals import submit_returncode
 
         op = self.op
         try:
             with process_environment(self.secrets):
                 SparkSubmitOperator.execute(op, context)
         except BaseException as exc:
-            op.log.error("%s", failed_line(op, job, metastore, context["ti"].try_number, exc))
+            try_number = context["ti"].try_number
+            if submit_returncode(getattr(op, "_hook", None)) == EXIT_REFUSED:
+                raise AirflowFailException(
+                    f"job {job.job}: try {try_number}: the script was refused for its "
+                    f"configuration (the driver's `error:` line above, exit code {EXIT_REFUSED}); "
+                    "not retried: a retry would be refused the same way"
+                ) from exc
+            op.log.error("%s", failed_line(op, job, metastore, try_number, exc))
             raise
 
     def outcome(
