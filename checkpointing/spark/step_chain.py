@@ -79,21 +79,13 @@ def checkpoint_chained(
         files=(StepFile(0, None, 0, None),),
         chained=True,
     )
-    tasks = step_writer.step_tasks(run, seq, carried, record)
-    pending = coordinator.trigger_checkpoint(tasks=tasks.specs, forced=True)
-    if tasks.carried_acks:
-        outcome = coordinator.receive_acknowledge(pending.checkpoint_id, tasks.carried_acks)
-        if outcome.refused:
-            raise step_writer.StepCheckpointError(
-                f"step {record.name}: the earlier steps' files were refused: "
-                f"{next(iter(outcome.refused.values()))}"
-            )
+    checkpoint_id, tasks = step_writer.trigger_step(coordinator, run, seq, carried, record)
     acker = step_writer.StepAcknowledger(
-        coordinator, pending.checkpoint_id, record, tasks.own, directory=""
+        coordinator, checkpoint_id, record, tasks.own, directory=""
     )
     acker.ack_many(list(record.files))
     if acker.completed is None:
         raise step_writer.StepCheckpointError(
-            f"step {record.name}: checkpoint {pending.checkpoint_id} did not complete"
+            f"step {record.name}: checkpoint {checkpoint_id} did not complete"
         )
     return record

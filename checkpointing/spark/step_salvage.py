@@ -236,22 +236,12 @@ def checkpoint_step(
             deterministic,
             partition_inputs=tuple(inputs),
         )
-        tasks = step_writer.step_tasks(run, seq, carried, record)
-        pending = coordinator.trigger_checkpoint(tasks=tasks.specs, forced=True)
-        directory = (
-            f"{storage.shared_checkpoint_url(coordinator.job_id, pending.checkpoint_id)}/{name}"
-        )
-        if tasks.carried_acks:
-            outcome = coordinator.receive_acknowledge(pending.checkpoint_id, tasks.carried_acks)
-            if outcome.refused:
-                raise step_writer.StepCheckpointError(
-                    f"step {name}: the earlier steps' files were refused: "
-                    f"{next(iter(outcome.refused.values()))}"
-                )
+        checkpoint_id, tasks = step_writer.trigger_step(coordinator, run, seq, carried, record)
+        directory = f"{storage.shared_checkpoint_url(coordinator.job_id, checkpoint_id)}/{name}"
         tag = f"ckpt-step-{run}-{seq}"
         acker = step_writer.StepAcknowledger(
             coordinator,
-            pending.checkpoint_id,
+            checkpoint_id,
             record,
             tasks.own,
             directory,
@@ -281,7 +271,7 @@ def checkpoint_step(
             acker.finish()
     if acker.completed is None:
         raise step_writer.StepCheckpointError(
-            f"step {name}: checkpoint {pending.checkpoint_id} did not complete"
+            f"step {name}: checkpoint {checkpoint_id} did not complete"
         )
     step_writer.remove_leftovers(storage, directory)
     files = tuple(sorted(acker.files.values(), key=lambda f: f.partition))

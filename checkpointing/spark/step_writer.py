@@ -224,6 +224,27 @@ def step_tasks(
     return StepTasks(specs, acks, mine)
 
 
+def trigger_step(
+    coordinator: CheckpointCoordinator,
+    run: str,
+    seq: int,
+    carried: Sequence[StepRecord],
+    record: StepRecord,
+) -> tuple[int, StepTasks]:
+    """Trigger ``record``'s checkpoint and acknowledge what it carries; its id and tasks (its
+    own still to acknowledge)."""
+    tasks = step_tasks(run, seq, carried, record)
+    pending = coordinator.trigger_checkpoint(tasks=tasks.specs, forced=True)
+    if tasks.carried_acks:
+        outcome = coordinator.receive_acknowledge(pending.checkpoint_id, tasks.carried_acks)
+        if outcome.refused:
+            raise StepCheckpointError(
+                f"step {record.name}: the earlier steps' files were refused: "
+                f"{next(iter(outcome.refused.values()))}"
+            )
+    return pending.checkpoint_id, tasks
+
+
 def _spec(record: StepRecord, partition: int, attempt: str) -> TaskSpec:
     return TaskSpec(
         operator_id(record.name),
