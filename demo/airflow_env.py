@@ -66,6 +66,10 @@ def airflow_env(
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url,
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            # a fresh environment's first parse of a DAG file compiles Airflow's, PySpark's and
+            # this project's bytecode: on a busy 2-core machine (the tests' two workers) that
+            # took over Airflow's default 30 s
+            "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "300",
             # the log servers of its task runners and triggerer on ports of their own: another
             # Airflow on this machine (a user's, another test's) holds 8793 and 8794
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
