@@ -60,6 +60,22 @@ def chained_upstream(named_plan: str, chained: set[str]) -> set[str]:
     return {by_alias[a] for m in _ALIAS.findall(named_plan) if (a := ALIAS_PREFIX + m) in by_alias}
 
 
+def chained_record(
+    name: str, fingerprint: str, upstream: tuple[str, ...], schema: str
+) -> StepRecord:
+    """A chained step as its checkpoint records it: one subtask, no file."""
+    return StepRecord(
+        name,
+        fingerprint,
+        upstream,
+        schema,
+        1,
+        True,
+        files=(StepFile(0, None, 0, None),),
+        chained=True,
+    )
+
+
 def checkpoint_chained(
     coordinator: CheckpointCoordinator,
     record: StepRecord,
@@ -67,18 +83,8 @@ def checkpoint_chained(
     run: str,
     seq: int,
 ) -> StepRecord:
-    """The chained step's checkpoint: what it carries, and its one subtask acknowledged with
-    no file; complete once acknowledged."""
-    record = StepRecord(
-        record.name,
-        record.fingerprint,
-        record.upstream,
-        record.schema,
-        1,
-        True,
-        files=(StepFile(0, None, 0, None),),
-        chained=True,
-    )
+    """The chained step's checkpoint (``record``: :func:`chained_record`): what it carries,
+    and its one subtask acknowledged with no file; complete once acknowledged."""
     checkpoint_id, tasks = step_writer.trigger_step(coordinator, run, seq, carried, record)
     acker = step_writer.StepAcknowledger(
         coordinator, checkpoint_id, record, tasks.own, directory=""

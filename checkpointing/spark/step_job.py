@@ -113,8 +113,6 @@ class CheckpointedJob:
         self._done: dict[str, StepRecord] = {}
         #: steps this run computes: whatever reads them is computed too
         self._computed: set[str] = set()
-        #: this run's chained steps (their readers' plans name them)
-        self._chained: set[str] = set()
         #: restored steps a change made stale (a changed step and what is downstream of it)
         self._stale: set[str] = set()
         self._by_file: dict[str, str] = {}
@@ -240,7 +238,8 @@ class CheckpointedJob:
         if chained and (refused := step_chain.refusal(name, facts)) is not None:
             raise ConfigError(refused)
         read = {self._by_file[f] for f in facts.step_files if f in self._by_file}
-        read |= step_chain.chained_upstream(facts.named_plan, self._chained)
+        chained_here = {n for n, r in self._done.items() if r.chained}
+        read |= step_chain.chained_upstream(facts.named_plan, chained_here)
         upstream = sorted(read)
         foreign = [f for f in facts.step_files if f not in self._by_file]
         if foreign:
@@ -288,7 +287,7 @@ class CheckpointedJob:
                     facts.nondeterministic,
                 )
             if chained:
-                record = self._chain(name, df, fingerprint, tuple(upstream))
+                record = self._chain(name, facts.schema, fingerprint, tuple(upstream))
             else:
                 record = self._compute(name, df, fingerprint, tuple(upstream), facts, input, fn)
                 self.stats.computed.append(name)
@@ -298,20 +297,22 @@ class CheckpointedJob:
         if not self._publishing:
             self._boundary()
         if chained:
-            self._chained.add(name)
             return step_chain.chained_frame(df, name)
         return step_writer.read_step(self.spark, record)
 
     def _chain(
-        self, name: str, df: DataFrame, fingerprint: str, upstream: tuple[str, ...]
+        self, name: str, schema: str, fingerprint: str, upstream: tuple[str, ...]
     ) -> StepRecord:
         """A chained step's checkpoint: its identity, no rows."""
         assert self.coordinator is not None
         self._seq += 1
         log.info("job %s: step %s: chained into its readers (not written)", self.job, name)
-        record = StepRecord(name, fingerprint, upstream, df.schema.json(), 1, True, chained=True)
         record = step_chain.checkpoint_chained(
-            self.coordinator, record, self._carried(), self.run_id, self._seq
+            self.coordinator,
+            step_chain.chained_record(name, fingerprint, upstream, schema),
+            self._carried(),
+            self.run_id,
+            self._seq,
         )
         self.stats.chained.append(name)
         return record
@@ -427,11 +428,8 @@ class CheckpointedJob:
             and all(self.storage.contains(u, shared) for u in record.urls)
             else None
         )
-        assert self.coordinator is not None
-        with self.metastore.transaction() as s:  # a driver a later try superseded publishes nothing
-            refusal = self.coordinator.fencing.superseded(s)
-        if refusal is not None:
-            raise refusal
+        with self._leading():  # a driver a later try superseded stages nothing either
+            pass
         published = sink.publish_final(out, token, files, guard=self._leading)
         self.stats.published[name] = published
         log.info("job %s: published %s at %s", self.job, name, published)
