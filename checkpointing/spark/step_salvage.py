@@ -257,8 +257,11 @@ def checkpoint_step(
             try:
                 step_writer.write_partitions(spark, prepared, directory, published=published)
             except Exception as exc:
-                if acker.error is not None:  # the write was cancelled for it
-                    raise acker.error from exc
+                # cancelled for the acker's reason, or failed first because a later try's
+                # takeover deleted the aborted checkpoint's directory under it
+                why = acker.error or _superseded(coordinator)
+                if why is not None:
+                    raise why from exc
                 raise
             finally:
                 acker.stop()
@@ -279,6 +282,12 @@ def checkpoint_step(
     if kept is not None:
         log.info("step %s: recomputed %d missing partitions, kept %d", name, len(missing), salvaged)
     return replace(record, files=files), computed, salvaged
+
+
+def _superseded(coordinator: CheckpointCoordinator) -> BaseException | None:
+    """The refusal to raise when a later try took the job over from ``coordinator``."""
+    with coordinator.metastore.transaction() as s:
+        return coordinator.fencing.superseded(s)
 
 
 def _link_kept(
