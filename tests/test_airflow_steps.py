@@ -60,7 +60,7 @@ PARALLELISM, ON_RETRY = 1, 3
 
 
 def test_a_script_task_refuses_what_needs_a_spec_in_one_line(tmp_path: Path) -> None:
-    """Parse time: no job, no application, deferrable. Run time (rendered fields): spec-only
+    """Parse time: no job, no application. Run time (rendered fields): spec-only
     options, a restore plan, an unknown script; each one line naming the field."""
     from airflow.sdk.exceptions import AirflowFailException
 
@@ -71,8 +71,7 @@ def test_a_script_task_refuses_what_needs_a_spec_in_one_line(tmp_path: Path) -> 
     script.write_text("print('hi')\n")
     with pytest.raises(ValueError, match=r"job= is required with application="):
         Op(task_id="a", application=str(script))
-    with pytest.raises(ValueError, match=r"deferrable=True runs specs only"):
-        Op(task_id="b", application=str(script), job="j", deferrable=True)
+    assert Op(task_id="b", application=str(script), job="j", deferrable=True).deferrable
     ok = Op(task_id="c", application=str(script), job="j", application_args=["x", 1])
     job = script_job(ok)
     assert (job.job, job.script, job.args) == ("j", script.resolve(), ("x", "1"))
@@ -463,6 +462,8 @@ def airflow(tmp_path: Path, statsd: StatsD) -> Iterator[LocalAirflow]:
             "AIRFLOW__METRICS__STATSD_ON": "True",
             "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
             "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
+            # the script's Spark application names the try's run as its lineage parent
+            "AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO": "True",
             "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
                 {"type": "file", "log_file_path": str(tmp_path / "lineage.jsonl"), "append": True}
             ),
@@ -596,6 +597,11 @@ def test_a_script_task_killed_mid_run_is_retried_at_another_parallelism_exactly(
     assert [e["eventType"] for e in runs] == ["START", "FAIL", "START", "COMPLETE"], runs
     facet = runs[-1]["run"]["facets"]["checkpointing"]
     assert len(facet["checkpoints"]) == len(STEPS) - reused, facet
+    # the script's own lineage (OpenLineage's Spark listener on a cluster: its inputs and
+    # output) is the child of each try's run: spark-submit was given that run as its parent
+    for log, start in ((first, runs[0]), (second, runs[2])):
+        assert f"spark.openlineage.parentRunId={start['run']['runId']}" in log
+        assert f"spark.openlineage.parentJobName={DAG_ID}.{TASK}" in log
 
     got = ds.dataset(out / "final", format="parquet").to_table().to_pandas()
     got = got.sort_values(["day", "region"]).reset_index(drop=True)

@@ -160,8 +160,10 @@ def test_the_trigger_serializes_ids_and_plain_values_only() -> None:
         "heartbeat_timeout_seconds",
         "watcher",
         "aws_conn_id",
+        "coordinates",
     }
     assert kwargs["watcher"] == ATTEMPT  # its own driver's
+    assert kwargs["coordinates"] is True  # a spec's driver: the trigger coordinates it
     assert kwargs["aws_conn_id"] is None  # boto3's chain in the triggerer
     assert all(isinstance(v, str | int | float) for k, v in kwargs.items() if k != "aws_conn_id")
 

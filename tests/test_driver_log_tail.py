@@ -29,10 +29,10 @@ class _Operator:
 
 
 def _tail(driver: DriverIdentity, caplog: pytest.LogCaptureFixture) -> str:
-    """What ``_log_tail`` puts in the task log (run in a thread: a blocking read fails the
+    """What ``show_log_tail`` puts in the task log (run in a thread: a blocking read fails the
     test instead of hanging it)."""
     caplog.clear()
-    tail = DeferredSubmit(_Operator())._log_tail
+    tail = DeferredSubmit(_Operator()).show_log_tail
     done = threading.Thread(target=tail, args=(JOB, driver), daemon=True)
     with caplog.at_level(logging.INFO, logger="test_driver_log_tail"):
         done.start()

@@ -233,3 +233,65 @@ def test_a_stale_triggers_coordinator_is_fenced_in_its_transactions_once_another
     assert stale.coordinator is not None
     assert stale.coordinator.failover("a pass under way when try 2 re-attached") == []
     assert checkpoint_row(metastore, pending.checkpoint_id).status == CheckpointStatus.PENDING
+
+
+def test_a_trigger_watching_a_scripts_driver_takes_no_request_and_aborts_no_step(
+    metastore: Metastore, storage: FileSystemCheckpointStorage, clock: ManualClock
+) -> None:
+    """Issue 39, ``deferrable=True`` for a script: its driver's ``checkpointed`` coordinates its
+    own steps, so the trigger (``coordinates=False``) must neither take a savepoint request the
+    driver takes at its next step boundary nor, once the driver is lost, abort the pending step
+    whose acknowledged files the retry salvages. A coordinating trigger (a spec's) does both:
+    the contrast shows what the flag changes."""
+    from sqlalchemy import update
+
+    from checkpointing.coordination.detached import DetachedAttempt
+    from checkpointing.coordination.drivers import DriverIdentity, Outcome, record_driver
+    from checkpointing.coordination.savepoints import request_savepoint, request_status
+    from checkpointing.metastore.models import Job
+
+    first = "run-1-t1"
+    script_driver = CheckpointCoordinator(
+        JOB,
+        metastore,
+        storage,
+        new_coordinator(metastore, storage, clock).config,
+        coordinator_id=first,
+        clock=clock,
+        plan_provider=lambda: make_plan(attempt=first),
+    )
+    script_driver.activate()
+    step = script_driver.trigger_checkpoint()  # a step under way
+    # a driver on another host (not signalled or probed here): judged by its heartbeat
+    submitted = clock.now() - timedelta(seconds=1)
+    assert record_driver(metastore, JOB, DriverIdentity(first, "elsewhere", 4242, None, submitted))
+    script_driver.job_status_changed(JobStatus.RUNNING)
+    with metastore.transaction() as s:
+        s.execute(update(Job).where(Job.job_id == JOB).values(heartbeat_at=clock.now()))
+    request = request_savepoint(metastore, JOB, requested_by="ui:admin", clock=clock)
+
+    def attempt(coordinates: bool) -> DetachedAttempt:
+        tasks = make_plan(attempt=first) if coordinates else []
+        return DetachedAttempt(
+            JOB, metastore, storage, attempt=first, tasks=tasks, poll=1, clock=clock,
+            heartbeat_timeout=timedelta(seconds=30), coordinates=coordinates,
+        )  # fmt: skip
+
+    watching = attempt(False)
+    assert watching.poll() is None  # the driver runs
+    assert request_status(metastore, JOB, request).status == RequestStatus.QUEUED
+    assert statuses(metastore) == {step.checkpoint_id: CheckpointStatus.PENDING}
+    # a coordinating trigger takes it: a savepoint that a script's driver would never ack
+    coordinating = attempt(True)
+    assert coordinating.poll() is None
+    assert request_status(metastore, JOB, request).status != RequestStatus.QUEUED
+    assert len(statuses(metastore)) == 2
+
+    clock.advance(timedelta(seconds=60))  # the driver went silent: lost
+    before = statuses(metastore)
+    lost = watching.poll()
+    assert lost is not None and lost.outcome is Outcome.DRIVER_LOST
+    assert statuses(metastore) == before  # the step stays pending, for the retry to salvage
+    lost = coordinating.poll()
+    assert lost is not None and lost.outcome is Outcome.DRIVER_LOST
+    assert set(statuses(metastore).values()) == {CheckpointStatus.ABORTED}

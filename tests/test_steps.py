@@ -18,7 +18,7 @@ from pyspark.sql import Window
 from pyspark.sql import functions as F
 from sqlalchemy import func, select
 
-from checkpointing.errors import InvalidIdError
+from checkpointing.errors import ConfigError, InvalidIdError
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Checkpoint, CheckpointAck, CheckpointTask, Job
 from checkpointing.spark.steps import checkpointed
@@ -246,6 +246,43 @@ def test_a_bad_step_name_is_refused_before_anything_runs(
     ):
         ck.step("../up", lambda: spark.range(3))
     assert not (tmp_path / "ck" / "names" / "shared").exists()
+
+
+@pytest.mark.parametrize("spec", ["periodic", "operator state"])
+def test_a_script_is_refused_a_spec_pipelines_job_before_anything_is_written(
+    spark, tmp_path: Path, sqlite_metastore: Metastore, spec: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A spec pipeline's job (periodic checkpoints configured, or a latest checkpoint holding
+    operator state and no step) named by a script: one line, and the job row and its
+    checkpoints stay as they were (the script would have overwritten its configuration and
+    retired its checkpoints)."""
+    from checkpointing.clock import ManualClock
+    from tests.helpers import complete, new_coordinator
+
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ck'}")
+    config = {"interval": "1s"} if spec == "periodic" else {}
+    clock = ManualClock()
+    coordinator = new_coordinator(sqlite_metastore, storage, clock, job_id="spec_job", **config)
+    if spec == "operator state":
+        coordinator.activate()
+        complete(coordinator)
+
+    def rows() -> tuple[object, ...]:
+        with sqlite_metastore.reading() as s:
+            job = s.get(Job, "spec_job")
+            assert job is not None
+            done = s.scalars(select(Checkpoint.status).where(Checkpoint.job_id == "spec_job"))
+            return (job.coordinator_id, job.interval_ms, job.updated_at, sorted(done))
+
+    before = rows()
+    with (
+        pytest.raises(ConfigError) as refused,
+        checkpointed(spark, "spec_job", metastore=sqlite_metastore, storage=storage) as ck,
+    ):
+        ck.step("one", lambda: spark.range(3))
+    line = str(refused.value)
+    assert "job 'spec_job' is a pipeline spec's" in line and spec.split()[-1] in line, line
+    assert rows() == before
 
 
 def test_which_steps_a_change_reruns_and_when_a_step_cut_short_resumes(

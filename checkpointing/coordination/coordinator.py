@@ -68,6 +68,8 @@ from checkpointing.status import (
 log = logging.getLogger(__name__)
 
 PlanProvider = Callable[[], Sequence[TaskSpec] | None]
+#: at most this much of a shutdown's cause is kept on the job row
+CAUSE_CHARS = 1000
 
 
 class CheckpointCoordinator:
@@ -282,11 +284,11 @@ class CheckpointCoordinator:
         self.cleaner.dispose(aborted=aborted)
         return [a.checkpoint_id for a in aborted]
 
-    def shutdown(self, job_status: JobStatus) -> list[int]:
+    def shutdown(self, job_status: JobStatus, *, cause: str | None = None) -> list[int]:
         """The job ended: stop, abort what is pending, apply the retention policy to completed
         checkpoints (and the shared files only they used). Returns the ids of discarded
         checkpoints. A coordinator that another one superseded only stops itself: the job, its
-        checkpoints and files are its successor's."""
+        checkpoints and files are its successor's. ``cause``: the job row's failure cause."""
         self.stop_background()
         now = self.clock.now()
         with self._lock:
@@ -312,6 +314,7 @@ class CheckpointCoordinator:
                     status_by=self.status_by,
                     periodic_scheduling=False,
                     updated_at=now,
+                    **({"failure_cause": cause[:CAUSE_CHARS]} if cause else {}),
                 )
         self.cleaner.dispose(disposals, aborted)
         return [d.checkpoint_id for d in disposals]

@@ -55,6 +55,11 @@ class DetachedAttempt:
     :param watcher: the attempt coordinating: ``attempt`` itself, or a retry that re-attached to
         its driver (:func:`~checkpointing.coordination.drivers.reattach`); superseded once the
         job row names another watcher.
+    :param coordinates: False when the driver is its own coordinator (a script's
+        ``checkpointed``, whose steps are its checkpoints): each pass then only judges the
+        attempt and polls the stats tracker. No checkpoint is triggered, no request taken, and
+        a lost driver's pending step is not aborted: the retry's driver salvages what its
+        tasks acknowledged.
     """
 
     def __init__(
@@ -70,6 +75,7 @@ class DetachedAttempt:
         stats_tracker: CheckpointStatsTracker | None = None,
         clock: Clock | None = None,
         watcher: str | None = None,
+        coordinates: bool = True,
     ) -> None:
         self.job_id = job_id
         self.metastore = metastore
@@ -81,6 +87,8 @@ class DetachedAttempt:
         self.stats_tracker = stats_tracker
         self.clock = clock or SystemClock()
         self.watcher = watcher or attempt
+        self.coordinates = coordinates
+        self._watching = False
         self.coordinator: CheckpointCoordinator | None = None
         self._loop: CheckpointCoordinatorDeActivator | None = None
 
@@ -117,7 +125,9 @@ class DetachedAttempt:
         """One pass; the attempt's verdict once it ended, else None."""
         try:
             verdict = self._judge()
-            if verdict is None:
+            if verdict is None and not self.coordinates:
+                self._start_watching()
+            elif verdict is None:
                 if self.coordinator is None:
                     self._join()
                 assert self._loop is not None
@@ -127,11 +137,17 @@ class DetachedAttempt:
             verdict = AttemptVerdict(Outcome.SUPERSEDED, self.attempt, str(exc))
         except UnknownJobError as exc:
             verdict = AttemptVerdict(Outcome.ERROR, self.attempt, str(exc))
-        if self.stats_tracker is not None and self.coordinator is not None:
+        if self.stats_tracker is not None and (self.coordinator is not None or self._watching):
             self._watch(self.stats_tracker.poll)
-        if verdict is not None and verdict.outcome is Outcome.DRIVER_LOST:
+        if self.coordinates and verdict is not None and verdict.outcome is Outcome.DRIVER_LOST:
             self._failover(verdict.message)
         return verdict
+
+    def _start_watching(self) -> None:
+        """A driver coordinating itself: the stats tracker starts on the first pass it runs."""
+        if not self._watching and self.stats_tracker is not None:
+            self._watch(self.stats_tracker.start)
+        self._watching = True
 
     def _judge(self) -> AttemptVerdict | None:
         state = read_state(self.metastore, self.job_id)

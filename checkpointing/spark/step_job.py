@@ -16,8 +16,9 @@ from pyspark.sql import DataFrame, SparkSession
 from checkpointing.config import Settings
 from checkpointing.coordination.fencing import CoordinatorFencing
 from checkpointing.coordination.heartbeat import Heartbeat
-from checkpointing.errors import ConfigError
+from checkpointing.errors import ConfigError, InvalidIdError
 from checkpointing.ids import validate_id
+from checkpointing.metastore import jobs
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.interval import check_job_name
 from checkpointing.restore.lookup import find_latest_valid
@@ -37,6 +38,7 @@ from checkpointing.steps.plan import (
 from checkpointing.steps.script import (
     ENV_COORDINATOR,
     ENV_RESTORE,
+    REFUSED_CAUSE,
     RESTORES,
     check_job,
     check_restore,
@@ -127,7 +129,11 @@ class CheckpointedJob:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         stopped = isinstance(exc, step_savepoints.StoppedWithSavepoint)
-        self.close(JobStatus.FAILED if exc_type is not None and not stopped else JobStatus.FINISHED)
+        failed = exc_type is not None and not stopped
+        # a refusal says so on the job row: a deferred try reads it there (not the exit code)
+        refused = failed and isinstance(exc, ConfigError | InvalidIdError)
+        cause = f"{REFUSED_CAUSE}: {exc}" if refused else None
+        self.close(JobStatus.FAILED if failed else JobStatus.FINISHED, cause=cause)
         return stopped  # a stop-with-savepoint ends the `with` block, not the script
 
     def start(self) -> None:
@@ -144,12 +150,14 @@ class CheckpointedJob:
                 refusal = CoordinatorFencing(self.job, coordinator_id).superseded(s)
             if refusal is not None:
                 raise refusal
+        known = jobs.get_job(self.metastore, self.job)
+        decision = self._savepoint
+        if self.restore == "latest" and known is not None:  # a new job has nothing to restore
+            decision = find_latest_valid(self.metastore, self.storage, self.job, deep=self.verify)
+        refuse_a_specs_job(known, decision)  # before anything is written
         coordinator = step_savepoints.StepCoordinator(
             self.job, self.metastore, self.storage, config, coordinator_id=coordinator_id
         )
-        decision = self._savepoint
-        if self.restore == "latest":
-            decision = find_latest_valid(self.metastore, self.storage, self.job, deep=self.verify)
         if decision is not None:
             self.restored = restored_steps(decision.metadata)
             self.stats.restored_from = decision.checkpoint_id
@@ -180,7 +188,7 @@ class CheckpointedJob:
                 self.close(JobStatus.FAILED)
                 raise
 
-    def close(self, status: JobStatus = JobStatus.FINISHED) -> None:
+    def close(self, status: JobStatus = JobStatus.FINISHED, *, cause: str | None = None) -> None:
         if self.coordinator is None:
             return
         if self._salvage is not None:
@@ -193,7 +201,7 @@ class CheckpointedJob:
         if self._heartbeat is not None:
             self._heartbeat.__exit__(None, None, None)
             self._heartbeat = None
-        self.coordinator.shutdown(status)
+        self.coordinator.shutdown(status, cause=cause)
         self.coordinator = None
         log.info(
             "job %s: %s; steps reused %s, computed %s, chained %s, partitions computed %s, "
@@ -435,3 +443,21 @@ class CheckpointedJob:
         log.info("job %s: published %s at %s", self.job, name, published)
         self._boundary()
         return published
+
+
+def refuse_a_specs_job(job: jobs.JobInfo | None, decision: Any) -> None:
+    """A spec pipeline's job is not a script's: the script would overwrite its configuration and
+    retire its checkpoints (operator state it cannot read). Refused in one line, before
+    anything is written, when the job asks for periodic checkpoints (a step job never does) or
+    the checkpoint to restore holds operator state but no step."""
+    if job is None:
+        return
+    periodic = job.config.periodic_interval is not None
+    metadata = getattr(decision, "metadata", None)
+    specs = metadata is not None and bool(metadata.operators) and not restored_steps(metadata)
+    if periodic or specs:
+        why = "it checkpoints periodically" if periodic else "its checkpoints hold operator state"
+        raise ConfigError(
+            f"job {job.job_id!r} is a pipeline spec's ({why}): a script's checkpointed(spark, "
+            "job=...) needs a job of its own"
+        )

@@ -41,6 +41,9 @@ ENV_COORDINATOR = "CKPT_COORDINATOR_ID"
 #: ``EX_CONFIG``): the driver exits with it, and the Airflow task fails without a retry, which
 #: would be refused the same way
 EXIT_REFUSED = 78
+#: the job row's failure cause, before the refusal's own line, when a script's run was refused
+#: for its configuration: a deferred try sees the job row, not the driver's exit code
+REFUSED_CAUSE = "refused for its configuration"
 
 
 def expected_job() -> str | None:

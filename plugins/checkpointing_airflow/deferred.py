@@ -28,13 +28,17 @@ submit, no restore, no epoch redone; it defers to a trigger that coordinates und
 attempt id (the driver acts under it) as the new *watcher*, which supersedes the previous try's
 trigger. A previous driver that is not alive enough to re-attach to but still runs on this host
 is stopped (two drivers must not write one sink) and the retry restores, as without deferral.
+
+A script (``application=``) defers through the same steps, composed by
+:mod:`checkpointing_airflow.deferred_script`: its driver coordinates its own steps, so its
+trigger only watches it.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -81,11 +85,12 @@ class DeferredSubmit:
     def __init__(self, operator: Any) -> None:
         # the CheckpointedSparkSubmitOperator (which imports this module: not imported here)
         self.op = operator
+        #: spark-submit as :meth:`launch` started it, in this task's process only
+        self.process: subprocess.Popen[bytes] | None = None
 
     def execute(self, context: Context, spec: PipelineSpec, storage_url: str) -> NoReturn:
         """Plan, take over coordination, submit the detached driver, record it and defer
         (``spec`` and its ``storage_url`` as the operator's ``execute`` loaded them)."""
-        from airflow.sdk.exceptions import AirflowFailException
         from airflow.sdk.log import mask_secret
 
         from checkpointing.coordination.coordinator import CheckpointCoordinator
@@ -97,8 +102,14 @@ class DeferredSubmit:
         metastore = open_metastore(url)
         attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
         # defers when this run's last driver lives or finished
-        self.reattach(metastore, spec, attempt, run_started(context))
-        self._stop_previous_driver(metastore, spec, attempt)
+        self.reattach(
+            metastore,
+            spec.job,
+            attempt,
+            run_started(context),
+            lambda found, watcher: self.defer_spec(spec, found, watcher, storage_url),
+        )
+        self.stop_previous_driver(metastore, spec.job, attempt)
         restore, parallelism = op.plan_try(context, spec, metastore, storage_url)
         coordinator = CheckpointCoordinator(
             spec.job,
@@ -112,14 +123,9 @@ class DeferredSubmit:
         # driver keeps the role it started with)
         driver_url = driver_metastore_url(op, metastore, spec.job, attempt, url)
         secrets = op.prepare_application(
-            spec, restore, parallelism, attempt, ti.try_number, driver_url, storage_url
+            spec, restore, parallelism, attempt, ti.try_number, driver_url, storage_url, context
         )
-        deploy_mode, master = submit_target(op._hook)
-        if deploy_mode == "cluster":
-            raise AirflowFailException(
-                f"deferrable: deploy mode cluster (master {master}) is not supported: the driver "
-                "is watched on the worker's host; use deploy mode client"
-            )
+        refuse_cluster_mode(op)
         withheld = withheld_variables(op, scoped=driver_url != url)
         try:
             driver = self.launch(spec.job, attempt, secrets, parallelism, withheld)
@@ -127,13 +133,7 @@ class DeferredSubmit:
             coordinator.failover(f"try {ti.try_number} ({attempt}): spark-submit did not start")
             release_driver(metastore, spec.job, attempt)
             raise
-        if not record_driver(metastore, spec.job, driver):
-            if stop_driver(driver) or process_alive(driver) is False:
-                release_driver(metastore, spec.job, attempt)
-            raise AirflowFailException(
-                f"job {spec.job}: another attempt took over before the driver of {attempt} "
-                "was recorded; it was stopped"
-            )
+        self.record(metastore, spec.job, driver)
         op.log.info(
             "job %s: try %d as coordinator %s, restore %s, parallelism %d: %s",
             spec.job,
@@ -143,13 +143,33 @@ class DeferredSubmit:
             parallelism,
             driver.describe(),
         )
-        self.await_start(context, spec, metastore, driver)
+        self.await_start(
+            metastore, spec.job, driver, lambda v: self._fail(context, spec, metastore, v)
+        )
         op.log.info("job %s: the driver is up; deferring to the triggerer", spec.job)
         metastore.dispose()
-        self.defer(spec, driver, attempt, storage_url)
+        self.defer_spec(spec, driver, attempt, storage_url)
+
+    def record(self, metastore: Metastore, job_id: str, driver: DriverIdentity) -> None:
+        """Record the just-launched ``driver`` on the job row while its attempt leads the job;
+        else stop it and fail the try for good (another attempt took over)."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        if record_driver(metastore, job_id, driver):
+            return
+        if stop_driver(driver) or process_alive(driver) is False:
+            release_driver(metastore, job_id, driver.attempt)
+        raise AirflowFailException(
+            f"job {job_id}: another attempt took over before the driver of {driver.attempt} "
+            "was recorded; it was stopped"
+        )
 
     def await_start(
-        self, context: Context, spec: PipelineSpec, metastore: Metastore, driver: DriverIdentity
+        self,
+        metastore: Metastore,
+        job_id: str,
+        driver: DriverIdentity,
+        fail: Callable[[AttemptVerdict], NoReturn],
     ) -> None:
         """Hold the slot until the driver's first heartbeat (its Spark session is up and it
         leads the job), so that a driver that fails to start (a bad master, a missing
@@ -157,26 +177,41 @@ class DeferredSubmit:
         in a trigger's. Returns early when the driver already has an outcome that the trigger
         reports (finished, superseded)."""
         timeout = timedelta(seconds=self.op.driver_heartbeat_timeout)
-        verdict = await_first_beat(metastore, spec.job, driver, timeout, self.op.coordinator_poll)
+        verdict = await_first_beat(metastore, job_id, driver, timeout, self.op.coordinator_poll)
         if verdict is not None and verdict.outcome not in (Outcome.FINISHED, Outcome.SUPERSEDED):
-            self._fail(context, spec, metastore, verdict)
+            fail(verdict)
 
-    def defer(
+    def defer_spec(
         self, spec: PipelineSpec, driver: DriverIdentity, watcher: str, storage_url: str
     ) -> NoReturn:
-        """Hand the coordination of ``driver`` over to the triggerer, as ``watcher``."""
+        """Hand the coordination of a spec's ``driver`` over to the triggerer, as ``watcher``."""
+        parallelism = driver.parallelism or self.op.parallelism_for(spec, 1)
+        self.defer(spec.job, driver, watcher, storage_url, (parallelism, spec.max_parallelism))
+
+    def defer(
+        self,
+        job_id: str,
+        driver: DriverIdentity,
+        watcher: str,
+        storage_url: str,
+        subtasks: tuple[int, int] | None,
+    ) -> NoReturn:
+        """Hand ``driver`` over to the triggerer, as ``watcher``: its coordinator, with
+        ``subtasks`` (parallelism, max parallelism) that a checkpoint waits for, else (None: a
+        script's driver coordinates its own steps) its watcher only."""
         from airflow.sdk.exceptions import AirflowException
 
         from checkpointing_airflow.triggers import CheckpointCoordinatorTrigger
 
         op = self.op
-        parallelism = driver.parallelism or op.parallelism_for(spec, 1)
+        parallelism, max_parallelism = subtasks or (1, 1)
         op.defer(
             trigger=CheckpointCoordinatorTrigger(
-                job_id=spec.job,
+                job_id=job_id,
                 attempt=driver.attempt,
                 parallelism=parallelism,
-                max_parallelism=spec.max_parallelism,
+                max_parallelism=max_parallelism,
+                coordinates=subtasks is not None,
                 metastore_conn_id=op.metastore_conn_id,
                 storage_url=storage_url,
                 poll_seconds=op.coordinator_poll,
@@ -189,16 +224,21 @@ class DeferredSubmit:
         raise AirflowException("unreachable: defer() raises")  # for type checkers
 
     def reattach(
-        self, metastore: Metastore, spec: PipelineSpec, attempt: str, run_start: datetime | None
+        self,
+        metastore: Metastore,
+        job_id: str,
+        attempt: str,
+        run_start: datetime | None,
+        defer: Callable[[DriverIdentity, str], NoReturn],
     ) -> None:
         """Defer onto the previous try's driver when it still runs or has finished (returns
         otherwise): this retry becomes its watcher; the driver keeps its attempt id, so its
         coordination, checkpoints and outcome stay its own, and nothing is restored or redone.
         Only a driver submitted since the DAG run (last) started counts: a cleared run (a
-        refresh backfill) runs anew."""
+        refresh backfill) runs anew. ``defer(driver, watcher)`` defers the try onto it."""
         from checkpointing.clock import SystemClock
 
-        state = read_state(metastore, spec.job)
+        state = read_state(metastore, job_id)
         driver = state.driver
         previous = state.watcher or (driver.attempt if driver is not None else None)
         # the same try run again (its task reset after a scheduler restart) re-attaches too:
@@ -212,27 +252,26 @@ class DeferredSubmit:
         if alive is not False:
             # a try killed while its driver was starting: the driver gets the rest of its
             # start-up time to beat (stopping it would redo every epoch it is about to run)
-            await_first_beat(metastore, spec.job, driver, timeout, self.op.coordinator_poll)
+            await_first_beat(metastore, job_id, driver, timeout, self.op.coordinator_poll)
         now = SystemClock().now()
-        found = reattach(metastore, spec.job, driver.attempt, attempt, now, timeout, alive=alive)
+        found = reattach(metastore, job_id, driver.attempt, attempt, now, timeout, alive=alive)
         if found is None:
             return
         self.op.log.info(
             "job %s: re-attached to the %s (no restore, no epoch redone): this try coordinates "
             "it until its outcome, or takes the outcome it already recorded",
-            spec.job,
+            job_id,
             found.describe(),
         )
-        storage_url = self.op.storage_for(spec)
         metastore.dispose()
-        self.defer(spec, found, attempt, storage_url)
+        defer(found, attempt)
 
     def launch(
         self,
         job_id: str,
         attempt: str,
         secrets: Mapping[str, str],
-        parallelism: int,
+        parallelism: int | None,
         withheld: Sequence[str] = (),
     ) -> DriverIdentity:
         """``spark-submit`` in its own session (a worker restart or the task's end does not
@@ -257,21 +296,22 @@ class DeferredSubmit:
                 start_new_session=True,
                 close_fds=True,
             )
+        self.process = process
         return DriverIdentity(
             attempt, this_host(), process.pid, str(log_path), submitted_at, parallelism
         )
 
-    def _stop_previous_driver(self, metastore: Metastore, spec: PipelineSpec, attempt: str) -> None:
+    def stop_previous_driver(self, metastore: Metastore, job_id: str, attempt: str) -> None:
         """A previous try's detached driver still running here (its try's task died, e.g. the
         triggerer lost it): stop it before this try takes over and submits its own."""
-        driver = read_state(metastore, spec.job).driver
+        driver = read_state(metastore, job_id).driver
         if driver is None or driver.attempt == attempt:
             return
         if not attempt_of_same_run(driver.attempt, attempt):
             return
         if stop_driver(driver):
-            self.op.log.warning("job %s: stopped the %s", spec.job, driver.describe())
-            release_driver(metastore, spec.job, driver.attempt)
+            self.op.log.warning("job %s: stopped the %s", job_id, driver.describe())
+            release_driver(metastore, job_id, driver.attempt)
 
     def complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """The trigger's event as the try's outcome (its XCom), or the failure that retries."""
@@ -281,16 +321,16 @@ class DeferredSubmit:
         metastore = open_metastore(op.metastore_url())
         attempt = verdict.attempt  # the driver's: this try's own, or the one it re-attached to
         try:
-            self._replay(context, spec, metastore, attempt)
+            self.replay(context, spec, metastore, attempt)
             if verdict.succeeded:
                 outcome = op._outcome(spec, metastore, attempt)
-                self._release_role(metastore, spec.job, attempt)
+                self.release_role(metastore, spec.job, attempt)
                 return outcome
             self._fail(context, spec, metastore, verdict)
         finally:
             metastore.dispose()
 
-    def _release_role(self, metastore: Metastore, job_id: str, attempt: str) -> None:
+    def release_role(self, metastore: Metastore, job_id: str, attempt: str) -> None:
         """Drop the role of ``attempt``'s driver once its outcome is read and its process is
         known gone (it runs on this host and exited). Elsewhere, or still running, its role
         stays until it expires: dropping it would cut a live driver off mid-write. Without a
@@ -304,19 +344,18 @@ class DeferredSubmit:
         if process_alive(driver) is False:
             release_driver(metastore, job_id, attempt)
 
-    def _replay(
-        self, context: Context, spec: PipelineSpec, metastore: Metastore, attempt: str
-    ) -> None:
+    def replay(self, context: Context, watched: Any, metastore: Metastore, attempt: str) -> None:
         """The alerts and the OpenLineage run facet of what happened while deferred (they need
         the task's context, which the triggerer has not): the attempt's restore, checkpoints and
-        savepoints, reported once now. Metrics are not: the trigger sent them as they came."""
+        savepoints, reported once now. Metrics are not: the trigger sent them as they came.
+        ``watched``: what the operator's ``stats_tracker`` watches (a spec, a script's job)."""
         op = self.op
         op._alerting = None
-        tracker = op.stats_tracker(context, spec, metastore, attempt, metrics=False)
+        tracker = op.stats_tracker(context, watched, metastore, attempt, metrics=False)
         try:
             tracker.replay()
         except Exception:  # the outcome matters more than its report
-            op.log.exception("job %s: the deferred try's events could not be read", spec.job)
+            op.log.exception("job %s: the deferred try's events could not be read", watched.job)
         finally:
             if op._alerting is not None:
                 op._alerting.close()
@@ -324,28 +363,51 @@ class DeferredSubmit:
     def _fail(
         self, context: Context, spec: PipelineSpec, metastore: Metastore, verdict: AttemptVerdict
     ) -> NoReturn:
+        op = self.op
+        self.fail(
+            metastore,
+            spec.job,
+            verdict,
+            lambda e: failed_try_line(op, spec, metastore, context["ti"].try_number, e),
+        )
+
+    def fail(
+        self,
+        metastore: Metastore,
+        job_id: str,
+        verdict: AttemptVerdict,
+        failed_line: Callable[[BaseException], str],
+        refused: str | None = None,
+    ) -> NoReturn:
         """End the try on a failed ``verdict``: the driver's log tail in the task's log, the
-        driver stopped if it still runs here, and the exception that retries (none when
-        superseded: another attempt leads, not ours to retry)."""
+        driver stopped if it still runs here, then ``failed_line`` of the exception that
+        retries (none when superseded: another attempt leads, not ours to retry; none when
+        ``refused`` says why a retry would fail the same way)."""
         from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
         op = self.op
-        driver = read_state(metastore, spec.job).driver
+        driver = read_state(metastore, job_id).driver
         if driver is not None and driver.attempt == verdict.attempt:
             if verdict.outcome is Outcome.FAILED:
                 await_exit(driver)  # it is exiting: its error comes last in its log
-            self._log_tail(spec.job, driver)
+            self.show_log_tail(job_id, driver)
             if verdict.outcome is not Outcome.SUPERSEDED and stop_driver(driver):
-                op.log.warning("job %s: stopped the %s", spec.job, driver.describe())
+                op.log.warning("job %s: stopped the %s", job_id, driver.describe())
             if verdict.outcome is not Outcome.SUPERSEDED and process_alive(driver) is False:
-                release_driver(metastore, spec.job, driver.attempt)
+                release_driver(metastore, job_id, driver.attempt)
+        if refused is not None:
+            raise AirflowFailException(refused)
         error = AirflowException(verdict.message)
-        op.log.error("%s", failed_try_line(op, spec, metastore, context["ti"].try_number, error))
+        op.log.error("%s", failed_line(error))
         if verdict.outcome is Outcome.SUPERSEDED:
             raise AirflowFailException(verdict.message)
         raise error
 
-    def _log_tail(self, job_id: str, driver: DriverIdentity) -> None:
+    def returncode(self) -> int | None:
+        """The exit code of the driver this task launched, once it exited (else None)."""
+        return None if self.process is None else self.process.poll()
+
+    def show_log_tail(self, job_id: str, driver: DriverIdentity) -> None:
         """The end of a failed driver's log, when it is on this host (Spark's own lines): its
         path recomputed from the ids (the row's ``driver_log`` is not read), a regular file
         only, at most :data:`~checkpointing_airflow.detached_driver.LOG_TAIL_BYTES` read."""
@@ -358,3 +420,16 @@ class DeferredSubmit:
             self.op.log.warning("the driver's log %s is not shown: %s", path, exc)
             return
         self.op.log.error("the driver's log %s ends:\n%s", path, tail)
+
+
+def refuse_cluster_mode(op: Any) -> None:
+    """A deferred try's driver is watched on the worker's host: deploy mode cluster fails the
+    try for good (after ``prepare_submit`` built the hook)."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    deploy_mode, master = submit_target(op._hook)
+    if deploy_mode == "cluster":
+        raise AirflowFailException(
+            f"deferrable: deploy mode cluster (master {master}) is not supported: the driver "
+            "is watched on the worker's host; use deploy mode client"
+        )

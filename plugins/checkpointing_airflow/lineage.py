@@ -155,3 +155,22 @@ def operator_lineage(spec: PipelineSpec, facet: CheckpointRunFacet | None = None
     if facet is not None:
         lineage.run_facets["checkpointing"] = facet
     return lineage
+
+
+def lineage_parent(op: Any, context: Any) -> dict[str, Any]:
+    """``op.conf`` with OpenLineage's parent-job properties (``spark.openlineage.parentRunId``
+    and its kin) when the provider's ``openlineage_inject_parent_job_info`` (or ``[openlineage]
+    spark_inject_parent_job_info``) asks for them: the Spark application's own lineage events
+    (OpenLineage's Spark listener, which sees a script's inputs and outputs) then name this
+    try's run as their parent. The provider injects them in ``execute``, after our hook was
+    built; so here, before. Its transport injection is not done: a transport's settings may hold
+    credentials, which never go on spark-submit's command line (configure the listener's
+    transport on the cluster)."""
+    conf = dict(op.conf or {})
+    if not getattr(op, "_openlineage_inject_parent_job_info", False):
+        return conf
+    from airflow.providers.openlineage.utils.spark import (
+        inject_parent_job_information_into_spark_properties,
+    )
+
+    return inject_parent_job_information_into_spark_properties(conf, context)

@@ -134,7 +134,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     :param alert_after_failures: consecutive checkpoint failures that raise
         ``checkpoint_failures`` (once per run of failures).
     :param deferrable: submit a detached driver, free the worker slot while the triggerer
-        coordinates (:mod:`checkpointing_airflow.deferred`); default ``default_deferrable``.
+        coordinates (:mod:`checkpointing_airflow.deferred`; a script coordinates itself and
+        the triggerer watches it, :mod:`checkpointing_airflow.deferred_script`); default
+        ``default_deferrable``.
     :param driver_heartbeat_timeout: deferrable: seconds of driver silence that fail the try.
     :param driver_role_ttl: with driver scope enabled on a PostgreSQL metastore (``ckpt db
         driver-scope enable``, docs/cluster.md): seconds the driver's own metastore role is
@@ -311,6 +313,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """The deferred try's outcome, or the failure the callbacks retry from."""
+        if self.pipeline is None:  # a script: checkpointing_airflow.deferred_script
+            from checkpointing_airflow.deferred_script import DeferredScript
+
+            return DeferredScript(self).complete(context, event)
         return DeferredSubmit(self).complete(context, event)
 
     def _coordinate(
@@ -355,7 +361,14 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             withheld = withheld_variables(self, scoped=driver_url != url)
             try:
                 secrets = self.prepare_application(
-                    spec, restore, parallelism, attempt, ti.try_number, driver_url, storage_url
+                    spec,
+                    restore,
+                    parallelism,
+                    attempt,
+                    ti.try_number,
+                    driver_url,
+                    storage_url,
+                    context,
                 )
                 with withheld_environment(withheld):
                     self.submit(context, spec, metastore, secrets)
@@ -372,6 +385,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         try_number: int,
         metastore_url: str,
         storage_url: str,
+        context: Context | None = None,
     ) -> dict[str, str]:
         """The try's ``ckpt run`` arguments and files, then :meth:`prepare_submit`."""
         self.application_args = self._application_args(
@@ -379,7 +393,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         )
         self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
         self.py_files = _with_py_files(self.py_files, spec.py_files)
-        return self.prepare_submit(self._driver_env(metastore_url, storage_url))
+        return self.prepare_submit(self._driver_env(metastore_url, storage_url), context)
 
     def stats_tracker(
         self,
@@ -489,12 +503,16 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             args += ["--fail-after-epochs", str(self.fail_first_try_after_epochs)]
         return args
 
-    def prepare_submit(self, env: Mapping[str, str]) -> dict[str, str]:
+    def prepare_submit(
+        self, env: Mapping[str, str], context: Context | None = None
+    ) -> dict[str, str]:
         """Mask every credential of the driver's environment ``env`` (by variable name), keep
         the credentials out of ``env_vars`` (the provider turns those into ``--conf``
         arguments on YARN and Kubernetes) and build the spark-submit hook; returns the
         credentials, for spark-submit's own process environment. Refuses (the task fails for
-        good) a deploy mode whose driver does not run here."""
+        good) a deploy mode whose driver does not run here. With the try's ``context``,
+        OpenLineage's parent-job properties go into ``conf`` first
+        (:func:`~checkpointing_airflow.lineage.lineage_parent`)."""
         from airflow.sdk.exceptions import AirflowFailException
         from airflow.sdk.log import mask_secret
 
@@ -507,6 +525,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             else:
                 mask_secret(value, name)  # Airflow's own rule for sensitive names
         self.env_vars = {k: v for k, v in env.items() if k not in secrets}
+        if context is not None:
+            from checkpointing_airflow.lineage import lineage_parent
+
+            self.conf = lineage_parent(self, context)
         self._hook = self._get_hook()  # the provider's execute submits with this hook
         deploy_mode, master = submit_target(self._hook)
         if secrets and deploy_mode == "cluster":

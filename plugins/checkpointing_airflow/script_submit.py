@@ -20,9 +20,10 @@ from the job's latest checkpoint: completed steps are read back, not recomputed.
 
 What needs a spec is refused for a script, in one line, before anything is submitted: a restore
 other than ``latest``/``none``, ``allow_other_job``, ``allow_changed_tables``, an interval,
-``full_refresh``, ``fail_first_try_after_epochs``, ``authorize_restore`` and ``deferrable``
-(the deferred path watches a driver that reports heartbeats and its outcome, which a script's
-driver does not).
+``full_refresh``, ``fail_first_try_after_epochs`` and ``authorize_restore``.
+
+``deferrable=True`` submits the driver detached and frees the worker slot; a trigger watches it
+(:mod:`checkpointing_airflow.deferred_script`).
 
 ``parallelism`` (first try) and ``parallelism_on_retry`` (retries) become the driver's
 ``spark.default.parallelism`` and ``spark.sql.shuffle.partitions``: the number of tasks, and of
@@ -62,6 +63,12 @@ SPEC_ONLY: dict[str, tuple[Any, ...]] = {
 }
 
 
+#: spark-submit's ``--conf`` naming the try's attempt id on its command line: how the deferred
+#: path tells its detached driver's process from a reused pid
+#: (:func:`~checkpointing.coordination.drivers.owned_process`); Spark's UI shows it too
+ATTEMPT_CONF = "spark.ckpt.attempt"
+
+
 #: the operator's attribute keeping the user's script once ``application`` is spark-submit's
 #: (Airflow 3 hands the failure callbacks the operator that ran)
 SCRIPT_ATTR = "script_application"
@@ -78,15 +85,10 @@ class ScriptJob:
 
 def refuse_at_parse(op: Any) -> None:
     """The DAG file's own mistakes, refused when it is parsed (an import error of that file):
-    no ``application``, ``deferrable``, and a ``job`` that is not its DAG's id (when the
-    ``job`` is not a template: a rendered one is checked by :func:`script_job`)."""
+    no ``application``, and a ``job`` that is not its DAG's id (when the ``job`` is not a
+    template: a rendered one is checked by :func:`script_job`)."""
     if not op.application:
         raise ValueError(f"task {op.task_id}: give pipeline= (a spec) or application= (a script)")
-    if op.deferrable:
-        raise ValueError(
-            f"task {op.task_id}: deferrable=True runs specs only: a script's driver reports no "
-            "heartbeat or outcome for the triggerer to watch"
-        )
     if not op.job:
         raise ValueError(
             f"task {op.task_id}: job= is required with application= outside a DAG (in one, it "
@@ -192,6 +194,10 @@ class ScriptSubmit:
         with process_environment(op._aws_env):
             metastore = open_metastore(url)
             try:
+                if op.deferrable:  # launches the driver detached and defers: never returns
+                    from checkpointing_airflow.deferred_script import DeferredScript
+
+                    DeferredScript(op).execute(context, job, metastore, url, storage_url)
                 return self._run(context, job, metastore, url, storage_url)
             finally:
                 if (alerting := getattr(op, "_alerting", None)) is not None:
@@ -226,7 +232,7 @@ class ScriptSubmit:
         watch.start()
         driver_url = driver_metastore_url(op, metastore, job.job, attempt, url)
         try:
-            self.prepare(job, attempt, restore, parallelism, driver_url, storage_url)
+            self.prepare(job, attempt, restore, parallelism, driver_url, storage_url, context)
             with withheld_environment(withheld_variables(op, scoped=driver_url != url)):
                 self.submit(context, job, metastore, parallelism)
         finally:
@@ -257,6 +263,7 @@ class ScriptSubmit:
         parallelism: int | None,
         metastore_url: str,
         storage_url: str,
+        context: Context | None = None,
     ) -> None:
         """spark-submit's application (``ckpt run <script>``), conf and the driver's
         environment (the job it must run in :data:`ENV_JOB`, the coordinator id it acts under
@@ -267,12 +274,13 @@ class ScriptSubmit:
         op.application = spark_application()
         op.application_args = ["run", str(job.script), "--restore", restore, "--", *job.args]
         conf = {"spark.pyspark.python": sys.executable, **(op.conf or {})}
+        conf[ATTEMPT_CONF] = attempt
         if parallelism is not None:
             conf["spark.default.parallelism"] = str(parallelism)
             conf["spark.sql.shuffle.partitions"] = str(parallelism)
         op.conf = conf
         op.env_vars = {**(op.env_vars or {}), ENV_JOB: job.job, ENV_COORDINATOR: attempt}
-        self.secrets = op.prepare_submit(op._driver_env(metastore_url, storage_url))
+        self.secrets = op.prepare_submit(op._driver_env(metastore_url, storage_url), context)
 
     def submit(
         self, context: Context, job: ScriptJob, metastore: Metastore, parallelism: int | None
@@ -409,6 +417,21 @@ def _latest_completed(task: Any, job: str) -> Any:
         metastore.dispose()
 
 
+def _driver_lives(task: Any, job: str, context: Any) -> bool:
+    """Whether the failed deferrable try's detached driver lives or finished (its retry
+    re-attaches to it)."""
+    from checkpointing_airflow.detached_driver import live_driver
+    from checkpointing_airflow.hooks import open_metastore
+
+    ti = context["ti"]
+    failed = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+    metastore = open_metastore(task.metastore_url())
+    try:
+        return live_driver(metastore, job, failed, task.driver_heartbeat_timeout)
+    finally:
+        metastore.dispose()
+
+
 def script_retry_callback(context: Any, task: Any) -> None:
     """``on_retry_callback`` for a script: nothing to abort or plan (the retry's
     ``checkpointed`` takes over, keeping what the dead step's tasks had acknowledged, and
@@ -417,6 +440,13 @@ def script_retry_callback(context: Any, task: Any) -> None:
 
     log = logging.getLogger("checkpointing_airflow.callbacks")
     job = str(task.job)
+    if getattr(task, "deferrable", False) and _driver_lives(task, job, context):
+        log.warning(
+            "failover: job %s: the script's driver still runs (or has finished): the retry "
+            "re-attaches to it, no step redone",
+            job,
+        )
+        return
     latest = _latest_completed(task, job)
     nxt = script_parallelism(task, context["ti"].try_number + 1)
     log.warning(

@@ -48,6 +48,10 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
     :param heartbeat_timeout_seconds: a driver silent this long is lost.
     :param watcher: the try coordinating: ``attempt``'s own, or a retry's that re-attached to
         ``attempt``'s live driver (the coordinator id stays ``attempt``, the driver's).
+    :param coordinates: False for a script's driver, which coordinates its own steps (its
+        ``checkpointed``): the trigger then only watches it (its verdict, metrics), triggers
+        nothing and aborts nothing (a lost driver's pending step stays for the retry to
+        salvage); ``parallelism`` is then unused.
     """
 
     def __init__(
@@ -63,6 +67,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         heartbeat_timeout_seconds: float = HEARTBEAT_TIMEOUT.total_seconds(),
         watcher: str | None = None,
         aws_conn_id: str | None = None,
+        coordinates: bool = True,
     ) -> None:
         super().__init__()
         self.job_id = job_id
@@ -75,6 +80,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
         self.heartbeat_timeout_seconds = float(heartbeat_timeout_seconds)
         self.watcher = watcher or attempt
         self.aws_conn_id = aws_conn_id
+        self.coordinates = bool(coordinates)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -90,6 +96,7 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
                 "heartbeat_timeout_seconds": self.heartbeat_timeout_seconds,
                 "watcher": self.watcher,
                 "aws_conn_id": self.aws_conn_id,
+                "coordinates": self.coordinates,
             },
         )
 
@@ -123,8 +130,9 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
             yield self._error(f"job {self.job_id}: the metastore cannot be opened: {exc}")
             return
         self.log.info(
-            "job %s: coordinating attempt %s (poll %.1f s, heartbeat timeout %.0f s)",
+            "job %s: %s attempt %s (poll %.1f s, heartbeat timeout %.0f s)",
             self.job_id,
+            "coordinating" if self.coordinates else "watching the script driver of",
             self.attempt,
             self.poll_seconds,
             self.heartbeat_timeout_seconds,
@@ -203,9 +211,14 @@ class CheckpointCoordinatorTrigger(BaseTrigger):
             metastore,
             storage,
             attempt=self.attempt,
-            tasks=pipeline_plan(self.attempt, self.parallelism, self.max_parallelism),
+            tasks=(
+                pipeline_plan(self.attempt, self.parallelism, self.max_parallelism)
+                if self.coordinates
+                else []
+            ),
             poll=self.poll_seconds,
             heartbeat_timeout=timedelta(seconds=self.heartbeat_timeout_seconds),
             stats_tracker=tracker,
             watcher=self.watcher,
+            coordinates=self.coordinates,
         )
