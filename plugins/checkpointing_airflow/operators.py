@@ -134,9 +134,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     :param alert_after_failures: consecutive checkpoint failures that raise
         ``checkpoint_failures`` (once per run of failures).
     :param deferrable: submit a detached driver, free the worker slot while the triggerer
-        coordinates (:mod:`checkpointing_airflow.deferred`; a script coordinates itself and
-        the triggerer watches it, :mod:`checkpointing_airflow.deferred_script`); default
-        ``default_deferrable``.
+        coordinates it (a script's: watches it); default ``default_deferrable``.
     :param driver_heartbeat_timeout: deferrable: seconds of driver silence that fail the try.
     :param driver_role_ttl: with driver scope enabled on a PostgreSQL metastore (``ckpt db
         driver-scope enable``, docs/cluster.md): seconds the driver's own metastore role is
@@ -284,9 +282,11 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         if self.pipeline is None:  # a script: checkpointing_airflow.script_submit
+            from checkpointing_airflow.deferred_script import DeferredScript
             from checkpointing_airflow.script_submit import ScriptSubmit
 
-            return ScriptSubmit(self).execute(context)
+            deferred = DeferredScript(self).execute if self.deferrable else None
+            return ScriptSubmit(self).execute(context, deferred)
         spec = self.load_spec()
         storage_url = self.storage_for(spec)
         # this process reads and writes the storage too (restore lookup, retention): once per try
@@ -360,16 +360,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             driver_url = driver_metastore_url(self, metastore, spec.job, attempt, url)
             withheld = withheld_variables(self, scoped=driver_url != url)
             try:
-                secrets = self.prepare_application(
-                    spec,
-                    restore,
-                    parallelism,
-                    attempt,
-                    ti.try_number,
-                    driver_url,
-                    storage_url,
-                    context,
-                )
+                plan = (restore, parallelism, attempt, ti.try_number)
+                secrets = self.prepare_application(spec, *plan, driver_url, storage_url, context)
                 with withheld_environment(withheld):
                     self.submit(context, spec, metastore, secrets)
             finally:

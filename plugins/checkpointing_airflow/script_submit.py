@@ -37,9 +37,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from checkpointing.steps.script import ENV_COORDINATOR, ENV_JOB, RESTORES
 from checkpointing_airflow.application import spark_application
@@ -178,7 +179,12 @@ class ScriptSubmit:
         self.op = operator
         self.secrets: dict[str, str] = {}
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def execute(
+        self, context: Context, deferred: Callable[..., NoReturn] | None = None
+    ) -> dict[str, Any]:
+        """The try: every refusal first, then the driver run under this task (or, with
+        ``deferred``, :meth:`DeferredScript.execute
+        <checkpointing_airflow.deferred_script.DeferredScript.execute>`, launched detached)."""
         from airflow.sdk.log import mask_secret
 
         from checkpointing.metastore.jobs import storage_url_for_run
@@ -194,10 +200,8 @@ class ScriptSubmit:
         with process_environment(op._aws_env):
             metastore = open_metastore(url)
             try:
-                if op.deferrable:  # launches the driver detached and defers: never returns
-                    from checkpointing_airflow.deferred_script import DeferredScript
-
-                    DeferredScript(op).execute(context, job, metastore, url, storage_url)
+                if deferred is not None:  # launches the driver detached and defers
+                    deferred(context, job, metastore, url, storage_url)
                 return self._run(context, job, metastore, url, storage_url)
             finally:
                 if (alerting := getattr(op, "_alerting", None)) is not None:
