@@ -189,7 +189,7 @@ def test_a_deferred_script_re_attaches_then_resumes_from_its_steps_exactly(
         with pytest.raises(AirflowException) as failed:
             operator().execute_complete(context2, lost)
         assert not isinstance(failed.value, AirflowFailException)  # retried
-        assert completed(metastore) == all_checkpoints(metastore) == 1  # the trigger made none
+        assert completed(metastore) == all_checkpoints(metastore) == 1  # the step before the gate
 
         # try 3: a new driver at parallelism 2 reuses the step, computes the rest
         gate.touch()
@@ -260,6 +260,43 @@ def test_a_deferred_script_refused_for_its_configuration_fails_without_a_retry(
         assert completed(metastore) == 0
         driver = read_state(metastore, JOB).driver
         assert driver is not None and not _running(driver.pid)
+    finally:
+        metastore.dispose()
+
+
+@pytest.mark.parametrize("deferrable", [True, False])
+def test_a_script_task_is_refused_a_spec_pipelines_job_before_it_takes_it_over(
+    airflow_in_process: str, tmp_path: Path, deferrable: bool
+) -> None:
+    """The DAG ``daily_revenue`` runs a script while a spec pipeline already checkpoints the job
+    ``daily_revenue``: the task fails for good, in one line, before it names its coordinator
+    (which would fence the spec's running one) or launches anything."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from checkpointing.config import CheckpointConfig
+    from checkpointing.coordination.coordinator import CheckpointCoordinator
+    from checkpointing.state.storage import CheckpointStorage
+
+    metastore = Metastore(airflow_in_process)
+    try:
+        storage = CheckpointStorage.from_url((tmp_path / "checkpoints").as_uri())
+        spec = CheckpointCoordinator(
+            JOB, metastore, storage, CheckpointConfig.parse({"interval": "10s"}),
+            coordinator_id="spec-driver",
+        )  # fmt: skip
+        spec.activate()
+        before = read_state(metastore, JOB)
+        script = tmp_path / "job.py"
+        script.write_text("raise SystemExit('never run')\n")
+        op = script_operator(tmp_path, script, [], retries=2)
+        op.deferrable = deferrable
+        context = {"ti": TaskInstance(JOB, RUN, 1), "dag_run": None}
+        with pytest.raises(AirflowFailException) as refused:
+            op.execute(context)
+        line = str(refused.value)
+        assert f"job {JOB!r} is a pipeline spec's (it checkpoints periodically)" in line, line
+        assert read_state(metastore, JOB) == before  # still the spec's coordinator, no driver
+        assert not (tmp_path / "ckpt" / "logs" / "drivers").exists()
     finally:
         metastore.dispose()
 

@@ -247,7 +247,9 @@ def test_a_trigger_watching_a_scripts_driver_takes_no_request_and_aborts_no_step
 
     from checkpointing.coordination.detached import DetachedAttempt
     from checkpointing.coordination.drivers import DriverIdentity, Outcome, record_driver
+    from checkpointing.coordination.events import CheckpointCompleted
     from checkpointing.coordination.savepoints import request_savepoint, request_status
+    from checkpointing.coordination.stats_tracker import CheckpointStatsTracker
     from checkpointing.metastore.models import Job
 
     first = "run-1-t1"
@@ -261,6 +263,7 @@ def test_a_trigger_watching_a_scripts_driver_takes_no_request_and_aborts_no_step
         plan_provider=lambda: make_plan(attempt=first),
     )
     script_driver.activate()
+    done = complete(script_driver)  # a step completed before the trigger's first pass
     step = script_driver.trigger_checkpoint()  # a step under way
     # a driver on another host (not signalled or probed here): judged by its heartbeat
     submitted = clock.now() - timedelta(seconds=1)
@@ -270,22 +273,36 @@ def test_a_trigger_watching_a_scripts_driver_takes_no_request_and_aborts_no_step
         s.execute(update(Job).where(Job.job_id == JOB).values(heartbeat_at=clock.now()))
     request = request_savepoint(metastore, JOB, requested_by="ui:admin", clock=clock)
 
+    reported: list[object] = []
+
+    class Recorder:
+        def on_event(self, event: object) -> None:
+            reported.append(event)
+
     def attempt(coordinates: bool) -> DetachedAttempt:
         tasks = make_plan(attempt=first) if coordinates else []
+        tracker = CheckpointStatsTracker(JOB, metastore, first, [Recorder()], clock=clock)
         return DetachedAttempt(
             JOB, metastore, storage, attempt=first, tasks=tasks, poll=1, clock=clock,
             heartbeat_timeout=timedelta(seconds=30), coordinates=coordinates,
+            stats_tracker=tracker,
         )  # fmt: skip
 
     watching = attempt(False)
     assert watching.poll() is None  # the driver runs
     assert request_status(metastore, JOB, request).status == RequestStatus.QUEUED
-    assert statuses(metastore) == {step.checkpoint_id: CheckpointStatus.PENDING}
+    assert statuses(metastore) == {
+        done.checkpoint_id: CheckpointStatus.COMPLETED,
+        step.checkpoint_id: CheckpointStatus.PENDING,
+    }
+    # its metrics: the step the driver completed before this first pass too
+    completed = [e for e in reported if isinstance(e, CheckpointCompleted)]
+    assert [e.checkpoint_id for e in completed] == [done.checkpoint_id]
     # a coordinating trigger takes it: a savepoint that a script's driver would never ack
     coordinating = attempt(True)
     assert coordinating.poll() is None
     assert request_status(metastore, JOB, request).status != RequestStatus.QUEUED
-    assert len(statuses(metastore)) == 2
+    assert len(statuses(metastore)) == 3
 
     clock.advance(timedelta(seconds=60))  # the driver went silent: lost
     before = statuses(metastore)
@@ -294,4 +311,5 @@ def test_a_trigger_watching_a_scripts_driver_takes_no_request_and_aborts_no_step
     assert statuses(metastore) == before  # the step stays pending, for the retry to salvage
     lost = coordinating.poll()
     assert lost is not None and lost.outcome is Outcome.DRIVER_LOST
-    assert set(statuses(metastore).values()) == {CheckpointStatus.ABORTED}
+    aborted = {i: s for i, s in statuses(metastore).items() if i != done.checkpoint_id}
+    assert set(aborted.values()) == {CheckpointStatus.ABORTED}

@@ -23,6 +23,9 @@ def _pytest(tmp_path: Path, require_all: bool) -> subprocess.CompletedProcess[st
     )
     env = {k: v for k, v in os.environ.items() if k != "CKPT_TEST_REQUIRE_ALL"}
     env["PYTHONPATH"] = str(REPO)
+    # no Spark here: without it, the conftest would make a class-data-sharing archive of Spark's
+    # classes in this new root (a JVM's warm-up run, most of this test's time)
+    env["CKPT_TEST_SPARK_CDS"] = "0"
     if require_all:  # (what the run checks first is there; here the browser is not needed)
         env["CKPT_TEST_REQUIRE_ALL"] = "1"
         env["CKPT_TEST_CHROMIUM"] = sys.executable

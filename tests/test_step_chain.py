@@ -188,6 +188,22 @@ with checkpointed(spark, job={job!r}) as ck:
 """
 
 
+def test_an_object_store_that_cannot_be_reached_is_no_refusal() -> None:
+    """A refusal (exit 78, no retry) is a configuration a retry would meet again; an object
+    store that could not be reached (an ``ObjectStoreError``, a ``ConfigError`` too) may be back
+    for the retry."""
+    from checkpointing.errors import ConfigError, InvalidIdError
+    from checkpointing.state.buckets import ObjectStoreError
+    from checkpointing.steps.script import REFUSED_CAUSE, is_refusal, refusal_cause
+
+    assert is_refusal(ConfigError("step wide: chained=True needs a plan without a shuffle"))
+    assert is_refusal(InvalidIdError("invalid step name '../up'"))
+    unreachable = ObjectStoreError("s3://b/x: cannot reach the object store (ConnectionError)")
+    assert not is_refusal(unreachable) and refusal_cause(unreachable) is None
+    assert not is_refusal(RuntimeError("boom")) and not is_refusal(None)
+    assert refusal_cause(ConfigError("bad")) == f"{REFUSED_CAUSE}: bad"
+
+
 def test_ckpt_run_exits_ex_config_for_a_script_refused_for_its_configuration(
     spark,  # type: ignore[no-untyped-def]
     tmp_path: Path,

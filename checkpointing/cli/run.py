@@ -105,7 +105,7 @@ def run(
     object on stdout (the epochs' lines go to stderr). A script (SPEC ending in .py) runs as
     python would run it, its checkpointed steps under these settings (docs/steps.md)."""
     if pipeline.suffix == ".py":
-        from checkpointing.steps.script import EXIT_REFUSED, run_script
+        from checkpointing.steps.script import EXIT_REFUSED, is_refusal, run_script
 
         given = {
             "--parallelism": parallelism is not None,
@@ -131,8 +131,10 @@ def run(
         logging.getLogger("checkpointing.spark.steps").setLevel(logging.INFO)
         try:
             code = run_script(pipeline, ctx.args, state.settings, restore=restore)
-        except (ConfigError, InvalidIdError) as exc:  # a retry would be refused the same way
-            print_error(exc)
+        except (ConfigError, InvalidIdError) as exc:
+            if not is_refusal(exc):  # an object store away: a retry may get past it
+                raise
+            print_error(exc)  # a retry would be refused the same way
             raise typer.Exit(EXIT_REFUSED) from None
         raise typer.Exit(code)
     if ctx.args:

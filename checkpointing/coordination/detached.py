@@ -124,10 +124,10 @@ class DetachedAttempt:
     def poll(self) -> AttemptVerdict | None:
         """One pass; the attempt's verdict once it ended, else None."""
         try:
+            if not self.coordinates:
+                self._start_watching()  # before the verdict: a short script's steps count too
             verdict = self._judge()
-            if verdict is None and not self.coordinates:
-                self._start_watching()
-            elif verdict is None:
+            if verdict is None and self.coordinates:
                 if self.coordinator is None:
                     self._join()
                 assert self._loop is not None
@@ -144,9 +144,14 @@ class DetachedAttempt:
         return verdict
 
     def _start_watching(self) -> None:
-        """A driver coordinating itself: the stats tracker starts on the first pass it runs."""
+        """A driver coordinating itself: the stats tracker starts on the first pass, from the
+        attempt's first checkpoint when it watches its own driver (the driver may have completed
+        steps before this pass), else (a retry re-attached: its predecessor reported those)
+        from now."""
         if not self._watching and self.stats_tracker is not None:
-            self._watch(self.stats_tracker.start)
+            own = self.watcher == self.attempt
+            tracker = self.stats_tracker
+            self._watch(tracker.start_at_attempt if own else tracker.start)
         self._watching = True
 
     def _judge(self) -> AttemptVerdict | None:

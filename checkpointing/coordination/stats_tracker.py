@@ -88,17 +88,22 @@ class CheckpointStatsTracker:
         """Report the attempt's whole history at once, from its first checkpoint: for a watcher
         that comes after the fact (a deferred try's end, whose checkpoints the triggerer
         coordinated). The events reported."""
+        self.start_at_attempt()
+        return self.poll()
+
+    def start_at_attempt(self) -> None:
+        """Report from the attempt's first checkpoint (from now, when it has none yet): for a
+        watcher that joins an attempt whose own process triggers its checkpoints (a script's
+        driver may complete a step before the watcher's first pass)."""
         with self.metastore.reading() as s:
             first = s.scalar(
                 select(func.min(Checkpoint.checkpoint_id)).where(
                     Checkpoint.job_id == self.job_id, Checkpoint.coordinator_id == self.attempt
                 )
             )
-        if first is None:
-            self.start()
-        else:
+        self.start()
+        if first is not None:
             self._floor = first
-        return self.poll()
 
     def poll(self) -> list[CheckpointEvent]:
         """Report what changed since the last poll; the events reported."""

@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from checkpointing.config import Settings
 from checkpointing.coordination.fencing import CoordinatorFencing
 from checkpointing.coordination.heartbeat import Heartbeat
-from checkpointing.errors import ConfigError, InvalidIdError
+from checkpointing.errors import ConfigError
 from checkpointing.ids import validate_id
 from checkpointing.metastore import jobs
 from checkpointing.metastore.engine import Metastore
@@ -27,6 +27,7 @@ from checkpointing.spark.parquet_sink import TwoPhaseCommitSink
 from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
 from checkpointing.status import JobStatus
 from checkpointing.steps.identity import StepIdentity, step_name
+from checkpointing.steps.job_check import refuse_a_specs_job
 from checkpointing.steps.plan import (
     StepRecord,
     change_line,
@@ -38,10 +39,10 @@ from checkpointing.steps.plan import (
 from checkpointing.steps.script import (
     ENV_COORDINATOR,
     ENV_RESTORE,
-    REFUSED_CAUSE,
     RESTORES,
     check_job,
     check_restore,
+    refusal_cause,
 )
 
 #: the step API's log lines (which step runs, reused or computed) under its public module's name
@@ -131,8 +132,7 @@ class CheckpointedJob:
         stopped = isinstance(exc, step_savepoints.StoppedWithSavepoint)
         failed = exc_type is not None and not stopped
         # a refusal says so on the job row: a deferred try reads it there (not the exit code)
-        refused = failed and isinstance(exc, ConfigError | InvalidIdError)
-        cause = f"{REFUSED_CAUSE}: {exc}" if refused else None
+        cause = refusal_cause(exc) if failed else None
         self.close(JobStatus.FAILED if failed else JobStatus.FINISHED, cause=cause)
         return stopped  # a stop-with-savepoint ends the `with` block, not the script
 
@@ -150,11 +150,10 @@ class CheckpointedJob:
                 refusal = CoordinatorFencing(self.job, coordinator_id).superseded(s)
             if refusal is not None:
                 raise refusal
-        known = jobs.get_job(self.metastore, self.job)
+        refuse_a_specs_job(self.metastore, self.storage, self.job)  # before anything is written
         decision = self._savepoint
-        if self.restore == "latest" and known is not None:  # a new job has nothing to restore
+        if self.restore == "latest" and jobs.get_job(self.metastore, self.job) is not None:
             decision = find_latest_valid(self.metastore, self.storage, self.job, deep=self.verify)
-        refuse_a_specs_job(known, decision)  # before anything is written
         coordinator = step_savepoints.StepCoordinator(
             self.job, self.metastore, self.storage, config, coordinator_id=coordinator_id
         )
@@ -184,8 +183,8 @@ class CheckpointedJob:
         ):
             try:  # a savepoint's files become the job's shared state (the savepoint is left)
                 self.restored = step_savepoints.adopt(coordinator, self.restored, self.run_id)
-            except BaseException:
-                self.close(JobStatus.FAILED)
+            except BaseException as exc:
+                self.close(JobStatus.FAILED, cause=refusal_cause(exc))
                 raise
 
     def close(self, status: JobStatus = JobStatus.FINISHED, *, cause: str | None = None) -> None:
@@ -443,21 +442,3 @@ class CheckpointedJob:
         log.info("job %s: published %s at %s", self.job, name, published)
         self._boundary()
         return published
-
-
-def refuse_a_specs_job(job: jobs.JobInfo | None, decision: Any) -> None:
-    """A spec pipeline's job is not a script's: the script would overwrite its configuration and
-    retire its checkpoints (operator state it cannot read). Refused in one line, before
-    anything is written, when the job asks for periodic checkpoints (a step job never does) or
-    the checkpoint to restore holds operator state but no step."""
-    if job is None:
-        return
-    periodic = job.config.periodic_interval is not None
-    metadata = getattr(decision, "metadata", None)
-    specs = metadata is not None and bool(metadata.operators) and not restored_steps(metadata)
-    if periodic or specs:
-        why = "it checkpoints periodically" if periodic else "its checkpoints hold operator state"
-        raise ConfigError(
-            f"job {job.job_id!r} is a pipeline spec's ({why}): a script's checkpointed(spark, "
-            "job=...) needs a job of its own"
-        )

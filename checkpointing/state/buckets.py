@@ -11,6 +11,7 @@ credentials, a denied access or an unreachable endpoint are :class:`ObjectStoreE
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
@@ -337,12 +338,26 @@ def ns(when: Any) -> int | None:
 def s3_client() -> Any:
     """boto3's S3 client (its own chain reads the variables above), failing fast when the
     endpoint is unreachable: a refused run should say so in seconds, not after minutes. A new
-    session each time: boto3's default one keeps the credentials it first found."""
+    session each time: boto3's default one keeps the credentials it first found. The sessions
+    share botocore's data loader (:func:`_data_loader`), so only the first parses the service
+    models: a new session alone re-read them, about 0.2 s per client."""
     import boto3
+    import botocore.session
     from botocore.config import Config
 
+    core = botocore.session.Session()
+    core.register_component("data_loader", _data_loader())
     config = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2})
-    return boto3.session.Session().client("s3", config=config)
+    return boto3.session.Session(botocore_session=core).client("s3", config=config)
+
+
+@functools.cache
+def _data_loader() -> Any:
+    """botocore's loader of its JSON service models and endpoints, made once per process: it
+    caches what it parsed (the models, not credentials, which each session resolves anew)."""
+    import botocore.loaders
+
+    return botocore.loaders.create_loader()
 
 
 def s3_error(pattern: str, bucket: str, exc: Exception) -> Exception:

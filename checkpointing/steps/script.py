@@ -46,6 +46,23 @@ EXIT_REFUSED = 78
 REFUSED_CAUSE = "refused for its configuration"
 
 
+def is_refusal(exc: BaseException | None) -> bool:
+    """Whether ``exc`` refuses the script's configuration, which a retry would meet again (exit
+    :data:`EXIT_REFUSED`, no retry): a ``ConfigError`` or an invalid id, but not an object
+    store that could not be reached or refused access (``ObjectStoreError``), which a retry may
+    get past."""
+    from checkpointing.errors import InvalidIdError
+    from checkpointing.state.buckets import ObjectStoreError
+
+    return isinstance(exc, ConfigError | InvalidIdError) and not isinstance(exc, ObjectStoreError)
+
+
+def refusal_cause(exc: BaseException | None) -> str | None:
+    """The job row's failure cause for a run that ``exc`` ended: :data:`REFUSED_CAUSE` and the
+    refusal for a refusal, else None."""
+    return f"{REFUSED_CAUSE}: {exc}" if is_refusal(exc) else None
+
+
 def expected_job() -> str | None:
     """The job the deploying task declared for this script (:data:`ENV_JOB`), None when the
     script runs on its own (``python job.py``, ``ckpt run job.py``)."""

@@ -109,6 +109,7 @@ class DeferredSubmit:
             run_started(context),
             lambda found, watcher: self.defer_spec(spec, found, watcher, storage_url),
         )
+        refuse_cluster_mode(op)  # before the takeover
         self.stop_previous_driver(metastore, spec.job, attempt)
         restore, parallelism = op.plan_try(context, spec, metastore, storage_url)
         coordinator = CheckpointCoordinator(
@@ -125,7 +126,6 @@ class DeferredSubmit:
         secrets = op.prepare_application(
             spec, restore, parallelism, attempt, ti.try_number, driver_url, storage_url, context
         )
-        refuse_cluster_mode(op)
         withheld = withheld_variables(op, scoped=driver_url != url)
         try:
             driver = self.launch(spec.job, attempt, secrets, parallelism, withheld)
@@ -305,9 +305,9 @@ class DeferredSubmit:
         """A previous try's detached driver still running here (its try's task died, e.g. the
         triggerer lost it): stop it before this try takes over and submits its own."""
         driver = read_state(metastore, job_id).driver
-        if driver is None or driver.attempt == attempt:
-            return
-        if not attempt_of_same_run(driver.attempt, attempt):
+        # this very try's driver too (its try run again, the driver alive but not re-attached
+        # to): never two drivers under one attempt id, which fencing could not tell apart
+        if driver is None or not attempt_of_same_run(driver.attempt, attempt):
             return
         if stop_driver(driver):
             self.op.log.warning("job %s: stopped the %s", job_id, driver.describe())
@@ -403,9 +403,16 @@ class DeferredSubmit:
             raise AirflowFailException(verdict.message)
         raise error
 
-    def returncode(self) -> int | None:
-        """The exit code of the driver this task launched, once it exited (else None)."""
-        return None if self.process is None else self.process.poll()
+    def returncode(self, wait: float = 0.0) -> int | None:
+        """The exit code of the driver this task launched, waiting up to ``wait`` s for it to
+        exit (a driver judged gone may still be exiting: its command line goes first); None
+        when it runs on, or this task launched none."""
+        if self.process is None:
+            return None
+        try:
+            return self.process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            return None
 
     def show_log_tail(self, job_id: str, driver: DriverIdentity) -> None:
         """The end of a failed driver's log, when it is on this host (Spark's own lines): its
@@ -424,10 +431,11 @@ class DeferredSubmit:
 
 def refuse_cluster_mode(op: Any) -> None:
     """A deferred try's driver is watched on the worker's host: deploy mode cluster fails the
-    try for good (after ``prepare_submit`` built the hook)."""
+    try for good, before the try takes anything over (the connection's and the operator's
+    deploy mode, read from a hook built for the purpose)."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    deploy_mode, master = submit_target(op._hook)
+    deploy_mode, master = submit_target(op._get_hook())
     if deploy_mode == "cluster":
         raise AirflowFailException(
             f"deferrable: deploy mode cluster (master {master}) is not supported: the driver "

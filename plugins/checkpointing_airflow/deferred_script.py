@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from checkpointing.coordination.drivers import AttemptVerdict, DriverIdentity, Outcome, read_state
 from checkpointing_airflow.attempts import attempt_id, run_started
 from checkpointing_airflow.deferred import DeferredSubmit, refuse_cluster_mode
+from checkpointing_airflow.detached_driver import EXIT_GRACE_S
 from checkpointing_airflow.driver_scope import (
     driver_metastore_url,
     release_driver,
@@ -68,6 +69,7 @@ class DeferredScript:
             run_started(context),
             lambda found, watcher: self.defer(job, found, watcher, storage_url),
         )
+        refuse_cluster_mode(op)  # before the takeover
         self.deferred.stop_previous_driver(metastore, job.job, attempt)
         restore = "latest" if ti.try_number > 1 else str(op.restore)
         parallelism = script_parallelism(op, ti.try_number)
@@ -77,7 +79,6 @@ class DeferredScript:
             self.script.prepare(
                 job, attempt, restore, parallelism, driver_url, storage_url, context
             )
-            refuse_cluster_mode(op)
             withheld = withheld_variables(op, scoped=driver_url != url)
             driver = self.deferred.launch(
                 job.job, attempt, self.script.secrets, parallelism, withheld
@@ -140,7 +141,8 @@ class DeferredScript:
         op, try_number = self.op, context["ti"].try_number
         state = read_state(metastore, job.job)
         cause = state.failure_cause or ""
-        refused = self.deferred.returncode() == EXIT_REFUSED or (
+        exited = self.deferred.returncode(wait=EXIT_GRACE_S)  # the driver this task launched
+        refused = exited == EXIT_REFUSED or (
             verdict.outcome is Outcome.FAILED and cause.startswith(REFUSED_CAUSE)
         )  # the row's cause: a FAILED verdict is the driver's own run's
         message = None
