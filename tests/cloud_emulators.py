@@ -233,6 +233,15 @@ def storage_round_trip(base: str) -> None:
     assert storage.list_files(storage.job_url("job")) == [f"{base}/job/chk-7/a"]
     with pytest.raises(CorruptSnapshotError, match="checksum mismatch"):
         storage.read_bytes(info.url, checksum="sha256:" + "0" * 64)
+    # a step savepoint's copy: the store's own (server-side), refused onto an existing file
+    from checkpointing.errors import StorageError
+
+    copy = storage.savepoint_url("job", 8) + "/a"
+    storage.copy_file(info.url, copy, size=5, checksum=info.checksum)
+    assert storage.read_bytes(copy, checksum=info.checksum, size=5) == b"state"
+    with pytest.raises(StorageError, match="already exists"):
+        storage.copy_file(info.url, copy, size=5, checksum=info.checksum)
+    storage.delete(copy)
     from checkpointing.state.inventory import list_stored
 
     (stored,) = list_stored(storage, storage.job_url("job"))  # what gc sweeps

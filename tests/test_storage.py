@@ -873,3 +873,28 @@ def test_local_delete_failures_are_reported(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="cannot delete"):
         storage.delete_tree(f"file://{blocker}/chk-1")
     storage.delete_tree(f"file://{tmp_path}/missing")  # missing is fine
+
+
+def test_copy_file_is_server_side_on_s3_and_verified_everywhere(
+    any_storage: CheckpointStorage,
+) -> None:
+    """A step savepoint's copy of a step file (issue 39): on S3 the store copies it (CopyObject,
+    no GetObject: no byte through the driver), checked by its size; locally through memory,
+    checked by its checksum. Either way the copy reads back as the original, an existing target
+    is refused, and a copy whose recorded size is wrong is refused."""
+    from checkpointing.errors import CorruptSnapshotError, StorageError
+
+    data = bytes(range(256)) * 40
+    source = f"{any_storage.checkpoint_url(JOB, 1)}/part-0.parquet"
+    info = any_storage.write_bytes(source, data)
+    target = f"{any_storage.savepoint_url(JOB, 2)}/part-0.parquet"
+    ops = record_s3_operations(any_storage) if isinstance(any_storage, S3CheckpointStorage) else []
+    any_storage.copy_file(source, target, size=len(data), checksum=info.checksum)
+    if isinstance(any_storage, S3CheckpointStorage):
+        assert "CopyObject" in ops and "GetObject" not in ops and "PutObject" not in ops, ops
+    assert any_storage.read_bytes(target, size=len(data), checksum=info.checksum) == data
+    with pytest.raises(StorageError, match="already exists"):
+        any_storage.copy_file(source, target, size=len(data), checksum=info.checksum)
+    assert any_storage.read_bytes(target) == data  # untouched
+    with pytest.raises(CorruptSnapshotError, match="expected 7"):
+        any_storage.copy_file(source, f"{target}-2", size=7, checksum=info.checksum)

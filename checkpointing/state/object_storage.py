@@ -73,6 +73,17 @@ class ObjectCheckpointStorage(CheckpointStorage):
         if not created:
             raise StorageError(f"{url} already exists; refusing to overwrite")
 
+    def _server_copy(self, source: str, target: str) -> bool:
+        """The store's own copy inside the bucket, after checking ``target`` is new."""
+        source_key, key = self.key(source), self.key(target)
+        if self.exists(target):
+            raise StorageError(f"{target} already exists; refusing to overwrite")
+        try:
+            self.bucket.copy(source_key, key)
+        except Exception as exc:
+            raise self._fail("copy", source, exc) from exc
+        return True
+
     def _read(self, url: str, limit: int | None) -> bytes:
         key = self.key(url)
         try:

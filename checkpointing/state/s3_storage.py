@@ -85,6 +85,25 @@ class S3CheckpointStorage(CheckpointStorage):
         except Exception as exc:
             raise _classify_s3_error(url, exc) from exc
 
+    def _server_copy(self, source: str, target: str) -> bool:
+        """S3's copy (managed: multipart above 5 GB), after checking ``target`` is new."""
+        from botocore.exceptions import ClientError
+
+        from_bucket, from_key = self.split(source)
+        bucket, key = self.split(target)
+        if self.exists(target):
+            raise StorageError(f"{target} already exists; refusing to overwrite")
+        try:
+            self.client.copy({"Bucket": from_bucket, "Key": from_key}, bucket, key)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("NoSuchKey", "404"):
+                raise CorruptSnapshotError(source, "file is missing") from None
+            raise StorageError(f"cannot copy {source} to {target}: {code or exc}") from exc
+        except Exception as exc:
+            raise _classify_s3_error(target, exc) from exc
+        return True
+
     def _read(self, url: str, limit: int | None) -> bytes:
         bucket, key = self.split(url)
         with s3_errors("read", url, missing=CorruptSnapshotError(url, "file is missing")):

@@ -314,6 +314,25 @@ class CheckpointStorage(ABC):
             raise CorruptSnapshotError(url, "checksum mismatch")
         return data
 
+    def copy_file(self, source: str, target: str, *, size: int, checksum: str | None) -> None:
+        """``source``'s bytes at the new file ``target`` (an existing one is an error), as
+        recorded (``size``, ``checksum``). An object store copies server-side
+        (:meth:`_server_copy`: no byte through this process, the copy checked by its size; the
+        checksum is checked where the copy is read, as every restore does); elsewhere the bytes
+        go through this process's memory, verified before they are written."""
+        if self._server_copy(source, target):
+            copied = self.size_of(target)
+            if copied != size:
+                raise CorruptSnapshotError(target, f"size {copied} bytes, expected {size}")
+            return
+        data = self.read_bytes(source, checksum=checksum, size=size)
+        self.write_bytes(target, data, overwrite=False)
+
+    def _server_copy(self, source: str, target: str) -> bool:
+        """Copy ``source`` to the new ``target`` inside the store, if it can (False: it cannot,
+        the caller copies the bytes); an existing ``target`` is a :class:`StorageError`."""
+        return False
+
     @abstractmethod
     def _write(self, url: str, stream: IO[bytes], size: int, *, overwrite: bool) -> None: ...
 
