@@ -30,6 +30,7 @@ from checkpointing.coordination.drivers import read_state
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Checkpoint
 from tests.airflow_harness import wait_for
+from tests.test_airflow_steps import _completed as completed  # the same job, daily_revenue
 from tests.test_steps import expected, published, write_inputs
 
 pytest.importorskip("airflow")
@@ -125,18 +126,6 @@ async def first_event(trigger: Any, timeout: float = 180) -> dict[str, Any]:
     event = await asyncio.wait_for(anext(events), timeout)
     await events.aclose()
     return dict(event.payload)
-
-
-def completed(metastore: Metastore) -> int:
-    with metastore.reading() as s:
-        return int(
-            s.scalar(
-                select(func.count())
-                .select_from(Checkpoint)
-                .where(Checkpoint.job_id == JOB, Checkpoint.completed_at.is_not(None))
-            )
-            or 0
-        )
 
 
 def all_checkpoints(metastore: Metastore) -> int:
