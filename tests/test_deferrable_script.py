@@ -253,27 +253,28 @@ def test_a_deferred_script_refused_for_its_configuration_fails_without_a_retry(
         metastore.dispose()
 
 
-@pytest.mark.parametrize("deferrable", [True, False])
+@pytest.mark.parametrize(("deferrable", "spec"), [(True, "periodic"), (False, "epochs")])
 def test_a_script_task_is_refused_a_spec_pipelines_job_before_it_takes_it_over(
-    airflow_in_process: str, tmp_path: Path, deferrable: bool
+    airflow_in_process: str, tmp_path: Path, deferrable: bool, spec: str
 ) -> None:
     """The DAG ``daily_revenue`` runs a script while a spec pipeline already checkpoints the job
     ``daily_revenue``: the task fails for good, in one line, before it names its coordinator
     (which would fence the spec's running one) or launches anything."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from checkpointing.config import CheckpointConfig
-    from checkpointing.coordination.coordinator import CheckpointCoordinator
-    from checkpointing.state.storage import CheckpointStorage
+    from checkpointing.clock import ManualClock
+    from checkpointing.state.storage import FileSystemCheckpointStorage
+    from tests.helpers import complete, new_coordinator
 
     metastore = Metastore(airflow_in_process)
     try:
-        storage = CheckpointStorage.from_url((tmp_path / "checkpoints").as_uri())
-        spec = CheckpointCoordinator(
-            JOB, metastore, storage, CheckpointConfig.parse({"interval": "10s"}),
-            coordinator_id="spec-driver",
-        )  # fmt: skip
-        spec.activate()
+        # the spec's own storage: elsewhere than the script task's (the check needs none)
+        storage = FileSystemCheckpointStorage((tmp_path / "spec-storage").as_uri())
+        config = {"interval": "10s"} if spec == "periodic" else {}
+        coordinator = new_coordinator(metastore, storage, ManualClock(), job_id=JOB, **config)
+        coordinator.activate()
+        if spec == "epochs":  # checkpoints at epoch boundaries only: one completed
+            complete(coordinator)
         before = read_state(metastore, JOB)
         script = tmp_path / "job.py"
         script.write_text("raise SystemExit('never run')\n")
@@ -283,7 +284,8 @@ def test_a_script_task_is_refused_a_spec_pipelines_job_before_it_takes_it_over(
         with pytest.raises(AirflowFailException) as refused:
             op.execute(context)
         line = str(refused.value)
-        assert f"job {JOB!r} is a pipeline spec's (it checkpoints periodically)" in line, line
+        why = "it checkpoints periodically" if spec == "periodic" else "its checkpoints hold"
+        assert f"job {JOB!r} is a pipeline spec's ({why}" in line, line
         assert read_state(metastore, JOB) == before  # still the spec's coordinator, no driver
         assert not (tmp_path / "ckpt" / "logs" / "drivers").exists()
     finally:

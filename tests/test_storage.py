@@ -898,3 +898,4 @@ def test_copy_file_is_server_side_on_s3_and_verified_everywhere(
     assert any_storage.read_bytes(target) == data  # untouched
     with pytest.raises(CorruptSnapshotError, match="expected 7"):
         any_storage.copy_file(source, f"{target}-2", size=7, checksum=info.checksum)
+    assert not any_storage.exists(f"{target}-2")  # the refused copy is not left behind

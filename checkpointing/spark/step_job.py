@@ -150,7 +150,7 @@ class CheckpointedJob:
                 refusal = CoordinatorFencing(self.job, coordinator_id).superseded(s)
             if refusal is not None:
                 raise refusal
-        refuse_a_specs_job(self.metastore, self.storage, self.job)  # before anything is written
+        refuse_a_specs_job(self.metastore, self.job)  # before anything is written
         decision = self._savepoint
         if self.restore == "latest" and jobs.get_job(self.metastore, self.job) is not None:
             decision = find_latest_valid(self.metastore, self.storage, self.job, deep=self.verify)

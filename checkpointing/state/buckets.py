@@ -345,19 +345,24 @@ def s3_client() -> Any:
     import botocore.session
     from botocore.config import Config
 
+    loader = _data_loader()
     core = botocore.session.Session()
-    core.register_component("data_loader", _data_loader())
+    core.register_component("data_loader", loader)
+    session = boto3.session.Session(botocore_session=core)
+    # each boto3 session appends its data folder to the loader's paths: keep each path once
+    loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))
     config = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2})
-    return boto3.session.Session(botocore_session=core).client("s3", config=config)
+    return session.client("s3", config=config)
 
 
 @functools.cache
 def _data_loader() -> Any:
-    """botocore's loader of its JSON service models and endpoints, made once per process: it
-    caches what it parsed (the models, not credentials, which each session resolves anew)."""
+    """botocore's loader of its JSON service models and endpoints, made once per process
+    (``AWS_DATA_PATH`` as botocore reads it): it caches what it parsed (the models, not
+    credentials, which each session resolves anew)."""
     import botocore.loaders
 
-    return botocore.loaders.create_loader()
+    return botocore.loaders.create_loader(os.environ.get("AWS_DATA_PATH"))
 
 
 def s3_error(pattern: str, bucket: str, exc: Exception) -> Exception:

@@ -323,6 +323,7 @@ class CheckpointStorage(ABC):
         if self._server_copy(source, target):
             copied = self.size_of(target)
             if copied != size:
+                self.delete(target)  # this call's own copy: not left behind
                 raise CorruptSnapshotError(target, f"size {copied} bytes, expected {size}")
             return
         data = self.read_bytes(source, checksum=checksum, size=size)

@@ -141,7 +141,9 @@ class DeferredScript:
         op, try_number = self.op, context["ti"].try_number
         state = read_state(metastore, job.job)
         cause = state.failure_cause or ""
-        exited = self.deferred.returncode(wait=EXIT_GRACE_S)  # the driver this task launched
+        # the driver this task launched: exiting after its FAILED, or judged gone as it exits
+        wait = EXIT_GRACE_S if verdict.outcome is Outcome.FAILED else 5.0
+        exited = self.deferred.returncode(wait=wait)
         refused = exited == EXIT_REFUSED or (
             verdict.outcome is Outcome.FAILED and cause.startswith(REFUSED_CAUSE)
         )  # the row's cause: a FAILED verdict is the driver's own run's

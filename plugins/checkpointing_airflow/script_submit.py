@@ -200,7 +200,7 @@ class ScriptSubmit:
         with process_environment(op._aws_env):
             metastore = open_metastore(url)
             try:
-                self.refuse_a_specs_job(job, metastore, storage_url)
+                self.refuse_a_specs_job(job, metastore)
                 if deferred is not None:  # launches the driver detached and defers
                     deferred(context, job, metastore, url, storage_url)
                 return self._run(context, job, metastore, url, storage_url)
@@ -246,22 +246,18 @@ class ScriptSubmit:
                 release_driver(metastore, job.job, attempt)
         return self.outcome(job, metastore, attempt, parallelism)
 
-    def refuse_a_specs_job(self, job: ScriptJob, metastore: Metastore, storage_url: str) -> None:
+    def refuse_a_specs_job(self, job: ScriptJob, metastore: Metastore) -> None:
         """A spec pipeline's job fails the try for good, before it names its coordinator
         (which would fence the spec's) or launches anything
         (:func:`~checkpointing.steps.job_check.refuse_a_specs_job`)."""
         from airflow.sdk.exceptions import AirflowFailException
 
         from checkpointing.errors import ConfigError
-        from checkpointing.state.storage import CheckpointStorage
         from checkpointing.steps.job_check import refuse_a_specs_job
-        from checkpointing.steps.script import is_refusal
 
         try:
-            refuse_a_specs_job(metastore, CheckpointStorage.from_url(storage_url), job.job)
+            refuse_a_specs_job(metastore, job.job)
         except ConfigError as exc:
-            if not is_refusal(exc):  # the storage away: retried
-                raise
             raise AirflowFailException(f"task {self.op.task_id}: {exc}") from None
 
     def name_try(
