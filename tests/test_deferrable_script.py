@@ -292,6 +292,35 @@ def test_a_script_task_is_refused_a_spec_pipelines_job_before_it_takes_it_over(
         metastore.dispose()
 
 
+def test_a_deferred_script_in_cluster_mode_is_refused_before_it_takes_the_job_over(
+    airflow_in_process: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deploy mode cluster: the detached driver could not be watched from the worker's host.
+    One line, no retry, and nothing written: the job is neither registered nor taken over."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT",
+        json.dumps(
+            {"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077,
+             "extra": {"deploy-mode": "cluster"}}
+        ),
+    )  # fmt: skip
+    script = tmp_path / "job.py"
+    script.write_text("raise SystemExit('never run')\n")
+    op = script_operator(tmp_path, script, [], retries=2)
+    with pytest.raises(
+        AirflowFailException, match=r"deploy mode cluster .* use deploy mode client"
+    ):
+        op.execute({"ti": TaskInstance(JOB, RUN, 1), "dag_run": None})
+    metastore = Metastore(airflow_in_process)
+    try:
+        assert read_state(metastore, JOB).status is None  # not registered, nobody fenced
+    finally:
+        metastore.dispose()
+    assert not (tmp_path / "ckpt" / "logs" / "drivers").exists()
+
+
 def _running(pid: int) -> bool:
     import psutil
 

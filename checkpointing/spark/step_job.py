@@ -18,7 +18,6 @@ from checkpointing.coordination.fencing import CoordinatorFencing
 from checkpointing.coordination.heartbeat import Heartbeat
 from checkpointing.errors import ConfigError
 from checkpointing.ids import validate_id
-from checkpointing.metastore import jobs
 from checkpointing.metastore.engine import Metastore
 from checkpointing.pipeline.interval import check_job_name
 from checkpointing.restore.lookup import find_latest_valid
@@ -150,9 +149,9 @@ class CheckpointedJob:
                 refusal = CoordinatorFencing(self.job, coordinator_id).superseded(s)
             if refusal is not None:
                 raise refusal
-        refuse_a_specs_job(self.metastore, self.job)  # before anything is written
+        known = refuse_a_specs_job(self.metastore, self.job)  # before anything is written
         decision = self._savepoint
-        if self.restore == "latest" and jobs.get_job(self.metastore, self.job) is not None:
+        if self.restore == "latest" and known is not None:  # a new job has nothing to restore
             decision = find_latest_valid(self.metastore, self.storage, self.job, deep=self.verify)
         coordinator = step_savepoints.StepCoordinator(
             self.job, self.metastore, self.storage, config, coordinator_id=coordinator_id

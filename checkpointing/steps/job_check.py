@@ -17,14 +17,15 @@ from checkpointing.steps.identity import operator_id
 STEP_OPERATOR_PREFIX = operator_id("x")[:-1]
 
 
-def refuse_a_specs_job(metastore: Metastore, job_id: str) -> None:
+def refuse_a_specs_job(metastore: Metastore, job_id: str) -> jobs.JobInfo | None:
     """Refuse, in one line, a job that is a spec pipeline's: it asks for periodic checkpoints
     (a step job never does), or one of its checkpoints has an operator that is no step's
     (a spec's ``source``, ``aggregate``, ``sink``). A script would overwrite its configuration
-    and retire its checkpoints. A job not registered yet is the script's to take."""
+    and retire its checkpoints. A job not registered yet is the script's to take. The job as
+    registered (None: not yet), for the caller's restore."""
     job = jobs.get_job(metastore, job_id)
     if job is None:
-        return
+        return None
     periodic = job.config.periodic_interval is not None
     with metastore.reading() as s:
         other = s.scalar(
@@ -42,3 +43,4 @@ def refuse_a_specs_job(metastore: Metastore, job_id: str) -> None:
             f"job {job_id!r} is a pipeline spec's ({why}): a script's checkpointed(spark, "
             "job=...) needs a job of its own"
         )
+    return job
