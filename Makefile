@@ -27,6 +27,11 @@ ISSUE37_BENCH_ARGS ?=
 # the step API against the same script without ck (issue 39), e.g. STEPS_BENCH_ARGS="--rounds 5
 # --orders 4000000": bench/results/steps.json, its table in docs/steps.md
 STEPS_BENCH_ARGS ?= --orders 12000000 --customers 1200000 --rounds 5
+# the same job on a longer run (W about 1.5 min here), where a resume's new process is not half
+# of W: only the runs issue 39's goals need, bench/results/steps-long.json
+STEPS_LONG_BENCH_ARGS ?= --orders 160000000 --customers 1200000 --rounds 3 --goals-only --output bench/results/steps-long.json
+# a narrow step killed half way: what its resume recomputes, counted (bench/results/steps-narrow.json)
+STEPS_NARROW_BENCH_ARGS ?= --orders 12000000 --rounds 3
 # the browser test (tests/test_checkpoints_ui.py) drives Debian's Chromium there
 CHROMIUM ?= /usr/bin/chromium
 # make airflow AIRFLOW_PORT=8081 when 8080 is taken
@@ -96,6 +101,8 @@ bench: $(VENV)/.synced check-java ## benchmark figures, written to bench/results
 	$(VENV)/bin/python bench/spark_bench.py $(if $(QUICK),--quick) $(SPARK_BENCH_ARGS)
 	$(VENV)/bin/python bench/spark_bench.py --issue37 $(if $(QUICK),--quick) $(ISSUE37_BENCH_ARGS)
 	$(VENV)/bin/python bench/steps_bench.py $(if $(QUICK),--quick) $(STEPS_BENCH_ARGS)
+	$(if $(QUICK),,$(VENV)/bin/python bench/steps_bench.py $(STEPS_LONG_BENCH_ARGS))
+	$(VENV)/bin/python bench/steps_narrow.py $(if $(QUICK),--quick) $(STEPS_NARROW_BENCH_ARGS)
 	$(if $(QUICK),,$(VENV)/bin/python bench/readme_tables.py)
 
 ddl: $(VENV)/.synced ## regenerate the reference DDL in sql/ from the models

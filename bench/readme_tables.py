@@ -7,7 +7,8 @@
   (ours and the hand-written design against the plain Spark job W on the four data sets,
   Structured Streaming ``Trigger.AvailableNow`` against W);
 * ``README.md``, between ``<!-- glance:begin -->`` and ``<!-- glance:end -->``: the same in one
-  paragraph, for its first screen; the step API's sections: ``bench/steps_tables.py``::
+  paragraph, where the README shows a spec; the step API's sections (its first screen's cost
+  among them): ``bench/steps_tables.py``::
 
     python bench/readme_tables.py            # rewrite the sections (and bench/steps_tables.py's)
     python bench/readme_tables.py --check    # exit 1 when any section differs
@@ -15,7 +16,8 @@
 Every ratio is the median of the paired per-round ratios with their min–max (the runs of a round
 run back to back); the load each run was taken under is stated from the JSON's per-run records
 (``machine.load_flags``), never assumed. Sources: ``acks.json``, ``issue37.json``,
-``spark-anchor.json``, ``spark-anchor-50m.json``, ``spark.json`` and ``steps.json``."""
+``spark-anchor.json``, ``spark-anchor-50m.json``, ``spark.json``, ``steps.json``,
+``steps-long.json`` and ``steps-narrow.json``."""
 
 from __future__ import annotations
 
@@ -484,7 +486,8 @@ def glance_of_sets(report: dict[str, Any]) -> str:
 
 
 def generate_glance() -> str:
-    """The README's first screen: the headline cost in one paragraph, from the same JSON."""
+    """A spec's headline cost in one paragraph (the README's spec section), from the same
+    JSON."""
     i37, anchor = load("issue37.json"), load("spark-anchor.json")
     clauses = [glance_of_sets(i37)] if i37 else []
     peer = streaming_vs_w(anchor) if anchor else None
@@ -500,9 +503,9 @@ def generate_glance() -> str:
             )
         )
     if not clauses:
-        return f"{GENERATED}\n**What it costs**: {NOT_MEASURED}\n"
+        return f"{GENERATED}\n**What a spec costs**: {NOT_MEASURED}\n"
     return (
-        f"{GENERATED}\n**What it costs**, on our benchmark ([every figure]({COST_ANCHOR})): "
+        f"{GENERATED}\n**What a spec costs**, on our benchmark ([every figure]({COST_ANCHOR})): "
         + "; ".join(clauses)
         + ".\n"
     )
@@ -553,13 +556,13 @@ STEPS_LINE, STEPS_TABLE = Section("step API's line", *st.GLANCE), Section("step 
 
 
 def targets(readme: Path, benchmarks: Path, steps_doc: Path) -> list[tuple[Path, Section, str]]:
-    steps = load("steps.json")
+    steps, long, narrow = load("steps.json"), load("steps-long.json"), load("steps-narrow.json")
     return [
         (benchmarks, TABLES, generate()),
         (readme, COST, generate_cost()),
         (readme, GLANCE, generate_glance()),
-        (readme, STEPS_LINE, st.steps_glance(steps, GENERATED)),
-        (steps_doc, STEPS_TABLE, st.steps_section(steps, GENERATED)),
+        (readme, STEPS_LINE, st.steps_glance(steps, GENERATED, long)),
+        (steps_doc, STEPS_TABLE, st.steps_section(steps, GENERATED, long, narrow)),
     ]
 
 

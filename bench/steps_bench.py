@@ -14,7 +14,8 @@
   ``start / W`` (a process that only starts its session and reads the inputs' schemas: what
   every resume pays before its own work).
 
-Each figure is the median of the per-round ratios (min-max); each run records the share of the
+Before the first round the data is flushed to disk and W runs once untimed. Each figure is the
+median of the per-round ratios (min-max); each run records the share of the
 cores busy just before it and other JVMs seen (``bench/machine.py``). Every checkpointed run's
 output, and the manual one's, is compared with W's (pyarrow, after the timing). Results:
 ``bench/results/steps.json`` (``--quick``: ``steps-quick.json``, small data, one round)."""
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,15 @@ def write_data(root: Path, orders: int, customers: int, seed: int = 7) -> None:
             pq.write_table(table, root / name / f"part-{i:02d}.parquet")
 
 
+def warm_up(data: Path, work: Path, master: str, mode: str = "plain") -> None:
+    """Before the first timed run: the data's writes flushed to disk (else the first run pays
+    for them), and one untimed W run (its files in the page cache, as every later run has
+    them)."""
+    os.sync()
+    run(mode, data, work / "warm-up", work / "h-warm-up", master)
+    shutil.rmtree(work / "warm-up", ignore_errors=True)
+
+
 def run(
     mode: str,
     data: Path,
@@ -88,9 +99,11 @@ def run(
     master: str,
     kill_after: float | None = None,
     kill_at_line: str | None = None,
+    kill_when: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """One whole process, timed from spawn to exit, or to its SIGKILL: ``kill_after`` seconds
-    after its spawn, or as soon as its log has a line containing ``kill_at_line``."""
+    after its spawn, as soon as its log has a line containing ``kill_at_line``, or as soon as
+    ``kill_when()`` holds."""
     home.mkdir(parents=True, exist_ok=True)
     result = home / f"{out.name}.json"
     env = {**os.environ, "CKPT_HOME": str(home)}
@@ -113,13 +126,15 @@ def run(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    if kill_after is not None or kill_at_line is not None:
+    if kill_after is not None or kill_at_line is not None or kill_when is not None:
         deadline = start + (kill_after if kill_after is not None else 3600)
         log_path = home / f"{out.name}.log"
         while proc.poll() is None and time.monotonic() < deadline:
             if kill_at_line is not None and kill_at_line in log_path.read_text(errors="replace"):
                 break
-            time.sleep(0.05)
+            if kill_when is not None and kill_when():
+                break
+            time.sleep(0.02 if kill_when is not None else 0.05)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -135,6 +150,14 @@ def run(
     if result.exists():
         record.update({k: v for k, v in json.loads(result.read_text()).items() if k != "process_s"})
     return record
+
+
+def save(report: dict[str, Any], output: Path) -> None:
+    """Write ``report`` to ``output`` and print its ratios."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(json.dumps(report["ratios"], indent=2))
+    print(f"written: {output}")
 
 
 def rows_of(path: Path) -> list[tuple[Any, ...]]:
@@ -153,6 +176,12 @@ def main() -> None:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--quick", action="store_true", help="400 k orders, one round")
     p.add_argument("--output", type=Path)
+    p.add_argument(
+        "--goals-only",
+        action="store_true",
+        help="only W, start alone, every step checkpointed, the join chained and killed as "
+        "step 4 starts + resume (a long job's rounds: the crash at 80 %% and by hand left out)",
+    )
     args = p.parse_args()
     if args.quick:
         args.orders, args.customers, args.rounds = 400_000, 40_000, 1
@@ -162,6 +191,7 @@ def main() -> None:
     try:
         data = work / "data"
         write_data(data, args.orders, args.customers)
+        warm_up(data, work, args.master)
         runs: list[dict[str, Any]] = []
         w: dict[int, float] = {}
         steps: dict[int, float] = {}
@@ -173,81 +203,94 @@ def main() -> None:
         chained: dict[int, float] = {}
         chained_crashed: dict[int, float] = {}
         chained_in_last: dict[int, float] = {}
+        chained_resume: dict[int, float] = {}
+        every = not args.goals_only
         for rnd in range(args.rounds):
             plain = run("plain", data, work / f"w-{rnd}", work / f"hw-{rnd}", args.master)
             w[rnd] = plain["seconds"]
             full = run("steps", data, work / f"s-{rnd}", work / f"hs-{rnd}", args.master)
             steps[rnd] = full["seconds"]
             same = rows_of(work / f"w-{rnd}") == rows_of(work / f"s-{rnd}" / "final")
-            by_hand = run("manual", data, work / f"m-{rnd}", work / f"hm-{rnd}", args.master)
-            manual[rnd] = by_hand["seconds"]
-            same = same and rows_of(work / f"w-{rnd}") == rows_of(work / f"m-{rnd}" / "final")
             started = run("start", data, work / f"z-{rnd}", work / f"hz-{rnd}", args.master)
             start[rnd] = started["seconds"]
-            home = work / f"hc-{rnd}"
-            killed = run(
-                "steps", data, work / f"c-{rnd}", home, args.master, kill_after=CRASH_AT * w[rnd]
-            )
-            resumed = run("steps", data, work / f"c-{rnd}", home, args.master)
-            crashed[rnd] = CRASH_AT * w[rnd] + resumed["seconds"]
-            same_after = rows_of(work / f"w-{rnd}") == rows_of(work / f"c-{rnd}" / "final")
-            # killed in step 4 (the write), whenever it starts
-            home4 = work / f"h4-{rnd}"
-            killed4 = run(
-                "steps", data, work / f"k-{rnd}", home4, args.master, kill_at_line=LAST_STEP
-            )
-            resumed4 = run("steps", data, work / f"k-{rnd}", home4, args.master)
-            in_last[rnd] = killed4["seconds"] + resumed4["seconds"]
-            resume_alone[rnd] = resumed4["seconds"]
-            same_after = same_after and rows_of(work / f"w-{rnd}") == rows_of(
-                work / f"k-{rnd}" / "final"
-            )
-            killed4["variant"], resumed4["variant"] = "killed-in-step-4", "resumed-after-step-4"
-            runs += [killed4, resumed4]
+            same_after = True
+            batch = [plain, full, started]
+            if every:
+                by_hand = run("manual", data, work / f"m-{rnd}", work / f"hm-{rnd}", args.master)
+                manual[rnd] = by_hand["seconds"]
+                same = same and rows_of(work / f"w-{rnd}") == rows_of(work / f"m-{rnd}" / "final")
+                by_hand["output_equals_w"] = same
+                home = work / f"hc-{rnd}"
+                killed = run(
+                    "steps",
+                    data,
+                    work / f"c-{rnd}",
+                    home,
+                    args.master,
+                    kill_after=CRASH_AT * w[rnd],
+                )
+                resumed = run("steps", data, work / f"c-{rnd}", home, args.master)
+                crashed[rnd] = CRASH_AT * w[rnd] + resumed["seconds"]
+                same_after = rows_of(work / f"w-{rnd}") == rows_of(work / f"c-{rnd}" / "final")
+                # killed in step 4 (the write), whenever it starts
+                home4 = work / f"h4-{rnd}"
+                killed4 = run(
+                    "steps", data, work / f"k-{rnd}", home4, args.master, kill_at_line=LAST_STEP
+                )
+                resumed4 = run("steps", data, work / f"k-{rnd}", home4, args.master)
+                in_last[rnd] = killed4["seconds"] + resumed4["seconds"]
+                resume_alone[rnd] = resumed4["seconds"]
+                same_after = same_after and rows_of(work / f"w-{rnd}") == rows_of(
+                    work / f"k-{rnd}" / "final"
+                )
+                killed["variant"], resumed["variant"] = "killed", "resumed"
+                killed4["variant"], resumed4["variant"] = "killed-in-step-4", "resumed-after-step-4"
+                resumed["output_equals_w"] = resumed4["output_equals_w"] = same_after
+                batch += [by_hand, killed, resumed, killed4, resumed4]
             # the join chained: a full run, a crash at 80 % of W, a kill as step 4 starts
             ch = run("chained", data, work / f"j-{rnd}", work / f"hj-{rnd}", args.master)
             chained[rnd] = ch["seconds"]
             same = same and rows_of(work / f"w-{rnd}") == rows_of(work / f"j-{rnd}" / "final")
-            homej = work / f"hjc-{rnd}"
-            out_j = work / f"jc-{rnd}"
-            killed_j = run("chained", data, out_j, homej, args.master, kill_after=CRASH_AT * w[rnd])
-            resumed_j = run("chained", data, out_j, homej, args.master)
-            chained_crashed[rnd] = CRASH_AT * w[rnd] + resumed_j["seconds"]
+            if every:
+                homej, out_j = work / f"hjc-{rnd}", work / f"jc-{rnd}"
+                killed_j = run(
+                    "chained", data, out_j, homej, args.master, kill_after=CRASH_AT * w[rnd]
+                )
+                resumed_j = run("chained", data, out_j, homej, args.master)
+                chained_crashed[rnd] = CRASH_AT * w[rnd] + resumed_j["seconds"]
+                same_after = same_after and rows_of(work / f"w-{rnd}") == rows_of(out_j / "final")
+                killed_j["variant"], resumed_j["variant"] = "killed", "resumed"
+                resumed_j["output_equals_w"] = same_after
+                batch += [killed_j, resumed_j]
             homej4, out_j4 = work / f"hj4-{rnd}", work / f"j4-{rnd}"
             killed_j4 = run("chained", data, out_j4, homej4, args.master, kill_at_line=LAST_STEP)
             resumed_j4 = run("chained", data, out_j4, homej4, args.master)
             chained_in_last[rnd] = killed_j4["seconds"] + resumed_j4["seconds"]
-            same_after = (
-                same_after
-                and rows_of(work / f"w-{rnd}") == rows_of(out_j / "final")
-                and rows_of(work / f"w-{rnd}") == rows_of(out_j4 / "final")
-            )
-            killed_j["variant"], resumed_j["variant"] = "killed", "resumed"
+            chained_resume[rnd] = resumed_j4["seconds"]
+            same_after = same_after and rows_of(work / f"w-{rnd}") == rows_of(out_j4 / "final")
             killed_j4["variant"] = "killed-in-step-4"
             resumed_j4["variant"] = "resumed-after-step-4"
-            ch["output_equals_w"] = same
-            resumed_j["output_equals_w"] = resumed_j4["output_equals_w"] = same_after
-            for record in (ch, killed_j, resumed_j, killed_j4, resumed_j4):
+            full["output_equals_w"] = ch["output_equals_w"] = same
+            resumed_j4["output_equals_w"] = same_after
+            batch += [ch, killed_j4, resumed_j4]
+            for record in batch:
                 record["round"] = rnd
                 record["load_flags"] = load_flags(record)
-            runs += [ch, killed_j, resumed_j, killed_j4, resumed_j4]
-            for record in (plain, full, by_hand, started, killed, resumed, killed4, resumed4):
-                record["round"] = rnd
-                record["load_flags"] = load_flags(record)
-            full["output_equals_w"], resumed["output_equals_w"] = same, same_after
-            by_hand["output_equals_w"] = same
-            killed["variant"], resumed["variant"] = "killed", "resumed"
-            runs += [plain, full, by_hand, started, killed, resumed]
+            runs += batch
             print(
-                f"round {rnd}: W {w[rnd]:.1f} s, steps {steps[rnd]:.1f} s "
-                f"({steps[rnd] / w[rnd]:.2f}x), by hand {manual[rnd]:.1f} s, start alone "
-                f"{start[rnd]:.1f} s, killed at {CRASH_AT * w[rnd]:.1f} s + resumed "
-                f"{resumed['seconds']:.1f} s ({crashed[rnd] / w[rnd]:.2f}x; reused "
-                f"{resumed.get('reused')}); killed in step 4 at {killed4['seconds']:.1f} s + "
-                f"resumed {resumed4['seconds']:.1f} s ({in_last[rnd] / w[rnd]:.2f}x; reused "
-                f"{resumed4.get('reused')}); chained {chained[rnd] / w[rnd]:.2f}x, crashed + "
-                f"resumed {chained_crashed[rnd] / w[rnd]:.2f}x, killed in step 4 + resumed "
-                f"{chained_in_last[rnd] / w[rnd]:.2f}x; outputs equal: {same and same_after}",
+                f"round {rnd}: W {w[rnd]:.1f} s, steps {steps[rnd] / w[rnd]:.2f}x, start alone "
+                f"{start[rnd]:.1f} s"
+                + (
+                    f", killed at {CRASH_AT * w[rnd]:.1f} s + resumed {crashed[rnd] / w[rnd]:.2f}x"
+                    f", killed in step 4 + resumed {in_last[rnd] / w[rnd]:.2f}x"
+                    if every
+                    else ""
+                )
+                + f"; chained {chained[rnd] / w[rnd]:.2f}x"
+                + (f", crashed + resumed {chained_crashed[rnd] / w[rnd]:.2f}x" if every else "")
+                + f", killed in step 4 at {killed_j4['seconds']:.1f} s + resumed "
+                f"{resumed_j4['seconds']:.1f} s ({chained_in_last[rnd] / w[rnd]:.2f}x; reused "
+                f"{resumed_j4.get('reused')}); outputs equal: {same and same_after}",
                 flush=True,
             )
         report = {
@@ -258,6 +301,7 @@ def main() -> None:
             "customers": args.customers,
             "master": args.master,
             "rounds": args.rounds,
+            "goals_only": args.goals_only,
             "crash_at": CRASH_AT,
             "machine": machine_info(),
             "ratios": {
@@ -271,15 +315,15 @@ def main() -> None:
                 "chained_over_w": paired_ratios(chained, w),
                 "chained_crashed_resumed_over_w": paired_ratios(chained_crashed, w),
                 "chained_killed_in_step_4_resumed_over_w": paired_ratios(chained_in_last, w),
+                "chained_resume_after_step_4_over_w": paired_ratios(chained_resume, w),
                 "w_rerun_over_w": 1 + CRASH_AT,
             },
             "w_seconds": w,
+            "start_seconds": start,
+            "chained_resume_seconds": chained_resume,
             "runs": runs,
         }
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(report, indent=2, default=str) + "\n")
-        print(json.dumps(report["ratios"], indent=2))
-        print(f"written: {output}")
+        save(report, output)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

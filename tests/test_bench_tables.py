@@ -39,10 +39,11 @@ def test_readme_first_screen_holds_the_generated_cost() -> None:
     assert readme_tables.BEGIN not in text  # the full tables live in docs/benchmarks.md
 
 
-def test_readme_first_screen_summarises_the_generated_cost() -> None:
-    """The first screen's cost is generated from the same JSON, typed by no one: the range of
-    ours / W over the four sets, the crash against W's rerun, Structured Streaming against W;
-    it comes before the full table (tests/test_readme_first_screen.py renders where)."""
+def test_the_readme_summarises_a_specs_generated_cost() -> None:
+    """A spec's cost is generated from the same JSON, typed by no one: the range of ours / W
+    over the four sets, the crash against W's rerun, Structured Streaming against W; it sits
+    where the README shows a spec, the first screen's cost being the step API's
+    (tests/test_readme_first_screen.py renders where)."""
     text = readme_tables.README.read_text()
     glance = readme_tables.GLANCE.of(text, readme_tables.README)
     assert glance == readme_tables.generate_glance(), (
@@ -50,8 +51,11 @@ def test_readme_first_screen_summarises_the_generated_cost() -> None:
         "python bench/readme_tables.py"
     )
     lines = text.splitlines()
-    assert lines.index(readme_tables.GLANCE_BEGIN) < 15  # under the title's paragraph
-    assert lines.index(readme_tables.GLANCE_END) < lines.index(readme_tables.COST_BEGIN)
+    # the first screen's cost is the step API's, under the title's paragraph; a spec's where
+    # the README shows a spec
+    assert lines.index(readme_tables.STEPS_LINE.begin) < 15
+    spec_section = text.split("## Your job, before and after", 1)[1].split("\n## ", 1)[0]
+    assert readme_tables.GLANCE_BEGIN in spec_section and readme_tables.GLANCE_END in spec_section
     i37 = readme_tables.load("issue37.json")
     assert i37, "bench/results/issue37.json is the README's source"
     medians = sorted(s["ratios"]["ours_vs_w"]["median"] for s in i37["sets"].values())
@@ -88,8 +92,8 @@ def test_check_fails_on_a_changed_section_and_the_writer_fixes_it(tmp_path: Path
         assert readme_tables.main(["--check", *paths]) == 1
         assert readme_tables.main(paths) == 0
         assert readme_tables.main(["--check", *paths]) == 0
-    readme.write_text(readme.read_text().replace("**What it costs**", "**Cost**"))
-    assert readme_tables.main(["--check", *paths]) == 1  # the first screen's summary too
+    readme.write_text(readme.read_text().replace("**What a spec costs**", "**Cost**"))
+    assert readme_tables.main(["--check", *paths]) == 1  # a spec's summary too
     assert readme_tables.main(paths) == 0
     assert readme_tables.GLANCE.of(readme.read_text(), readme) == glance
     assert readme.read_text().endswith(f"{readme_tables.COST_END}\n\nafter\n")
@@ -257,7 +261,7 @@ def test_the_step_figures_are_the_runs_paired_ratios() -> None:
     alone = statistics.median(start[k] / w[k] for k in w)
     for figure in (floor, over_floor, alone):
         assert f"| {figure:.2f}× (" in doc, figure
-    assert f"every step checkpointed, {steps_ratio:.2f}× W" in (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     # the join chained: the same paired ratios over the chained runs
     chained = seconds(None, "chained")
     chained_ratio = statistics.median(chained[k] / w[k] for k in w)
@@ -268,4 +272,50 @@ def test_the_step_figures_are_the_runs_paired_ratios() -> None:
     assert f"| {chained_ratio:.2f}× (" in row
     row_4 = next(line for line in doc.splitlines() if "chained, SIGKILLed as step 4" in line)
     assert f"| {chained_in_4:.2f}× (" in row_4
-    assert f"{chained_ratio:.2f}× with its join chained" in (ROOT / "README.md").read_text()
+    # the first screen: the short run's three figures after the longer run's
+    assert f": {chained_ratio:.2f}×, {chained_in_4:.2f}× and {steps_ratio:.2f}×." in readme
+
+
+def test_the_longer_run_and_the_partial_resume_are_their_runs_figures() -> None:
+    """docs/steps.md's longer-run table and the README's headline kill-in-step-4 figure, and the
+    partial resume's counts, against steps-long.json's and steps-narrow.json's own runs."""
+    long = json.loads((ROOT / "bench" / "results" / "steps-long.json").read_text())
+    runs = long["runs"]
+
+    def seconds(rs: list[dict], variant: str | None, mode: str) -> dict[int, float]:
+        return {
+            r["round"]: r["seconds"]
+            for r in rs
+            if r.get("variant") == variant and r["mode"] == mode
+        }
+
+    w = seconds(runs, None, "plain")
+    killed = seconds(runs, "killed-in-step-4", "chained")
+    resumed = seconds(runs, "resumed-after-step-4", "chained")
+    in_4 = statistics.median((killed[k] + resumed[k]) / w[k] for k in w)
+    w_s = statistics.median(w.values())
+    doc = (ROOT / "docs" / "steps.md").read_text()
+    longer = doc.split("The same job on a longer run", 1)[1]
+    row = next(line for line in longer.splitlines() if "chained, SIGKILLed as step 4" in line)
+    assert f"| {in_4:.2f}× (" in row and "≤ 1.35×" in row
+    chained = seconds(runs, None, "chained")
+    chained_ratio = statistics.median(chained[k] / w[k] for k in w)
+    readme = (ROOT / "README.md").read_text()
+    assert (
+        f"W {w_s:.0f} s): its join chained (`chained=True`) and every other step checkpointed, "
+        in readme
+    )
+    assert f"**{chained_ratio:.2f}× W**; killed as its last step starts" in readme
+    assert f"resumed, **{in_4:.2f}× W** in all" in readme
+    assert long["goals_only"] and all(r.get("output_equals_w", True) for r in runs)
+    # the partial resume: what each resume kept and recomputed adds up to the step's tasks,
+    # and it kept what the crashed run had committed
+    narrow = json.loads((ROOT / "bench" / "results" / "steps-narrow.json").read_text())
+    tasks = narrow["tasks"]
+    for r in narrow["runs"]:
+        if r.get("variant") != "resumed":
+            continue
+        kept, computed = r["partitions_salvaged"]["scored"], r["partitions_computed"]["scored"]
+        assert kept + computed == tasks and 0 < kept < tasks, r
+        assert r["reused"] == ["base"] and r["output_equals_w"], r
+        assert f"| {r['round']} | " in doc and f"| {kept} | {computed} | yes |" in doc

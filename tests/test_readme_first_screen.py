@@ -62,8 +62,8 @@ ANSWERS: list[tuple[str, list[str]]] = [
     ("what it does, in one sentence", [r"Flink-style checkpoints for long PySpark batch jobs"]),
     ("when to use it, when not, its cost", [r"Use it", r"just rerun", r"\d\.\d\d× W"]),
     (
-        "your job before and after, and its DAG file",
-        [r"spark\.read\.parquet\(", r"checkpoint: \{every_epochs", r"pipeline_dag\(__file__\)"],
+        "your job before and after, and how it is deployed",
+        [r"spark\.read\.parquet\(", r"ck\.step\(", r"CheckpointedSparkSubmitOperator\("],
     ),
     ("install: the two commands", [r"make demo", r"make test"]),
 ]

@@ -100,55 +100,57 @@ class DeferredSubmit:
         url = op.metastore_url()
         mask_secret(url)
         metastore = open_metastore(url)
-        attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
-        # defers when this run's last driver lives or finished
-        self.reattach(
-            metastore,
-            spec.job,
-            attempt,
-            run_started(context),
-            lambda found, watcher: self.defer_spec(spec, found, watcher, storage_url),
-        )
-        refuse_cluster_mode(op)  # before the takeover
-        self.stop_previous_driver(metastore, spec.job, attempt)
-        restore, parallelism = op.plan_try(context, spec, metastore, storage_url)
-        coordinator = CheckpointCoordinator(
-            spec.job,
-            metastore,
-            CheckpointStorage.from_url(storage_url),
-            spec.checkpoint.config(),
-            coordinator_id=attempt,
-        )
-        coordinator.activate()  # a dead predecessor's pending checkpoints: coordinator failover
-        # with driver scope: the driver's own role (a re-attached retry, above, needs none: the
-        # driver keeps the role it started with)
-        driver_url = driver_metastore_url(op, metastore, spec.job, attempt, url)
-        secrets = op.prepare_application(
-            spec, restore, parallelism, attempt, ti.try_number, driver_url, storage_url, context
-        )
-        withheld = withheld_variables(op, scoped=driver_url != url)
-        try:
-            driver = self.launch(spec.job, attempt, secrets, parallelism, withheld)
-        except BaseException:
-            coordinator.failover(f"try {ti.try_number} ({attempt}): spark-submit did not start")
-            release_driver(metastore, spec.job, attempt)
-            raise
-        self.record(metastore, spec.job, driver)
-        op.log.info(
-            "job %s: try %d as coordinator %s, restore %s, parallelism %d: %s",
-            spec.job,
-            ti.try_number,
-            attempt,
-            restore,
-            parallelism,
-            driver.describe(),
-        )
-        self.await_start(
-            metastore, spec.job, driver, lambda v: self._fail(context, spec, metastore, v)
-        )
-        op.log.info("job %s: the driver is up; deferring to the triggerer", spec.job)
-        metastore.dispose()
-        self.defer_spec(spec, driver, attempt, storage_url)
+        try:  # disposed however the try ends: deferred, refused or failed
+            attempt = attempt_id(ti.dag_id, ti.run_id, ti.try_number)
+            # defers when this run's last driver lives or finished
+            self.reattach(
+                metastore,
+                spec.job,
+                attempt,
+                run_started(context),
+                lambda found, watcher: self.defer_spec(spec, found, watcher, storage_url),
+            )
+            refuse_cluster_mode(op)  # before the takeover
+            self.stop_previous_driver(metastore, spec.job, attempt)
+            restore, parallelism = op.plan_try(context, spec, metastore, storage_url)
+            coordinator = CheckpointCoordinator(
+                spec.job,
+                metastore,
+                CheckpointStorage.from_url(storage_url),
+                spec.checkpoint.config(),
+                coordinator_id=attempt,
+            )
+            coordinator.activate()  # a dead predecessor's pending checkpoints: coordinator failover
+            # with driver scope: the driver's own role (a re-attached retry, above, needs none: the
+            # driver keeps the role it started with)
+            driver_url = driver_metastore_url(op, metastore, spec.job, attempt, url)
+            secrets = op.prepare_application(
+                spec, restore, parallelism, attempt, ti.try_number, driver_url, storage_url, context
+            )
+            withheld = withheld_variables(op, scoped=driver_url != url)
+            try:
+                driver = self.launch(spec.job, attempt, secrets, parallelism, withheld)
+            except BaseException:
+                coordinator.failover(f"try {ti.try_number} ({attempt}): spark-submit did not start")
+                release_driver(metastore, spec.job, attempt)
+                raise
+            self.record(metastore, spec.job, driver)
+            op.log.info(
+                "job %s: try %d as coordinator %s, restore %s, parallelism %d: %s",
+                spec.job,
+                ti.try_number,
+                attempt,
+                restore,
+                parallelism,
+                driver.describe(),
+            )
+            self.await_start(
+                metastore, spec.job, driver, lambda v: self._fail(context, spec, metastore, v)
+            )
+            op.log.info("job %s: the driver is up; deferring to the triggerer", spec.job)
+            self.defer_spec(spec, driver, attempt, storage_url)
+        finally:
+            metastore.dispose()
 
     def record(self, metastore: Metastore, job_id: str, driver: DriverIdentity) -> None:
         """Record the just-launched ``driver`` on the job row while its attempt leads the job;
