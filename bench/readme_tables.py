@@ -42,7 +42,7 @@ BENCHMARKS = BENCH.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 #: the headline cost's markers (README.md)
 COST_BEGIN, COST_END = "<!-- cost:begin -->", "<!-- cost:end -->"
-#: the first screen's one-paragraph cost (README.md)
+#: a spec's one-paragraph cost (README.md's spec section)
 GLANCE_BEGIN, GLANCE_END = "<!-- glance:begin -->", "<!-- glance:end -->"
 #: where the glance points for every figure: the README's section holding the cost table
 COST_ANCHOR = "#should-you-use-it"
@@ -551,8 +551,11 @@ class Section:
 
 TABLES = Section("benchmark tables", BEGIN, END)
 COST = Section("headline cost", COST_BEGIN, COST_END)
-GLANCE = Section("first screen's cost", GLANCE_BEGIN, GLANCE_END)
-STEPS_LINE, STEPS_TABLE = Section("step API's line", *st.GLANCE), Section("step table", *st.STEPS)
+GLANCE = Section("spec's cost paragraph", GLANCE_BEGIN, GLANCE_END)
+STEPS_LINE, STEPS_TABLE = (
+    Section("first screen's cost (the step API's)", *st.GLANCE),
+    Section("step table", *st.STEPS),
+)
 
 
 def targets(readme: Path, benchmarks: Path, steps_doc: Path) -> list[tuple[Path, Section, str]]:
@@ -568,8 +571,8 @@ def targets(readme: Path, benchmarks: Path, steps_doc: Path) -> list[tuple[Path,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        description="docs/benchmarks.md's tables and README.md's headline cost (and its "
-        "first screen's summary of it) from bench/results/*.json"
+        description="docs/benchmarks.md's tables, README.md's cost sections (the step API's on "
+        "its first screen, a spec's) and docs/steps.md's tables from bench/results/*.json"
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--check", action="store_true", help="exit 1 when a section differs")

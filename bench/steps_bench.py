@@ -301,6 +301,7 @@ def main() -> None:
             "customers": args.customers,
             "master": args.master,
             "rounds": args.rounds,
+            "warm_up": True,
             "goals_only": args.goals_only,
             "crash_at": CRASH_AT,
             "machine": machine_info(),

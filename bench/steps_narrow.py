@@ -109,6 +109,7 @@ def main() -> None:
             "tasks": TASKS,
             "master": args.master,
             "rounds": args.rounds,
+            "warm_up": True,
             "machine": machine_info(),
             "ratios": {
                 "narrow_over_w": paired_ratios(full, w),

@@ -20,6 +20,8 @@ from machine import load_flags
 
 STEPS = ("<!-- steps-cost:begin -->", "<!-- steps-cost:end -->")
 GLANCE = ("<!-- steps:begin -->", "<!-- steps:end -->")
+#: said of a run made before the bench flushed its data and ran W once, untimed, first
+NO_WARM_UP = " (measured before the bench flushed its data and ran W once untimed first)"
 NOT_MEASURED = (
     "not measured yet (`python bench/steps_bench.py`, then `python bench/readme_tables.py`)"
 )
@@ -211,7 +213,8 @@ def steps_section(
         f"joined with {report['customers']:,} customers on `{report['master']}`, "
         f"{report['rounds']} paired round(s), whole processes (Python and JVM start included); "
         f"W {w_s:.1f} s (median), {flagged} of {len(runs)} runs flagged as under load; every "
-        f"checkpointed output {'equal' if equal else 'NOT equal'} to W's.\n\n{table}\n\n"
+        f"checkpointed output {'equal' if equal else 'NOT equal'} to W's"
+        f"{'' if report.get('warm_up') else NO_WARM_UP}.\n\n{table}\n\n"
         f"{made_of}\n\n"
         f"After the kill in step 4 the resume reused "
         f"{', '.join(map(str, reused[0])) if reused else 'nothing'}.\n" + extra
@@ -222,7 +225,8 @@ def steps_glance(
     report: dict[str, Any] | None, generated: str, long: dict[str, Any] | None = None
 ) -> str:
     """The README's first-screen cost: the step API's headline figures, from the longer run
-    (the project is for long jobs) when there is one, then the 12 M orders run's."""
+    (the project is for long jobs) when there is one, then the 12 M orders run's; the job as
+    the README shows it (every step checkpointed) first, then with its join chained."""
     main = long if long and long["ratios"].get("chained_over_w") else report
     if main is None or not main["ratios"].get("steps_over_w"):
         return f"{generated}\n**What it costs**: {NOT_MEASURED}.\n"
@@ -232,25 +236,25 @@ def steps_glance(
             return f"{r[key]['median']:.2f}×" if r.get(key) else "–"
 
         return (
+            m("steps_over_w"),
             m("chained_over_w"),
             m("chained_killed_in_step_4_resumed_over_w"),
-            m("steps_over_w"),
         )
 
-    chained, killed, every = three(main["ratios"])
+    every, chained, killed = three(main["ratios"])
     text = (
         f"{generated}\n**What it costs** ([every figure](docs/steps.md#cost)), against W, the "
-        "same script without `ck`, on our 4-step job (a join, an aggregate, a window, a write; "
-        f"whole processes, `{main['master']}`, W {_w_s(main):.0f} s): its join chained "
-        f"(`chained=True`) and every other step checkpointed, **{chained} W**; killed as its "
-        "last step starts and resumed, "
-        f"**{killed} W** in all; every step checkpointed, **{every} W** (the join's "
-        f"{main['orders'] / 1e6:.0f} M rows written and read back)"
+        "same script without `ck`, on the job below (whole processes, "
+        f"`{main['master']}`, {main['orders'] / 1e6:.0f} M orders, W {_w_s(main):.0f} s): as "
+        f"shown, every step checkpointed, **{every} W** (the join's rows written and read "
+        f"back); with `chained=True` on the join's step (its rows recomputed by the next step, "
+        f"not written), **{chained} W**, and killed as its last step starts and resumed, "
+        f"**{killed} W** in all"
     )
     if main is not report and report is not None:
         short = three(report["ratios"])
         text += (
-            f". On a {_w_s(report):.0f}-s W, where a resume's new process is half of W: "
+            f". On a W of {_w_s(report):.0f} s, where a resume's new process is half of W: "
             f"{short[0]}, {short[1]} and {short[2]}"
         )
     return text + ".\n"

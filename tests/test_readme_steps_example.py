@@ -59,33 +59,54 @@ def without_ck(statements: list[ast.stmt]) -> list[ast.stmt]:
     return plain
 
 
+def example_main() -> list[str]:
+    """The statements of ``examples/steps/daily_revenue.py``'s ``main``, dumped."""
+    main = next(
+        f for f in ast.parse(EXAMPLE.read_text()).body
+        if isinstance(f, ast.FunctionDef) and f.name == "main"
+    )  # fmt: skip
+    return dumps(main.body)
+
+
+def problems(before: str, after: str, example: list[str]) -> list[str]:
+    """What is wrong with a before/after pair against the example's statements (empty: all
+    good)."""
+    found = []
+    after_body = ast.parse(after).body
+    missing = [d for d in dumps(after_body) if d not in example]
+    if missing:
+        found.append(f"{len(missing)} statement(s) of the after are not the example's")
+    else:
+        at = [example.index(d) for d in dumps(after_body)]
+        if at != sorted(at):
+            found.append("the after is not in the example's order")
+    if not any(isinstance(s, ast.With) for s in after_body):
+        found.append("the after has no `with checkpointed(...)` block")
+    if dumps(ast.parse(before).body) != dumps(without_ck(after_body)):
+        found.append("the before is not the after with ck taken out")
+    changed = [ln for ln in after.splitlines() if "ck" in ln or "checkpointed" in ln]
+    if len(changed) > 6:
+        found.append(f"{len(changed)} lines changed, more than a handful")
+    return found
+
+
 def test_the_readme_after_is_the_example_and_its_before_the_same_without_ck() -> None:
     before, after = first_screen_blocks()
-    after_body = ast.parse(after).body
-    example = next(
-        f for f in ast.parse(EXAMPLE.read_text()).body
-        if isinstance(f, ast.FunctionDef) and f.name == "main"
-    )  # fmt: skip
-    lines = dumps(example.body)
-    # every statement of the README's after is the example's, in the example's order
-    at = [lines.index(d) for d in dumps(after_body)]
-    assert at == sorted(at), "the README's after is not in the example's order"
-    assert any(isinstance(s, ast.With) for s in after_body)
-    # its before is the same job with ck taken out, statement for statement
-    assert dumps(ast.parse(before).body) == dumps(without_ck(after_body))
-    # what a user changes: the with line, and each step's call wrapped around its expression
-    changed = [ln for ln in after.splitlines() if "ck" in ln or "checkpointed" in ln]
-    assert len(changed) <= 6, changed
+    assert problems(before, after, example_main()) == []
 
 
-def test_a_readme_after_that_drifts_from_the_example_fails() -> None:
-    """The check has teeth: a step computed differently in the README is refused."""
-    _, after = first_screen_blocks()
+def test_a_readme_pair_that_drifts_from_the_example_fails() -> None:
+    """The check has teeth: a step computed differently, steps out of order, or a before that
+    is not the after without ck, is each refused."""
+    before, after = first_screen_blocks()
+    example = example_main()
     drifted = after.replace('F.sum("amount")', 'F.max("amount")')
-    assert drifted != after
-    example = next(
-        f for f in ast.parse(EXAMPLE.read_text()).body
-        if isinstance(f, ast.FunctionDef) and f.name == "main"
-    )  # fmt: skip
-    lines = dumps(example.body)
-    assert any(d not in lines for d in dumps(ast.parse(drifted).body))
+    assert drifted != after and problems(before, drifted, example)
+    lines = after.splitlines()
+    first_read, second_read = lines[0], lines[1]
+    assert first_read.startswith("orders") and second_read.startswith("customers")
+    swapped = "\n".join([second_read, first_read, *lines[2:]])
+    assert "order" in " ".join(problems(before, swapped, example))
+    other_before = before.replace("ranked.write.parquet(out)", "ranked.write.csv(out)")
+    assert other_before != before
+    assert "ck taken out" in " ".join(problems(other_before, after, example))
