@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -76,6 +77,40 @@ def test_the_driver_itself_is_watched_and_stopped(sleepers: list) -> None:
     assert not owned_process(driver.pid, ATTEMPT + "0")
     assert stop_driver(_identity(driver.pid), grace=5) is True
     assert driver.wait(timeout=10) is not None
+
+
+_EXECS_LATER = """
+import os, sys, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.002)
+args = ["-c", "import time; time.sleep(60)", "--attempt", os.environ["ATTEMPT"]]
+os.execv(sys.executable, [sys.executable, *args])
+"""
+
+
+def test_a_driver_misread_once_is_not_declared_gone(sleepers: list, tmp_path: Path) -> None:
+    """A live driver whose command line does not name its attempt at the first probe (here:
+    it execs into one that does 0.1 s later, as spark-submit execs into its JVM) is alive: a
+    verdict of gone would end its try. Gone only if every probe says so (the cases below)."""
+    go = tmp_path / "go"
+    process = subprocess.Popen(
+        [sys.executable, "-c", _EXECS_LATER, str(go)],
+        env={**os.environ, "ATTEMPT": ATTEMPT},
+        start_new_session=True,
+    )
+    sleepers.append(process)
+    deadline = time.monotonic() + 10
+    while b"os.execv" not in Path(f"/proc/{process.pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, "the child never started"
+        time.sleep(0.01)
+    assert not owned_process(process.pid, ATTEMPT)  # not yet: its first probe misreads it
+    timer = threading.Timer(0.1, go.touch)
+    timer.start()
+    try:
+        assert process_alive(_identity(process.pid)) is True
+    finally:
+        timer.cancel()
+    assert owned_process(process.pid, ATTEMPT)
 
 
 @pytest.mark.parametrize("case", ["other_group", "no_attempt", "other_attempt"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -166,14 +167,31 @@ def signal_driver(driver: DriverIdentity, sig: int) -> bool:
     return True
 
 
+#: the pauses before a process that exists but was not taken for the driver is probed again
+#: (a live driver misread once, e.g. while it execs, is not declared gone; a dead one stays so)
+REPROBE_PAUSES_S = (0.05, 0.1, 0.2)
+
+
 def process_alive(driver: DriverIdentity | None) -> bool | None:
     """Whether the driver's process still runs, when this is its host (else None: not known
     here): :func:`owned_process`, so a zombie, a reused pid (a process whose command line does
     not name the driver's attempt), a pid that does not lead its process group, a pid of 0 or 1
-    and a host without a readable ``/proc`` all count as gone."""
+    and a host without a readable ``/proc`` all count as gone. A verdict of gone ends a try, so
+    a pid still in ``/proc`` must fail the check on every probe of :data:`REPROBE_PAUSES_S`."""
     if driver is None or driver.host != this_host():
         return None
-    return owned_process(driver.pid, driver.attempt)
+    if owned_process(driver.pid, driver.attempt):
+        return True
+    pid = driver.pid
+    for pause in REPROBE_PAUSES_S:
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+            return False
+        if not Path(f"/proc/{pid}").is_dir():  # no such process: gone at once
+            return False
+        time.sleep(pause)
+        if owned_process(driver.pid, driver.attempt):
+            return True
+    return False
 
 
 class Outcome(StrEnum):
