@@ -226,7 +226,7 @@ def steps_glance(
 ) -> str:
     """The README's first-screen cost: the step API's headline figures, from the longer run
     (the project is for long jobs) when there is one, then the 12 M orders run's; the job as
-    the README shows it (every step checkpointed) first, then with its join chained."""
+    the README shows it (its join chained) first, then with every step's rows written."""
     main = long if long and long["ratios"].get("chained_over_w") else report
     if main is None or not main["ratios"].get("steps_over_w"):
         return f"{generated}\n**What it costs**: {NOT_MEASURED}.\n"
@@ -246,15 +246,15 @@ def steps_glance(
         f"{generated}\n**What it costs** ([every figure](docs/steps.md#cost)), against W, the "
         "same script without `ck`, on the job below (whole processes, "
         f"`{main['master']}`, {main['orders'] / 1e6:.0f} M orders, W {_w_s(main):.0f} s): as "
-        f"shown, every step checkpointed, **{every} W** (the join's rows written and read "
-        f"back); with `chained=True` on the join's step (its rows recomputed by the next step, "
-        f"not written), **{chained} W**, and killed as its last step starts and resumed, "
-        f"**{killed} W** in all"
+        f"shown (the join's step chained: its rows recomputed by the step that reads them, not "
+        f"written), **{chained} W**, and killed as its last step starts and resumed, "
+        f"**{killed} W** in all; without `chained=True`, the join's rows written and read "
+        f"back, **{every} W**"
     )
     if main is not report and report is not None:
         short = three(report["ratios"])
         text += (
             f". On a W of {_w_s(report):.0f} s, where a resume's new process is half of W: "
-            f"{short[0]}, {short[1]} and {short[2]}"
+            f"{short[1]}, {short[2]} and {short[0]}"
         )
     return text + ".\n"

@@ -88,12 +88,17 @@ def same(actual: pd.DataFrame, want: pd.DataFrame) -> None:
 
 
 def test_a_four_step_job_equals_duckdb_and_each_step_is_a_checkpoint_of_its_tasks(
-    spark, tmp_path: Path, sqlite_metastore: Metastore
+    spark, tmp_path: Path, sqlite_metastore: Metastore, caplog: pytest.LogCaptureFixture
 ) -> None:  # type: ignore[no-untyped-def]
     orders, customers = write_inputs(tmp_path / "in")
     storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ck'}")
     out = tmp_path / "out"
-    ck = run_job(spark, orders, customers, out, sqlite_metastore, storage)
+    with caplog.at_level(logging.INFO, logger="checkpointing.spark.steps"):
+        ck = run_job(spark, orders, customers, out, sqlite_metastore, storage)
+    # the join (a broadcast one: no shuffle) is the one step the log says could be chained
+    hints = [r.getMessage() for r in caplog.records if "does not shuffle" in r.getMessage()]
+    assert len(hints) == 1 and "step enriched does not shuffle" in hints[0], hints
+    assert "chained=True" in hints[0]
     want = expected(orders, customers)
     same(published(out), want)
     assert len(published(out)) == len(want) == 35  # every (day, region) once

@@ -44,6 +44,17 @@ def refusal(name: str, facts: step_writer.PlanFacts) -> str | None:
     return None
 
 
+def hint(job: str, name: str, size: int, seconds: float) -> str:
+    """The line a step that could have been chained logs once its rows are written: it does
+    not shuffle, so writing and reading back its rows may cost more than recomputing them."""
+    return (
+        f"job {job}: step {name} does not shuffle, yet its rows were written "
+        f"({size / 1e6:,.0f} MB in {seconds:.0f} s): if they cost more to write and read back "
+        "than to recompute, ck.step(..., chained=True) checkpoints it as its plan and inputs "
+        "instead (docs/steps.md, Chained steps)"
+    )
+
+
 def chained_frame(df: DataFrame, name: str) -> DataFrame:
     """What ``ck.step`` returns for a chained step: its own plan, named for its readers."""
     return df.alias(alias(name))

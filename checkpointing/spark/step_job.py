@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -63,6 +64,12 @@ class StepStats:
     bytes_written: int = 0
     restored_from: int | None = None
     published: dict[str, str] = field(default_factory=dict)
+
+
+def could_chain(facts: step_writer.PlanFacts, input: DataFrame | None, published: bool) -> bool:
+    """Whether a step written whole could have been chained instead: no shuffle, a
+    deterministic plan, not the published output, not the narrow step of a partial resume."""
+    return not facts.shuffles and facts.nondeterministic is None and input is None and not published
 
 
 class CheckpointedJob:
@@ -295,8 +302,11 @@ class CheckpointedJob:
             if chained:
                 record = self._chain(name, facts.schema, fingerprint, tuple(upstream))
             else:
+                began = time.monotonic()
                 record = self._compute(name, df, fingerprint, tuple(upstream), facts, input, fn)
                 self.stats.computed.append(name)
+                if could_chain(facts, input, self._publishing):
+                    log.info(step_chain.hint(self.job, name, record.size, time.monotonic() - began))
             self._computed.add(name)
         self._done[name] = record
         self._by_file.update({u: name for u in record.urls})
