@@ -38,8 +38,9 @@ pytest.importorskip("airflow")
 JOB = "daily_revenue"
 RUN = "manual__2026-11-29T00:00:00+00:00"
 
-#: the 4-step job of examples/steps, waiting after its first step until the gate file exists
-#: (the test kills the driver there)
+#: the 4-step job of examples/steps, its join written whole (not chained: its checkpoint is the
+#: one the test reads back), waiting after that first step until the gate file exists (the
+#: test kills the driver there)
 GATED_SCRIPT = """
 import os, sys, time
 from pyspark.sql import Window

@@ -10,10 +10,10 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -88,10 +88,13 @@ os.execv(sys.executable, [sys.executable, *args])
 """
 
 
-def test_a_driver_misread_once_is_not_declared_gone(sleepers: list, tmp_path: Path) -> None:
+def test_a_driver_misread_once_is_not_declared_gone(
+    sleepers: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A live driver whose command line does not name its attempt at the first probe (here:
-    it execs into one that does 0.1 s later, as spark-submit execs into its JVM) is alive: a
-    verdict of gone would end its try. Gone only if every probe says so (the cases below)."""
+    it execs into one that does during the first pause, as spark-submit execs into its JVM) is
+    alive: a verdict of gone would end its try. Gone only if every probe says so (the cases
+    below)."""
     go = tmp_path / "go"
     process = subprocess.Popen(
         [sys.executable, "-c", _EXECS_LATER, str(go)],
@@ -103,14 +106,40 @@ def test_a_driver_misread_once_is_not_declared_gone(sleepers: list, tmp_path: Pa
     while b"os.execv" not in Path(f"/proc/{process.pid}/cmdline").read_bytes():
         assert time.monotonic() < deadline, "the child never started"
         time.sleep(0.01)
-    assert not owned_process(process.pid, ATTEMPT)  # not yet: its first probe misreads it
-    timer = threading.Timer(0.1, go.touch)
-    timer.start()
-    try:
-        assert process_alive(_identity(process.pid)) is True
-    finally:
-        timer.cancel()
-    assert owned_process(process.pid, ATTEMPT)
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:  # the first pause lets the child exec, then returns
+        pauses.append(seconds)
+        go.touch()
+        while not owned_process(process.pid, ATTEMPT):
+            assert time.monotonic() < deadline, "the child never exec'd"
+            time.sleep(0.01)
+
+    monkeypatch.setattr(drivers, "time", SimpleNamespace(sleep=pause))
+    assert not owned_process(process.pid, ATTEMPT)  # the first probe misreads it
+    assert process_alive(_identity(process.pid)) is True
+    assert pauses == [drivers.REPROBE_PAUSES_S[0]]
+
+
+def test_an_exited_driver_is_gone_without_a_second_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pid no longer in ``/proc``, and a zombie (exited, not yet reaped), are gone at once."""
+
+    def pause(seconds: float) -> None:
+        raise AssertionError("probed again")
+
+    monkeypatch.setattr(drivers, "time", SimpleNamespace(sleep=pause))
+    zombie = subprocess.Popen(
+        [sys.executable, "-c", "pass", "--attempt", ATTEMPT], start_new_session=True
+    )
+    deadline = time.monotonic() + 10
+    while b" Z " not in Path(f"/proc/{zombie.pid}/stat").read_bytes().rsplit(b")", 1)[1][:3]:
+        assert time.monotonic() < deadline, "the child never exited"
+        time.sleep(0.01)
+    assert process_alive(_identity(zombie.pid)) is False
+    zombie.wait()  # reaped: no such process
+    assert process_alive(_identity(zombie.pid)) is False
 
 
 @pytest.mark.parametrize("case", ["other_group", "no_attempt", "other_attempt"])

@@ -177,7 +177,8 @@ def process_alive(driver: DriverIdentity | None) -> bool | None:
     here): :func:`owned_process`, so a zombie, a reused pid (a process whose command line does
     not name the driver's attempt), a pid that does not lead its process group, a pid of 0 or 1
     and a host without a readable ``/proc`` all count as gone. A verdict of gone ends a try, so
-    a pid still in ``/proc`` must fail the check on every probe of :data:`REPROBE_PAUSES_S`."""
+    a live process (in ``/proc``, not a zombie) must fail the check on every probe of
+    :data:`REPROBE_PAUSES_S`."""
     if driver is None or driver.host != this_host():
         return None
     if owned_process(driver.pid, driver.attempt):
@@ -186,12 +187,23 @@ def process_alive(driver: DriverIdentity | None) -> bool | None:
     for pause in REPROBE_PAUSES_S:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
             return False
-        if not Path(f"/proc/{pid}").is_dir():  # no such process: gone at once
+        if _gone_for_good(pid):  # no such process, or a zombie: no probe changes that
             return False
         time.sleep(pause)
         if owned_process(driver.pid, driver.attempt):
             return True
     return False
+
+
+def _gone_for_good(pid: int) -> bool:
+    """Whether ``pid`` is no process at all, or one that has exited (a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):  # there, but not readable now: not known to be gone
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] in (["Z"], ["X"])
 
 
 class Outcome(StrEnum):

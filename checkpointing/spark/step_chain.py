@@ -49,9 +49,10 @@ def hint(job: str, name: str, size: int, seconds: float) -> str:
     not shuffle, so writing and reading back its rows may cost more than recomputing them."""
     return (
         f"job {job}: step {name} does not shuffle, yet its rows were written "
-        f"({size / 1e6:,.0f} MB in {seconds:.0f} s): if they cost more to write and read back "
-        "than to recompute, ck.step(..., chained=True) checkpoints it as its plan and inputs "
-        "instead (docs/steps.md, Chained steps)"
+        f"({size / 1e6:,.0f} MB; the step took {seconds:.0f} s): if they cost more to write and "
+        "read back than to recompute, ck.step(..., chained=True) checkpoints it as its plan "
+        "and inputs instead, unless a narrow step resumes from it (input=) "
+        "(docs/steps.md, Chained steps)"
     )
 
 

@@ -66,10 +66,12 @@ class StepStats:
     published: dict[str, str] = field(default_factory=dict)
 
 
-def could_chain(facts: step_writer.PlanFacts, input: DataFrame | None, published: bool) -> bool:
-    """Whether a step written whole could have been chained instead: no shuffle, a
-    deterministic plan, not the published output, not the narrow step of a partial resume."""
-    return not facts.shuffles and facts.nondeterministic is None and input is None and not published
+def could_chain(
+    name: str, facts: step_writer.PlanFacts, input: DataFrame | None, published: bool
+) -> bool:
+    """Whether a step written whole could have been chained instead (``chained=True`` would
+    not refuse it), and is neither the published output nor a partial resume's narrow step."""
+    return step_chain.refusal(name, facts) is None and input is None and not published
 
 
 class CheckpointedJob:
@@ -305,7 +307,7 @@ class CheckpointedJob:
                 began = time.monotonic()
                 record = self._compute(name, df, fingerprint, tuple(upstream), facts, input, fn)
                 self.stats.computed.append(name)
-                if could_chain(facts, input, self._publishing):
+                if could_chain(name, facts, input, self._publishing):
                     log.info(step_chain.hint(self.job, name, record.size, time.monotonic() - began))
             self._computed.add(name)
         self._done[name] = record

@@ -22,8 +22,9 @@ def main(orders_path: str, customers_path: str, out: str) -> None:
     customers = spark.read.parquet(customers_path)
     by_revenue = Window.partitionBy("day").orderBy(F.desc("rev"), "region")
     with checkpointed(spark, job="daily_revenue") as ck:
-        # no shuffle (a broadcast join): chained, its rows recomputed by the step that reads
-        # them rather than written and read back (docs/steps.md, "Chained steps")
+        # no shuffle (customers is small enough for Spark to broadcast): chained, its rows
+        # recomputed by the step that reads them rather than written and read back
+        # (docs/steps.md, "Chained steps"; a join that shuffles is refused chained=True)
         enriched = ck.step("enriched", lambda: orders.join(customers, "cid"), chained=True)
         daily = ck.step(
             "daily",

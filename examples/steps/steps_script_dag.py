@@ -2,8 +2,9 @@
 (docs/steps.md, "Deploy it as a DAG") as an Airflow task.
 
 spark-submit runs the script through ``ckpt run``, so its ``checkpointed(spark,
-job="daily_revenue")`` writes each step as a checkpoint; a failed try is retried, and the retry
-resumes from the job's latest checkpoint (completed steps read back, not recomputed) at
+job="daily_revenue")`` makes each step a checkpoint (the join's chained, the others written); a
+failed try is retried, and the retry resumes from the job's latest checkpoint (completed steps
+reused: read back, or the chained join recomputed inside the step that reads it) at
 ``parallelism_on_retry``. The job is the DAG's id, and one run at a time runs it. Copy both
 files into a DAGs folder, or serve this one: ``python -m demo airflow --dags examples/steps``.
 Trigger with the paths of your data.
