@@ -298,11 +298,11 @@ def spark() -> Iterator[object]:
     """A real local Spark session (the installed pyspark, with its own jars), configured as the
     runtime configures its own."""
     from checkpointing.spark.session import spark_session
+    from tests.spark_jvm import C1_ONLY
 
-    # short JVM lives: C1-only JIT halves the driver's CPU on this 2-core machine
-    session = spark_session(
-        "ckpt-tests", conf={"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
-    )
+    # short JVM lives: C1-only JIT halves the driver's CPU on this 2-core machine (with room
+    # for the generated code of every test this process runs)
+    session = spark_session("ckpt-tests", conf={"spark.driver.extraJavaOptions": C1_ONLY})
     session.conf.set("spark.sql.shuffle.partitions", "4")
     yield session
     session.stop()

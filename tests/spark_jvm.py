@@ -26,8 +26,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-#: C1 only: in JVMs this short-lived, C2's compiles cost more CPU than the pipeline itself
-C1_ONLY = "-XX:TieredStopAtLevel=1"
+#: C1 only: in JVMs this short-lived, C2's compiles cost more CPU than the pipeline itself.
+#: C1 alone shrinks the default code cache to 48 MB, which a test process's shared session
+#: (hundreds of tests' generated code) filled: "Out of space in CodeCache for adapters" killed
+#: its SparkContext mid-suite. Reserved, not committed: the pages are used only when filled.
+C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
 #: a JVM that cannot use the archive (another class path, another JDK) says so on its stdout,
 #: which is the pipeline's: not a word (it then runs as without one)
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
