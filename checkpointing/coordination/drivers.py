@@ -184,9 +184,9 @@ def process_alive(driver: DriverIdentity | None) -> bool | None:
     if owned_process(driver.pid, driver.attempt):
         return True
     pid = driver.pid
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+        return False
     for pause in REPROBE_PAUSES_S:
-        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
-            return False
         if _gone_for_good(pid):  # no such process, or a zombie: no probe changes that
             return False
         time.sleep(pause)
