@@ -139,17 +139,13 @@ def owned_process(pid: object, attempt: str) -> bool:
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1 or not attempt:
         return False
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        state = _process_state(pid)
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         if os.getpgid(pid) != pid:
             return False
     except (OSError, ValueError):  # no /proc, no such process, not readable
         return False
-    try:
-        state = stat.rsplit(")", 1)[1].split()[0]
-    except IndexError:
-        return False
-    if state in ("Z", "X"):
+    if state in (None, "Z", "X"):
         return False
     wanted = attempt.encode()
     return any(arg == wanted or arg.endswith(b"=" + wanted) for arg in cmdline.split(b"\0") if arg)
@@ -198,12 +194,20 @@ def process_alive(driver: DriverIdentity | None) -> bool | None:
 def _gone_for_good(pid: int) -> bool:
     """Whether ``pid`` is no process at all, or one that has exited (a zombie)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return _process_state(pid) in ("Z", "X")
     except FileNotFoundError:
         return True
     except (OSError, ValueError):  # there, but not readable now: not known to be gone
         return False
-    return stat.rsplit(")", 1)[-1].split()[:1] in (["Z"], ["X"])
+
+
+def _process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (``R``, ``S``, ``Z``...; None if unparsable);
+    raises ``OSError`` when it cannot be read. The command name before it is in parentheses
+    and may hold any character, so the state is the first field after the last ``)``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)
+    rest = fields[1].split() if len(fields) == 2 else []
+    return rest[0] if rest else None
 
 
 class Outcome(StrEnum):

@@ -248,8 +248,7 @@ class CheckpointedJob:
             raise TypeError(
                 f"step {name}: the function returned {type(df).__name__}, not a DataFrame"
             )
-        with step_writer.step_settings(self.spark):
-            facts = step_writer.describe(self.spark, df, self.storage, self.job)
+        facts = step_writer.describe(self.spark, df, self.storage, self.job)
         if chained and (refused := step_chain.refusal(name, facts)) is not None:
             raise ConfigError(refused)
         read = {self._by_file[f] for f in facts.step_files if f in self._by_file}
@@ -393,7 +392,6 @@ class CheckpointedJob:
             narrow=facts.narrow and facts.nondeterministic is None and is_step,
             input=input,
             fn=fn,
-            input_bytes=self._bytes_read(facts),
             published=self._publishing,
         )
         self.stats.partitions_computed[name] = computed
@@ -401,11 +399,6 @@ class CheckpointedJob:
             self.stats.partitions_salvaged[name] = salvaged
         self.stats.bytes_written += record.size
         return record
-
-    def _bytes_read(self, facts: step_writer.PlanFacts) -> int:
-        """The bytes a step reads: its input files' and the checkpointed steps' files."""
-        sizes = {f.handle: f.size for r in self._done.values() for f in r.files if f.handle}
-        return sum(i.size for i in facts.inputs) + sum(sizes.get(u, 0) for u in facts.step_files)
 
     # ------------------------------------------------------------------ output
 

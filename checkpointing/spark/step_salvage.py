@@ -30,6 +30,7 @@ from checkpointing.coordination.coordinator import CheckpointCoordinator
 from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Checkpoint, CheckpointAck
 from checkpointing.spark import step_writer
+from checkpointing.spark.session import session_settings
 from checkpointing.state.storage import CheckpointStorage, FileSystemCheckpointStorage
 from checkpointing.status import CheckpointStatus
 from checkpointing.steps.plan import STEP_KEY, StepFile, StepRecord
@@ -37,7 +38,9 @@ from checkpointing.steps.plan import STEP_KEY, StepFile, StepRecord
 log = logging.getLogger(__name__)
 
 #: a narrow step over a checkpointed input: one input file per Spark partition, never split
+#: (and its plan static: its leaves are read for each partition's file)
 NARROW_SQL = {
+    "spark.sql.adaptive.enabled": "false",
     "spark.sql.files.maxPartitionBytes": str(1 << 62),
     "spark.sql.files.openCostInBytes": str(1 << 62),
 }
@@ -204,18 +207,17 @@ def checkpoint_step(
     narrow: bool,
     input: DataFrame | None,
     fn: Any,
-    input_bytes: int = 0,
     published: bool = False,
 ) -> tuple[StepRecord, int, int]:
     """Trigger the step's checkpoint, acknowledge what it carries, write its partitions (or
     only the missing ones) and acknowledge each; returns its record, the partitions computed
-    and those kept from a crashed run. ``input_bytes``: what the step reads, which sizes its
-    shuffles (:func:`~checkpointing.spark.step_writer.shuffle_partitions`); ``published``: its
-    files become the published table (``ck.write``'s step)."""
+    and those kept from a crashed run. ``published``: its files become the published table
+    (``ck.write``'s step). A step is planned under the session's own settings (its shuffles
+    coalesced by adaptive execution, as without checkpoints), a narrow one resumable from its
+    input's files under :data:`NARROW_SQL` as well."""
     storage = coordinator.storage
     extra = NARROW_SQL if narrow and input is not None else {}
-    sized = step_writer.shuffle_partitions(spark, input_bytes)
-    with step_writer.step_settings(spark, {**sized, **extra}):
+    with session_settings(spark, extra):
         fresh = df.select("*")
         prepared, n = step_writer.planned(spark, fresh)
         inputs = scan_inputs(fresh) if extra else [None] * n

@@ -6,9 +6,10 @@ The write uses the ``FileOutputCommitter``'s algorithm 2: a task's commit rename
 the step's directory, so a watcher thread on the driver acknowledges files while later tasks
 still run, and a crash leaves the committed tasks' files acknowledged in the PENDING checkpoint
 (:mod:`checkpointing.spark.steps` salvages them). The checkpoint's task plan must be fixed
-before the write: Spark's adaptive execution (which may coalesce the final stage's partitions
-at run time) is off while a step is planned and written, so its task count is the plan's.
-No row passes through Python.
+before it is triggered: a step's plan is prepared first (:func:`planned`), which under the
+session's adaptive execution runs its shuffles' map stages and lets Spark coalesce the last
+stage's partitions, as the job without checkpoints would; the write then runs exactly those
+tasks. No row passes through Python.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ _WIDE = re.compile(
     r"GlobalLimit|Tail|Sort \[.*\], true)\b",
     re.M,
 )
-#: while a step is planned and written: a task plan fixed before it runs
+#: while a step's plan is described (planning only, nothing runs): the physical plan shows
+#: every shuffle as the static planner places it
 STEP_SQL = {"spark.sql.adaptive.enabled": "false"}
 #: Spark's default codec, named: the files this project links into a step's directory itself are
 #: named as the writer names its own. (Zstandard makes them a third smaller but costs about 7 %
@@ -101,12 +103,13 @@ class PlanFacts:
 
 def describe(spark: SparkSession, df: DataFrame, storage: CheckpointStorage, job: str) -> PlanFacts:
     """The plan facts of ``df`` (planning only: nothing runs)."""
-    qe = df._jdf.queryExecution()
-    analyzed = qe.analyzed()
-    optimized = qe.optimizedPlan().toString()
-    # planning only: a shuffle some logical nodes hide (applyInPandas, a rebalance hint) shows
-    # here as an Exchange
-    physical = qe.executedPlan().toString()
+    with session_settings(spark, STEP_SQL):
+        qe = df._jdf.queryExecution()
+        analyzed = qe.analyzed()
+        optimized = qe.optimizedPlan().toString()
+        # planning only: a shuffle some logical nodes hide (applyInPandas, a rebalance hint)
+        # shows here as an Exchange
+        physical = qe.executedPlan().toString()
     shared = storage.shared_url(job)
     inputs, step_files = [], []
     for path in df.inputFiles():
@@ -412,7 +415,9 @@ def planned(spark: SparkSession, df: DataFrame) -> tuple[DataFrame, int]:
     ``df.write`` would plan ``df`` again and build every broadcast a second time (the step's
     whole input read twice, and both relations held in the driver's memory). As
     ``Dataset.checkpoint`` does, the prepared RDD becomes a ``LogicalRDD`` with ``df``'s
-    output, partitioning and ordering. Call under :data:`STEP_SQL`."""
+    output, partitioning and ordering. Under adaptive execution, preparing the plan runs its
+    shuffles' map stages and fixes the last stage's (coalesced) partitions: the task count
+    is the one the write runs, known before the step's checkpoint is triggered."""
     jdf = df._jdf
     rdd = jdf.queryExecution().toRdd()
     jvm = spark.sparkContext._jvm
@@ -420,41 +425,6 @@ def planned(spark: SparkSession, df: DataFrame) -> tuple[DataFrame, int]:
     plan = logical_rdd.fromDataset(rdd, jdf, False)
     prepared = jvm.org.apache.spark.sql.classic.Dataset.ofRows(jdf.sparkSession(), plan)
     return DataFrame(prepared, spark), int(rdd.getNumPartitions())
-
-
-#: shuffle bytes per byte of Parquet read: Spark's shuffle blocks (rows, LZ4) are larger than
-#: the columnar, encoded files they come from
-SHUFFLE_EXPANSION = 3
-
-
-def shuffle_partitions(spark: SparkSession, input_bytes: int) -> dict[str, str]:
-    """The shuffle partitions a step is planned with, sized as adaptive execution would have
-    coalesced them: with adaptive execution off while a step is written (its task plan is
-    fixed first), the session's ``spark.sql.shuffle.partitions`` (200 by default) would make
-    a task and a file per partition however small the step. From the bytes the step reads:
-    one partition per ``advisoryPartitionSizeInBytes`` of estimated shuffle data, at least
-    the default parallelism, at most the session's setting. Nothing changes when the session
-    itself runs without adaptive execution or its coalescing (its user chose the count), or
-    when the step reads no files (its size is unknown)."""
-    conf = spark.conf
-    if input_bytes <= 0:  # not files (JDBC, a DataFrame built in Python): nothing to size by
-        return {}
-    if conf.get("spark.sql.adaptive.enabled", "true").lower() != "true":
-        return {}
-    if conf.get("spark.sql.adaptive.coalescePartitions.enabled", "true").lower() != "true":
-        return {}
-    most = int(conf.get("spark.sql.shuffle.partitions", "200"))
-    advisory = spark.sparkContext._jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(
-        conf.get("spark.sql.adaptive.advisoryPartitionSizeInBytes", "64MB")
-    )
-    wanted = -(-SHUFFLE_EXPANSION * input_bytes // max(1, int(advisory)))
-    least = spark.sparkContext.defaultParallelism
-    return {"spark.sql.shuffle.partitions": str(max(1, min(most, max(least, wanted))))}
-
-
-def step_settings(spark: SparkSession, extra: dict[str, str] | None = None) -> Any:
-    """The SQL settings a step is planned and written under (then the session's again)."""
-    return session_settings(spark, {**STEP_SQL, **(extra or {})})
 
 
 def remove_leftovers(storage: CheckpointStorage, directory: str) -> None:
