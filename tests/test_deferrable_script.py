@@ -194,10 +194,11 @@ def test_a_deferred_script_re_attaches_then_resumes_from_its_steps_exactly(
     assert outcome["parallelism"] == 2 and len(outcome["checkpoints"]) == 3, outcome
     log = (tmp_path / "ckpt" / "logs" / "drivers" / JOB / f"{third}.log").read_text()
     assert f"job {JOB}: step enriched unchanged: reusing its checkpoint" in log
-    # the wide step the new driver computed ran at its parallelism: that many files
+    # the wide step the new driver computed wrote its files (as many as adaptive execution left
+    # its last stage tasks), and nothing of Hadoop's beside them
     shared = tmp_path / "checkpoints" / JOB / "shared"
     newest = max(shared.glob("chk-*/daily"), key=lambda p: int(p.parent.name[4:]))
-    assert len(list(newest.glob("part-*.parquet"))) == 2
+    assert list(newest.glob("part-*.parquet")) and not list(newest.glob("*.crc"))
 
     got = published(out)
     want = expected(orders, customers)
