@@ -27,7 +27,7 @@ ISSUE37_BENCH_ARGS ?=
 # the step API against the same script without ck (issue 39), e.g. STEPS_BENCH_ARGS="--rounds 5
 # --orders 4000000": bench/results/steps.json, its table in docs/steps.md
 STEPS_BENCH_ARGS ?= --orders 12000000 --customers 1200000 --rounds 5
-# the same job on a longer run (W about 1.5 min here), where a resume's new process is not half
+# the same job on a longer run (W about 50 s here), where a resume's new process is not half
 # of W: only the runs issue 39's goals need, bench/results/steps-long.json
 STEPS_LONG_BENCH_ARGS ?= --orders 160000000 --customers 1200000 --rounds 3 --goals-only --output bench/results/steps-long.json
 # a narrow step killed half way: what its resume recomputes, counted (bench/results/steps-narrow.json)
