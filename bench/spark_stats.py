@@ -269,10 +269,10 @@ def paired_ratios(num: dict[Any, float], den: dict[Any, float]) -> dict[str, Any
         return None
     per_round = [num[k] / den[k] for k in rounds]
     return {
-        "median": round(statistics.median(per_round), 3),
-        "min": round(min(per_round), 3),
-        "max": round(max(per_round), 3),
-        "per_round": [round(x, 3) for x in per_round],
+        "median": round(statistics.median(per_round), 6),
+        "min": round(min(per_round), 6),
+        "max": round(max(per_round), 6),
+        "per_round": [round(x, 6) for x in per_round],
         "rounds": rounds,
     }
 

@@ -43,7 +43,7 @@ from tests.airflow_harness import (
     wait_for,
 )
 from tests.test_airflow_failover import StatsD
-from tests.test_steps import expected, write_inputs
+from tests.test_steps import acked_files, expected, write_inputs
 
 if TYPE_CHECKING:
     from checkpointing_airflow.script_submit import ScriptJob, ScriptSubmit
@@ -582,14 +582,20 @@ def test_a_script_task_killed_mid_run_is_retried_at_another_parallelism_exactly(
         assert f"job {JOB}: step {step} unchanged: {kept}" in second, step
     for step in STEPS[reused:]:
         assert f"job {JOB}: step {step}: computing it" in second, step
-    # the steps the retry computed wrote one acknowledged file per task that wrote rows (their
-    # task count is adaptive execution's, coalesced as the job without checkpoints would be)
+    # the steps the retry computed: their directories hold exactly the files their subtasks
+    # acknowledged (their task count is adaptive execution's, coalesced as the job without
+    # checkpoints would be) and nothing of Hadoop's beside them
     shared = Path(airflow.env["CKPT_STORAGE_URL"].removeprefix("file://")) / JOB / "shared"
     retried = [s for s in ("daily", "ranked") if STEPS.index(s) >= reused]
-    for step in retried:
-        newest = max(shared.glob(f"chk-*/{step}"), key=lambda p: int(p.parent.name[4:]))
-        files = sorted(newest.glob("part-*.parquet"))
-        assert files and not list(newest.glob("*.crc")), step
+    metastore = Metastore(airflow.env["CKPT_METASTORE_URL"])
+    try:
+        for step in retried:
+            newest = max(shared.glob(f"chk-*/{step}"), key=lambda p: int(p.parent.name[4:]))
+            files = {p.name for p in newest.iterdir()}
+            assert files, step
+            assert files == acked_files(metastore, int(newest.parent.name[4:]), step), step
+    finally:
+        metastore.dispose()
 
     # the job's checkpoints reached the metrics by its id, and the retry's lineage facet
     assert f"airflow.ckpt.checkpoints.completed.{JOB}:1|c" in statsd.lines(), sorted(

@@ -31,7 +31,7 @@ from checkpointing.metastore.engine import Metastore
 from checkpointing.metastore.models import Checkpoint
 from tests.airflow_harness import wait_for
 from tests.test_airflow_steps import _completed as completed  # the same job, daily_revenue
-from tests.test_steps import expected, published, write_inputs
+from tests.test_steps import acked_files, expected, published, write_inputs
 
 pytest.importorskip("airflow")
 
@@ -194,11 +194,16 @@ def test_a_deferred_script_re_attaches_then_resumes_from_its_steps_exactly(
     assert outcome["parallelism"] == 2 and len(outcome["checkpoints"]) == 3, outcome
     log = (tmp_path / "ckpt" / "logs" / "drivers" / JOB / f"{third}.log").read_text()
     assert f"job {JOB}: step enriched unchanged: reusing its checkpoint" in log
-    # the wide step the new driver computed wrote its files (as many as adaptive execution left
-    # its last stage tasks), and nothing of Hadoop's beside them
+    # the wide step the new driver computed: its directory holds exactly the files its subtasks
+    # acknowledged (as many as adaptive execution left its last stage tasks) and nothing else
     shared = tmp_path / "checkpoints" / JOB / "shared"
     newest = max(shared.glob("chk-*/daily"), key=lambda p: int(p.parent.name[4:]))
-    assert list(newest.glob("part-*.parquet")) and not list(newest.glob("*.crc"))
+    files = {p.name for p in newest.iterdir()}
+    metastore = Metastore(airflow_in_process)
+    try:
+        assert files and files == acked_files(metastore, int(newest.parent.name[4:]), "daily")
+    finally:
+        metastore.dispose()
 
     got = published(out)
     want = expected(orders, customers)

@@ -82,6 +82,26 @@ def run_job(spark, orders: Path, customers: Path, out: Path, metastore, storage,
     return ck
 
 
+def acked_files(metastore: Metastore, checkpoint_id: int, step: str) -> set[str]:
+    """The names of the files the metastore holds acknowledged for ``step``'s own subtasks in
+    checkpoint ``checkpoint_id`` (a subtask that wrote nothing has no file)."""
+    with metastore.transaction() as s:
+        handles = s.scalars(
+            select(CheckpointAck.state_handle)
+            .join(
+                CheckpointTask,
+                (CheckpointTask.checkpoint_id == CheckpointAck.checkpoint_id)
+                & (CheckpointTask.attempt_id == CheckpointAck.attempt_id),
+            )
+            .where(
+                CheckpointAck.checkpoint_id == checkpoint_id,
+                CheckpointTask.operator_id == f"step-{step}",
+                CheckpointAck.state_handle.is_not(None),
+            )
+        ).all()
+    return {h.rsplit("/", 1)[-1] for h in handles}
+
+
 def same(actual: pd.DataFrame, want: pd.DataFrame) -> None:
     actual = actual[list(want.columns)].astype(want.dtypes.to_dict())
     pd.testing.assert_frame_equal(actual, want, check_dtype=False)
@@ -197,6 +217,41 @@ def test_a_non_deterministic_step_is_checkpointed_whole_and_read_back_as_written
     assert second.stats.reused == ["noisy"]
     assert again == rows  # the checkpoint's rows, not new random ones
     assert len({r[0] for r in rows}) == 200
+
+
+def test_a_wide_step_that_finds_no_rows_at_run_time_completes_and_reads_back_empty(
+    spark, tmp_path: Path, sqlite_metastore: Metastore
+) -> None:  # type: ignore[no-untyped-def]
+    # the filter is on the data, so only a run finds nothing: adaptive execution then replaces
+    # the aggregate by an empty relation of no partition, and the step still completes
+    orders, _ = write_inputs(tmp_path / "in")
+    storage = FileSystemCheckpointStorage(f"file://{tmp_path / 'ck'}")
+    o = spark.read.parquet(str(orders))
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
+
+    def run():  # type: ignore[no-untyped-def]
+        with checkpointed(spark, "nothing", metastore=sqlite_metastore, storage=storage) as ck:
+            refunds = ck.step(
+                "refunds",
+                lambda: o.where(F.col("amount") < 0).groupBy("day").agg(F.sum("amount").alias("r")),
+            )
+            rows = refunds.collect()
+        return ck, refunds, rows
+
+    first, refunds, rows = run()
+    assert rows == [] and refunds.columns == ["day", "r"]
+    assert first.stats.computed == ["refunds"] and first.stats.partitions_computed["refunds"] == 1
+    with sqlite_metastore.transaction() as s:
+        row = s.scalars(select(Checkpoint).where(Checkpoint.job_id == "nothing")).one()
+        assert row.status == "COMPLETED"
+        checkpoint_id = row.checkpoint_id
+    step_dir = tmp_path / "ck" / "nothing" / "shared" / f"chk-{checkpoint_id}" / "refunds"
+    names = {p.name for p in step_dir.iterdir()}
+    # one file, its schema only, acknowledged as the step's one subtask
+    assert len(names) == 1 and names == acked_files(sqlite_metastore, checkpoint_id, "refunds")
+    assert ds.dataset(step_dir, format="parquet").to_table().num_rows == 0
+    second, _, again = run()
+    assert second.stats.reused == ["refunds"] and again == []
 
 
 @pytest.mark.parametrize(

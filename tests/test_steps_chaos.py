@@ -131,8 +131,8 @@ def test_a_script_killed_at_a_random_moment_resumes_at_another_parallelism_exact
 ) -> None:
     seed = int(os.environ.get("CKPT_CHAOS_SEED", random.randrange(1 << 30)))
     print(f"CKPT_CHAOS_SEED={seed}")
-    # committed task files, over all steps: at local[1] each step writes one at least (its
-    # shuffles sized to the default parallelism), four steps in all, so 1-3 is before the end
+    # committed task files, over all steps: each step writes one at least (an empty task
+    # writes its schema), four steps in all, so 1-3 is before the end
     kill_after = random.Random(seed).randint(1, 3)
     orders, customers = write_inputs(tmp_path / "in")
     proc = subprocess.Popen(

@@ -415,9 +415,10 @@ def planned(spark: SparkSession, df: DataFrame) -> tuple[DataFrame, int]:
     ``df.write`` would plan ``df`` again and build every broadcast a second time (the step's
     whole input read twice, and both relations held in the driver's memory). As
     ``Dataset.checkpoint`` does, the prepared RDD becomes a ``LogicalRDD`` with ``df``'s
-    output, partitioning and ordering. Under adaptive execution, preparing the plan runs its
-    shuffles' map stages and fixes the last stage's (coalesced) partitions: the task count
-    is the one the write runs, known before the step's checkpoint is triggered."""
+    output (the write needs no partitioning or ordering of it). Under adaptive execution,
+    preparing the plan runs its shuffles' map stages and fixes the last stage's (coalesced)
+    partitions: the task count is the one the write runs, known before the step's
+    checkpoint is triggered."""
     jdf = df._jdf
     rdd = jdf.queryExecution().toRdd()
     jvm = spark.sparkContext._jvm
