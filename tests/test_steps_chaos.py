@@ -23,8 +23,8 @@ import pyarrow.dataset as ds
 from sqlalchemy import select
 
 from checkpointing.metastore.engine import Metastore
-from checkpointing.metastore.models import Checkpoint, CheckpointAck, CheckpointTask
-from tests.test_steps import expected, write_inputs
+from checkpointing.metastore.models import Checkpoint
+from tests.test_steps import acked_files, expected, write_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -180,21 +180,7 @@ def test_a_narrow_step_killed_part_way_recomputes_only_its_missing_partitions(
                 Checkpoint.job_id == "chaos_narrow", Checkpoint.status == "PENDING"
             )
         )
-        acked = len(
-            s.execute(
-                select(CheckpointAck.attempt_id)
-                .join(
-                    CheckpointTask,
-                    (CheckpointTask.checkpoint_id == CheckpointAck.checkpoint_id)
-                    & (CheckpointTask.attempt_id == CheckpointAck.attempt_id),
-                )
-                .where(
-                    CheckpointAck.checkpoint_id == pending,
-                    CheckpointTask.operator_id == "step-scored",
-                    CheckpointAck.state_handle.is_not(None),
-                )
-            ).all()
-        )
+    acked = len(acked_files(metastore, pending, "scored"))
     metastore.dispose()
     assert 1 <= acked < 8, acked  # the crash left some of its tasks acknowledged, not all
 
