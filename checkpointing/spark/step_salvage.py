@@ -220,9 +220,6 @@ def checkpoint_step(
     with session_settings(spark, extra):
         fresh = df.select("*")
         prepared, n = step_writer.planned(spark, fresh)
-        # a plan with no partition (adaptive execution replaces a stage that produced no rows
-        # by an empty relation) still writes one task's file, its schema only: partition 0
-        n = max(n, 1)
         inputs = scan_inputs(fresh) if extra else [None] * n
         if extra and len(inputs) != n:  # not one partition per input file after all
             log.info("step %s: %d tasks over %d input splits: not resumable", name, n, len(inputs))

@@ -417,15 +417,17 @@ def planned(spark: SparkSession, df: DataFrame) -> tuple[DataFrame, int]:
     ``Dataset.checkpoint`` does, the prepared RDD becomes a ``LogicalRDD`` with ``df``'s
     output (the write needs no partitioning or ordering of it). Under adaptive execution,
     preparing the plan runs its shuffles' map stages and fixes the last stage's (coalesced)
-    partitions: the task count is the one the write runs, known before the step's
-    checkpoint is triggered."""
+    partitions: the task count is the one the write runs (one at least), known before the
+    step's checkpoint is triggered."""
     jdf = df._jdf
     rdd = jdf.queryExecution().toRdd()
     jvm = spark.sparkContext._jvm
     logical_rdd = getattr(getattr(jvm.org.apache.spark.sql.execution, "LogicalRDD$"), "MODULE$")
     plan = logical_rdd.fromDataset(rdd, jdf, False)
     prepared = jvm.org.apache.spark.sql.classic.Dataset.ofRows(jdf.sparkSession(), plan)
-    return DataFrame(prepared, spark), int(rdd.getNumPartitions())
+    # a plan of no partition (adaptive execution replaces a stage that produced no rows by an
+    # empty relation) is written by one task, its file the schema only: partition 0
+    return DataFrame(prepared, spark), max(1, int(rdd.getNumPartitions()))
 
 
 def remove_leftovers(storage: CheckpointStorage, directory: str) -> None:

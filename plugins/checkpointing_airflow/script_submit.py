@@ -26,11 +26,11 @@ other than ``latest``/``none``, ``allow_other_job``, ``allow_changed_tables``, a
 (:mod:`checkpointing_airflow.deferred_script`).
 
 ``parallelism`` (first try) and ``parallelism_on_retry`` (retries) become the driver's
-``spark.default.parallelism`` and ``spark.sql.shuffle.partitions``: the tasks of each scan, and
-at most the tasks, and checkpoint files, of each wide step (adaptive execution coalesces its
-last stage as it would without checkpoints). The executors
-(cores, instances) stay what the Spark connection and ``conf`` give; a script that sets these
-two options on its own session wins over them.
+``spark.default.parallelism`` and ``spark.sql.shuffle.partitions``: the cores a scan's splits
+are sized for, and at most the tasks, and checkpoint files, of each wide step (adaptive
+execution coalesces its last stage as it would without checkpoints). The executors (cores,
+instances) stay what the Spark connection and ``conf`` give; a script that sets these two
+options on its own session wins over them.
 """
 
 from __future__ import annotations
